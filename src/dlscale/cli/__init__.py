@@ -1,0 +1,1 @@
+"""The dlscale command line: one module per command group, registered in ``app``."""

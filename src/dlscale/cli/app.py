@@ -1,0 +1,84 @@
+"""The ``dlscale`` entry point: the command tree and one place that turns errors into exit codes.
+
+Errors print one line on stderr (``error: ...``) and exit 2 for bad input, 1 for a failed run;
+``DLSCALE_DEBUG=1`` adds the traceback. Nothing here imports torch: ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+import typer
+
+from dlscale.errors import EXIT_FAILURE, EXIT_USAGE, DlscaleError
+
+app = typer.Typer(
+    name="dlscale",
+    help="Measure, explain and predict deep-learning training performance on a machine, a server and a cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    from dlscale.cli import models, results, sysinfo, train
+
+    app.command("train", help=train.HELP, epilog=train.EPILOG)(train.train)
+    app.command("sysinfo", help=sysinfo.HELP)(sysinfo.sysinfo)
+    app.command("models", help=models.HELP)(models.models)
+    app.add_typer(results.app, name="results")
+
+
+_register()
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(str(msg).split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = bool(os.environ.get("DLSCALE_DEBUG"))
+    command = typer.main.get_command(app)
+    code = 0
+    try:
+        rv = command.main(args=argv, prog_name="dlscale", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        code = 0
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.exceptions.Abort:
+        print("error: aborted", file=sys.stderr)
+        code = 130
+    except click.ClickException as e:  # bad options, missing arguments
+        if debug:
+            traceback.print_exc()
+        print(f"error: {_one_line(e.format_message())}", file=sys.stderr)
+        code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
+    except DlscaleError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        code = 0
+    except Exception as e:  # noqa: BLE001 - the last resort: still one line
+        if debug:
+            traceback.print_exc()
+        print(f"error: internal error: {type(e).__name__}: {_one_line(str(e))[:300]} "
+              "(set DLSCALE_DEBUG=1 for the traceback)", file=sys.stderr)
+        code = EXIT_FAILURE
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

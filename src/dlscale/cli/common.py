@@ -1,0 +1,68 @@
+"""Option types declared once and reused, and the two output streams.
+
+Data goes to stdout (``out``); logs, progress, warnings and errors go to stderr (``err``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+def _console(stderr: bool) -> Console:
+    c = Console(stderr=stderr, highlight=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c = Console(stderr=stderr, highlight=False, width=200)  # pipes and files: do not wrap at 80
+    return c
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
+
+
+class Format(str, Enum):
+    human = "human"
+    json = "json"
+
+
+DbOpt = Annotated[
+    Optional[str],
+    typer.Option("--db", help="Results database (SQLite). Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",
+                 show_default=False),
+]
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="human: tables; json: one JSON document on stdout.")]
+TagOpt = Annotated[Optional[str], typer.Option("--tag", help="Label stored with the run, for filtering and comparing.")]
+
+
+def print_json(obj: Any) -> None:
+    """Machine output: one JSON document on stdout, NaN/inf written as null."""
+    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def warn(msg: str) -> None:
+    err.print(f"[yellow]warning:[/yellow] {msg}", markup=True, highlight=False)
+
+
+def info(msg: str) -> None:
+    err.print(msg, markup=False, highlight=False)
+
+
+def interactive() -> bool:
+    """Progress bars only for humans: stderr must be a terminal."""
+    return err.is_terminal

@@ -1,0 +1,171 @@
+"""``dlscale results``: list, show and export what the store holds (reads only; no torch)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json
+from dlscale.cli.render import fmt_num, format_metric, train_summary_table
+
+app = typer.Typer(help="List, show and export recorded runs.", no_args_is_help=True)
+
+TagsOpt = Annotated[Optional[list[str]], typer.Option("--tag", help="Only runs with this tag (repeatable).")]
+ModelOpt = Annotated[Optional[list[str]], typer.Option("--model", "--workload", help="Only runs of this model/workload (repeatable).")]
+KindOpt = Annotated[Optional[str], typer.Option("--kind", help="Only runs of this kind (train, micro, ...).")]
+StatusOpt = Annotated[Optional[str], typer.Option("--status", help="ok | failed.")]
+
+
+def _query(db, tag, model, kind, status, limit=None):
+    from dlscale.store import Store
+
+    with Store.open(db) as s:
+        return s.query(tag=tag or None, workload=model or None, kind=kind, status=status, limit=limit)
+
+
+@app.command("list", help="List runs, newest first.\n\nExample: dlscale results list --tag baseline --model resnet50")
+def list_(
+    tag: TagsOpt = None, model: ModelOpt = None, kind: KindOpt = None, status: StatusOpt = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows.")] = 50,
+    db: DbOpt = None, fmt: FormatOpt = Format.human,
+) -> None:
+    recs = _query(db, tag, model, kind, status, limit)
+    if fmt == Format.json:
+        print_json([_summary(r) for r in recs])
+        return
+    t = Table("run id", "created (UTC)", "kind", "workload", "status", "tag", "throughput", "CV", "MFU")
+    for r in recs:
+        m = r.metrics
+        thr = m.get("throughput")
+        t.add_row(
+            r.run_id, r.created_at[:19].replace("T", " "), r.kind + (" (imported)" if r.imported else ""),
+            r.workload, r.status if r.status == "ok" else f"[red]{r.status}[/red]", r.tag or "",
+            "" if thr is None else f"{fmt_num(thr)} {r.units.get('throughput', '')}",
+            format_metric("cv", m.get("cv"), "fraction") if "cv" in m else "",
+            format_metric("mfu", m.get("mfu"), "fraction") if "mfu" in m else "",
+        )
+    out.print(t)
+    if not recs:
+        out.print("(no runs match)")
+
+
+def _summary(r) -> dict[str, Any]:
+    return {
+        "run_id": r.run_id, "created_at": r.created_at, "kind": r.kind, "workload": r.workload,
+        "status": r.status, "tag": r.tag, "imported": r.imported, "hostname": r.hostname,
+        "throughput": r.metrics.get("throughput"), "error": r.error,
+    }
+
+
+@app.command("show", help="Show one run in full: config, metrics with units, system, raw data summary.\n\nExample: dlscale results show 20261122T0140")
+def show(
+    run_id: Annotated[str, typer.Argument(help="Run id or an unambiguous prefix.", show_default=False)],
+    db: DbOpt = None, fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale.store import Store
+
+    with Store.open(db) as s:
+        rec = s.get(run_id)
+    if fmt == Format.json:
+        print_json(rec.to_dict())
+        return
+    if rec.kind == "train":
+        out.print(train_summary_table(rec))
+    head = Table(title=f"run {rec.run_id}", show_header=False, title_justify="left")
+    head.add_column("what", style="bold")
+    head.add_column("value")
+    for k in ("kind", "workload", "status", "error", "tag", "imported", "created_at", "finished_at", "dlscale_version"):
+        head.add_row(k, fmt_num(getattr(rec, k)))
+    head.add_row("config hash", rec.config_hash)
+    for w in rec.warnings:
+        head.add_row("warning", f"[yellow]{w}[/yellow]")
+    out.print(head)
+    out.print(_kv_table("config", rec.config))
+    mt = Table("metric", "value", "unit", title="metrics", title_justify="left")
+    for k, v in rec.metrics.items():
+        mt.add_row(k, format_metric(k, v, rec.units.get(k)), rec.units.get(k, ""))
+    out.print(mt)
+    out.print(_kv_table("system", _flatten(rec.system)))
+    rt = Table("series", "length", "first values", title="raw data", title_justify="left")
+    for k, v in rec.raw.items():
+        flat = [x for row in v for x in (row if isinstance(row, list) else [row])] if isinstance(v, list) else [v]
+        rt.add_row(k, str(len(flat)), ", ".join(fmt_num(x) for x in flat[:6]) + (" ..." if len(flat) > 6 else ""))
+    out.print(rt)
+
+
+def _kv_table(title: str, d: dict[str, Any]) -> Table:
+    t = Table(show_header=False, title=title, title_justify="left")
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    for k, v in d.items():
+        t.add_row(k, json.dumps(v, default=str) if isinstance(v, (list, dict)) else fmt_num(v))
+    return t
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    json = "json"
+
+
+@app.command("export", help="Export runs as CSV (one row a run: columns, config.*, metrics.*) or JSON (full records).\n\nExample: dlscale results export --format csv --tag baseline --out runs.csv")
+def export(
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="csv | json.")] = ExportFormat.csv,
+    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
+    tag: TagsOpt = None, model: ModelOpt = None, kind: KindOpt = None, status: StatusOpt = None,
+    db: DbOpt = None,
+) -> None:
+    recs = _query(db, tag, model, kind, status)
+    text = export_text(recs, fmt.value)
+    if out_path:
+        from pathlib import Path
+
+        from dlscale.errors import UsageError
+
+        try:
+            Path(out_path).write_text(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {out_path}: {e.strerror}") from None
+    else:
+        sys.stdout.write(text)
+
+
+def export_text(recs, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps([r.to_dict() for r in recs], indent=2, default=str) + "\n"
+    rows = []
+    for r in recs:
+        row = {k: getattr(r, k) for k in ("run_id", "created_at", "finished_at", "kind", "workload", "status",
+                                          "tag", "imported", "error", "dlscale_version")}
+        row["hostname"] = r.hostname
+        row["config_hash"] = r.config_hash
+        for k, v in _flatten(r.config).items():
+            row[f"config.{k}"] = json.dumps(v) if isinstance(v, list) else v
+        for k, v in r.metrics.items():
+            row[f"metrics.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
+        rows.append(row)
+    cols: list[str] = []
+    for row in rows:
+        cols.extend(k for k in row if k not in cols)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

@@ -1,0 +1,117 @@
+"""``dlscale train MODEL``: the throughput short test (warm-up steps, then measured steps)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, err, info, interactive, out, print_json, warn
+
+HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
+
+Warm-up steps are not counted; the measured steps are timed one by one with the device
+synchronised around the window. Prints throughput (samples/s) with its 95% CI, step-time
+percentiles, CV, FLOPs, MFU and peak memory, and stores the full record."""
+
+EPILOG = """Examples:\n\n
+  dlscale train resnet50 --batch-size 64\n\n
+  dlscale train resnet18 --image-size 64 --steps 30 --format json\n\n
+  dlscale train resnet50 --precision bf16 --channels-last --repeat 3 --tag baseline"""
+
+
+def train(
+    model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Per-device batch size.")] = 32,
+    image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
+    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16 (autocast; fp16 with a grad scaler).")] = "fp32",
+    channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before the measured window.")] = 10,
+    steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps.")] = 100,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (momentum 0.9) | adamw.")] = "sgd",
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.01,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
+    repeat: Annotated[int, typer.Option("--repeat", "-r", help="Independent repeats (fresh model each); CI over repeats when >= 2.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic data.")] = 0,
+    tag: TagOpt = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale.config import TrainConfig
+    from dlscale.store import Store
+
+    cfg = TrainConfig(
+        model=model, batch_size=batch_size, image_size=image_size, precision=precision,
+        channels_last=channels_last, compile=compile, warmup_steps=warmup_steps, steps=steps,
+        optimizer=optimizer, lr=lr, device=device, repeat=repeat, seed=seed, tag=tag,
+    )
+    store = Store.open(db)  # an unwritable database is a usage error before any work
+    run_local(cfg, store, fmt)
+
+
+def run_local(cfg, store, fmt: Format) -> None:
+    """Single-process short test: resolve for the device, run through the harness, print."""
+    from dlscale.errors import RunFailure
+    from dlscale.harness import device as dev
+    from dlscale.harness.runner import execute
+    from dlscale.system import collect_cached
+    from dlscale.train.shorttest import run_short_test
+
+    device = dev.select_device(cfg.device)
+    resolved = cfg.resolve(device.type)
+    dev.check_precision(resolved.precision, device)
+    system = collect_cached()
+    info(f"dlscale train {resolved.model}: batch {resolved.batch_size}, {resolved.image_size}px, "
+         f"{resolved.precision}, {'channels_last' if resolved.channels_last else 'NCHW'}, on {device}")
+    with _progress(fmt, resolved) as on_step:
+        try:
+            rec = execute(
+                kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
+                store=store, system=system,
+                body=lambda _rec: run_short_test(resolved, device, system, on_step=on_step),
+            )
+        except RunFailure as e:
+            if fmt == Format.json and e.run_id:
+                print_json(store.get(e.run_id).to_dict())
+            raise
+    report(rec, fmt)
+
+
+def report(rec, fmt: Format) -> None:
+    from dlscale.cli.render import train_summary_table
+
+    for w in rec.warnings:
+        warn(w)
+    if fmt == Format.json:
+        print_json(rec.to_dict())
+    else:
+        out.print(train_summary_table(rec))
+
+
+class _progress:
+    """A Rich progress bar over warm-up and measured steps, on stderr, for terminals only."""
+
+    def __init__(self, fmt: Format, cfg) -> None:
+        self.enabled = interactive() and fmt == Format.human
+        self.total = (cfg.warmup_steps + cfg.steps) * cfg.repeat
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), console=err, transient=True)
+        self.bar.start()
+        task = self.bar.add_task("warm-up", total=self.total)
+
+        def on_step(phase: str, done: int, total: int) -> None:
+            self.bar.update(task, advance=1, description="warm-up" if phase == "warmup" else "measuring")
+
+        return on_step
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,89 @@
+"""Typed, validated configuration of a training short test.
+
+``TrainConfig`` is built from CLI options (or a sweep file) and validated at construction:
+a bad value raises ``UsageError`` whose message names the option and what to do. Values that
+depend on the device ("auto") are resolved by ``resolve()`` once the device is known, and the
+resolved config is what the run record stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from dlscale.errors import UsageError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("sgd", "adamw")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str
+    batch_size: int = 32
+    image_size: int | None = None  # None: the model's native size
+    precision: str = "fp32"
+    channels_last: bool | None = None  # None: the fast default for the device
+    compile: bool = False
+    warmup_steps: int = 10
+    steps: int = 100
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    device: str = "auto"
+    repeat: int = 1
+    seed: int = 0
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        from dlscale import workloads
+
+        w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
+        _positive("--batch-size", self.batch_size)
+        _positive("--steps", self.steps)
+        _positive("--repeat", self.repeat)
+        if self.warmup_steps < 0:
+            raise UsageError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if self.image_size is not None:
+            _positive("--image-size", self.image_size)
+            if self.image_size < w.min_image_size:
+                raise UsageError(
+                    f"--image-size {self.image_size} is too small for {self.model}; "
+                    f"use at least {w.min_image_size} (native {w.native_image_size})"
+                )
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown --precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.device not in DEVICES:
+            raise UsageError(f"unknown --device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise UsageError(f"--lr must be > 0, got {self.lr}")
+
+    def resolve(self, device_type: str) -> "TrainConfig":
+        """Fill the 'auto' values for a device type ('cpu' or 'cuda') and check the precision."""
+        from dlscale import workloads
+
+        w = workloads.get(self.model)
+        if device_type == "cpu" and self.precision == "tf32":
+            raise UsageError("--precision tf32 needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU")
+        channels_last = self.channels_last
+        if channels_last is None:
+            # NHWC is the fast layout for convolutions on CPUs (oneDNN) and on tensor cores.
+            channels_last = device_type == "cpu" or self.precision != "fp32"
+        return replace(
+            self,
+            device=device_type,
+            image_size=self.image_size or w.native_image_size,
+            channels_last=channels_last,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive(option: str, value: int) -> None:
+    if value <= 0:
+        raise UsageError(f"{option} must be > 0, got {value}")

@@ -1,0 +1,34 @@
+"""The two kinds of failure dlscale reports, and the exit codes they map to.
+
+A ``UsageError`` is bad input found before any work starts (exit code 2).
+A ``RunFailure`` is a run that started and failed (exit code 1); the harness
+records it in the store with status ``failed`` before the CLI exits.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class DlscaleError(Exception):
+    """Base class: the message is one line that names the problem and the fix."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(DlscaleError):
+    """Bad input: an unknown name, an out-of-range value, an unwritable path."""
+
+    exit_code = EXIT_USAGE
+
+
+class RunFailure(DlscaleError):
+    """A run started and failed (out of memory, NaN loss, a crashed rank)."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id

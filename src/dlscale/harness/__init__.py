@@ -1,0 +1,1 @@
+"""The one harness: device choice, timing, statistics, recording and failure handling."""

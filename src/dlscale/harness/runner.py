@@ -1,0 +1,88 @@
+"""Run a body of work as a recorded run: inventory, timing of the whole, failure capture, store.
+
+Every command that measures something goes through ``execute``: the record is written (status
+``ok`` or ``failed`` with its error) whatever happens inside, and a failure is then raised as a
+``RunFailure`` (exit code 1) naming the run id. Usage errors raised by the body are not runs:
+they propagate unrecorded (exit code 2).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.errors import RunFailure, UsageError
+from dlscale.record import RunRecord, utc_now
+from dlscale.store import Store
+
+
+@dataclass
+class Outcome:
+    """What a body returns: figures, their units, raw series, warnings, and config additions."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line that names the problem and, where known, what to do."""
+    name = type(exc).__name__
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if name == "OutOfMemoryError" or "out of memory" in msg.lower() or "can't allocate memory" in msg:
+        return f"out of memory: {msg[:300]}; lower --batch-size or --image-size"
+    if isinstance(exc, NonFiniteLoss):
+        return f"{msg}; lower --lr or use a wider --precision"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{name}: {msg[:500]}"
+
+
+def execute(
+    *,
+    kind: str,
+    workload: str,
+    config: dict[str, Any],
+    body: Callable[[RunRecord], Outcome],
+    store: Store | None,
+    tag: str | None = None,
+    system: dict[str, Any] | None = None,
+) -> RunRecord:
+    """Run ``body`` and record it. ``store=None`` skips writing (a non-zero distributed rank)."""
+    if system is None:
+        from dlscale.system import collect_cached
+
+        system = collect_cached()
+    rec = RunRecord(kind=kind, workload=workload, config=dict(config), system=system, tag=tag)
+    failure: BaseException | None = None
+    try:
+        out = body(rec)
+        rec.metrics.update(out.metrics)
+        rec.units.update(out.units)
+        rec.raw.update(out.raw)
+        rec.warnings.extend(out.warnings)
+        rec.config.update(out.config)
+    except UsageError:
+        raise
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is recorded
+        failure = e
+        rec.fail(describe_failure(e))
+        if os.environ.get("DLSCALE_DEBUG"):
+            rec.raw["traceback"] = traceback.format_exc()
+    rec.finished_at = utc_now()
+    if store is not None:
+        store.insert(rec)
+    if failure is not None:
+        if isinstance(failure, KeyboardInterrupt):
+            raise failure
+        raise RunFailure(f"run {rec.run_id} failed: {rec.error}", run_id=rec.run_id) from failure
+    return rec

@@ -1,0 +1,81 @@
+"""The self-describing record of one run: what ran, where, how it went, and its raw data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from dlscale import __version__
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+STATUSES = (STATUS_OK, STATUS_FAILED)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id() -> str:
+    """Sortable by time (UTC timestamp prefix) and unique (random suffix)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable hash of a resolved config (sorted keys, no whitespace)."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunRecord:
+    """One run. ``kind`` says which command made it (train, micro, ...).
+
+    ``metrics`` holds scalar figures (and short lists) named as in docs/METRICS.md,
+    with their units in ``units``; ``raw`` holds the raw series (step times, ...).
+    """
+
+    kind: str
+    workload: str
+    config: dict[str, Any]
+    system: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    status: str = STATUS_OK
+    error: str | None = None
+    tag: str | None = None
+    imported: bool = False
+    run_id: str = field(default_factory=new_run_id)
+    created_at: str = field(default_factory=utc_now)
+    finished_at: str | None = None
+    dlscale_version: str = __version__
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+    @property
+    def hostname(self) -> str | None:
+        return (self.system or {}).get("hostname")
+
+    def fail(self, error: str) -> None:
+        self.status = STATUS_FAILED
+        self.error = error
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready data, identity and outcome first."""
+        d = asdict(self)
+        head = {k: d.pop(k) for k in ("run_id", "status", "error", "kind", "workload", "tag", "imported")}
+        return {**head, "config_hash": self.config_hash, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})

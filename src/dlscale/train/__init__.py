@@ -1,0 +1,1 @@
+"""Training workloads run by the harness: the throughput short test."""

@@ -1,0 +1,70 @@
+"""Shared fixtures: an isolated results database and a CLI runner (in-process and subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def db_path(tmp_path, monkeypatch):
+    """A fresh results database for the test; DLSCALE_DB points at it."""
+    p = tmp_path / "results.db"
+    monkeypatch.setenv("DLSCALE_DB", str(p))
+    return p
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``dlscale ARGS`` in this process; returns exit code, stdout and stderr."""
+    from dlscale.cli.app import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+
+    return run
+
+
+def run_dlscale(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> CliResult:
+    """Run ``dlscale ARGS`` in a subprocess (a fresh interpreter, as a user would)."""
+    full_env = {**os.environ, **(env or {})}
+    p = subprocess.run(
+        [sys.executable, "-m", "dlscale.cli.app", *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout,
+    )
+    return CliResult(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def cli_subprocess(db_path):
+    return run_dlscale
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; this machine has none")
