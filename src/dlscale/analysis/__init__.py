@@ -1,0 +1,1 @@
+"""Analysis over stored records: pure functions, no torch, never runs anything."""
