@@ -1,0 +1,117 @@
+"""The CLI contract: one-line errors, exit 2 for bad input, 1 for failed runs (recorded), lazy torch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import has_cuda
+
+
+def _one_error_line(res):
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train", "nosuchnet"], "known models: alexnet"),
+        (["train", "tinycnn", "--batch-size", "0"], "--batch-size must be > 0"),
+        (["train", "tinycnn", "--batch-size", "-3"], "--batch-size must be > 0"),
+        (["train", "tinycnn", "--batch-size", "many"], "batch-size"),
+        (["train", "tinycnn", "--steps", "0"], "--steps must be > 0"),
+        (["train", "tinycnn", "--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
+        (["train", "tinycnn", "--repeat", "0"], "--repeat must be > 0"),
+        (["train", "tinycnn", "--precision", "fp8"], "unknown --precision 'fp8'"),
+        (["train", "tinycnn", "--optimizer", "lbfgs"], "unknown --optimizer"),
+        (["train", "alexnet", "--image-size", "32"], "too small for alexnet"),
+        (["train", "tinycnn", "--device", "tpu"], "unknown --device"),
+        (["train"], "Missing argument"),
+        (["nosuchcommand"], "No such command"),
+        (["results", "show", "does-not-exist"], "no run"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
+    res = cli(*args)
+    assert res.code == 2, (res.code, res.stderr)
+    assert needle in _one_error_line(res)
+
+
+def test_precision_unsupported_on_this_device(cli, db_path):
+    if has_cuda():
+        pytest.skip("this machine has a GPU, where tf32 may be supported")
+    res = cli("train", "tinycnn", "--precision", "tf32", "--steps", "1")
+    assert res.code == 2 and "tf32 needs a CUDA device" in _one_error_line(res)
+
+
+def test_cuda_requested_without_gpu(cli, db_path):
+    if has_cuda():
+        pytest.skip("this machine has a GPU")
+    res = cli("train", "tinycnn", "--device", "cuda")
+    assert res.code == 2 and "no CUDA device" in _one_error_line(res)
+
+
+def test_unwritable_db_is_a_usage_error(cli, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    res = cli("train", "tinycnn", "--steps", "1", "--db", str(blocker / "sub" / "r.db"))
+    assert res.code == 2 and "results database" in _one_error_line(res)
+    res = cli("results", "list", "--db", str(tmp_path))
+    assert res.code == 2 and "is a directory" in _one_error_line(res)
+
+
+def test_out_of_memory_is_recorded_as_failed(cli, db_path):
+    # The synthetic batch alone would need ~20 TB: the allocator refuses at once.
+    res = cli("train", "tinycnn", "--batch-size", "100000", "--image-size", "4096", "--steps", "1",
+              "--warmup-steps", "0", "--format", "json")
+    assert res.code == 1
+    assert "out of memory" in _one_error_line(res) and "lower --batch-size" in res.stderr
+    rec = json.loads(res.stdout)
+    assert rec["status"] == "failed" and "out of memory" in rec["error"]
+    listed = json.loads(cli("results", "list", "--format", "json").stdout)
+    assert [r["status"] for r in listed] == ["failed"] and listed[0]["run_id"] == rec["run_id"]
+
+
+def test_nan_loss_is_recorded_as_failed(cli, db_path):
+    res = cli("train", "tinycnn", "--lr", "1e30", "--warmup-steps", "0", "--steps", "6", "--batch-size", "8")
+    assert res.code == 1
+    line = _one_error_line(res)
+    assert "loss became" in line and "lower --lr" in line
+    rec = json.loads(cli("results", "list", "--format", "json").stdout)[0]
+    assert rec["status"] == "failed"
+
+
+def test_debug_env_shows_the_traceback(db_path):
+    from conftest import run_dlscale
+
+    res = run_dlscale("train", "tinycnn", "--batch-size", "0", env={"DLSCALE_DEBUG": "1"})
+    assert res.code == 2 and "Traceback" in res.stderr
+
+
+def _imports_torch(*args: str) -> bool:
+    code = (
+        "import sys\nfrom dlscale.cli.app import main\n"
+        f"try:\n    main({list(args)!r})\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write('TORCH=%s' % ('torch' in sys.modules))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return "TORCH=True" in p.stderr
+
+
+def test_help_and_results_list_do_not_import_torch(db_path):
+    assert not _imports_torch("--help")
+    assert not _imports_torch("train", "--help")
+    assert not _imports_torch("results", "list")
+    assert not _imports_torch("models")
+
+
+def test_models_lists_the_zoo(cli):
+    res = cli("models", "--format", "json")
+    names = {m["name"] for m in json.loads(res.stdout)}
+    assert {"resnet50", "vgg16", "vgg19", "inception_v3", "inception_v4", "googlenet", "alexnet",
+            "resnet18", "tinycnn"} <= names
