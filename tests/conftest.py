@@ -68,3 +68,13 @@ def has_cuda() -> bool:
 
 
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; this machine has none")
+
+
+@pytest.fixture(scope="session")
+def digits_root(tmp_path_factory):
+    """scikit-learn's handwritten digits as a 16 px JPEG tree (train/val), made once per session."""
+    from dlscale.longtest.digits import make_digits
+
+    root = tmp_path_factory.mktemp("digits")
+    make_digits(root, size=16)
+    return root

@@ -36,6 +36,14 @@ class TrainConfig:
     repeat: int = 1
     seed: int = 0
     tag: str | None = None
+    # Input pipeline, monitoring and the step breakdown (dlscale/data, dlscale/monitor).
+    data: str | None = None  # ImageNet-layout JPEG tree; None: synthetic device-resident batch
+    workers: int | None = None  # DataLoader workers; None: one per core left (data.loader.default_workers)
+    strict: bool = False  # an unreadable image fails the run instead of being skipped
+    monitor_interval: float = 1.0  # seconds between resource samples; 0 turns the monitor off
+    breakdown_steps: int = 10  # instrumented steps after the window (phase times); 0 turns them off
+    profile: str | None = None  # directory for a torch.profiler trace of profile_steps steps
+    profile_steps: int = 5
 
     def __post_init__(self) -> None:
         from dlscale import workloads
@@ -61,6 +69,22 @@ class TrainConfig:
             raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        if self.workers is not None and self.workers < 0:
+            raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        if self.monitor_interval < 0:
+            raise UsageError(f"--monitor-interval must be >= 0 seconds (0 turns the monitor off), got {self.monitor_interval}")
+        if self.breakdown_steps < 0:
+            raise UsageError(f"--breakdown-steps must be >= 0, got {self.breakdown_steps}")
+        _positive("--profile-steps", self.profile_steps)
+        if self.data is not None:
+            from pathlib import Path
+
+            if not (Path(self.data) / "train").is_dir():
+                raise UsageError(f"--data {self.data}: no {Path(self.data) / 'train'} directory; expected the ImageNet "
+                                 "layout DIR/train/<class>/*.jpg (make one with `dlscale dataset make DIR`)")
 
     def resolve(self, device_type: str) -> "TrainConfig":
         """Fill the 'auto' values for a device type ('cpu' or 'cuda') and check the precision."""

@@ -13,6 +13,11 @@ import traceback
 import click
 import typer
 
+try:  # typer >= 0.2x carries its own copy of click; older ones use click itself
+    from typer._click import exceptions as _tx
+except ImportError:  # pragma: no cover - depends on the typer version installed
+    import click.exceptions as _tx
+
 from dlscale.errors import EXIT_FAILURE, EXIT_USAGE, DlscaleError
 
 app = typer.Typer(
@@ -21,8 +26,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from dlscale import __version__
+
+        print(f"dlscale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
+) -> None:
+    """Measure, explain and predict deep-learning training performance on a machine, a server and a cluster."""
 
 
 def _register() -> None:
@@ -32,6 +54,28 @@ def _register() -> None:
     app.command("sysinfo", help=sysinfo.HELP)(sysinfo.sysinfo)
     app.command("models", help=models.HELP)(models.models)
     app.add_typer(results.app, name="results")
+    from dlscale.cli import scale
+
+    app.command("scale", help=scale.HELP, epilog=scale.EPILOG)(scale.scale)
+    from dlscale.cli import micro
+
+    app.command("micro", help=micro.HELP, epilog=micro.EPILOG)(micro.micro)
+    from dlscale.cli import data, dataset
+
+    app.add_typer(dataset.app, name="dataset")
+    app.command("data", help=data.HELP, epilog=data.EPILOG)(data.data)
+    from dlscale.cli import sweep
+
+    app.command("sweep", help=sweep.HELP, epilog=sweep.EPILOG)(sweep.sweep)
+    from dlscale.cli import compare, importcmd, report
+
+    app.command("import", help=importcmd.HELP, epilog=importcmd.EPILOG)(importcmd.import_)
+    app.command("compare", help=compare.HELP, epilog=compare.EPILOG)(compare.compare)
+    app.command("report", help=report.HELP, epilog=report.EPILOG)(report.report)
+    from dlscale.cli import tta
+
+    app.command("tta", help=tta.HELP, epilog=tta.EPILOG)(tta.tta)
+    dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 
 _register()
@@ -48,15 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = command.main(args=argv, prog_name="dlscale", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
-    except click.exceptions.NoArgsIsHelpError as e:
-        click.echo(e.ctx.get_help() if e.ctx else str(e))
-        code = 0
-    except click.exceptions.Exit as e:
+    except (_tx.NoArgsIsHelpError, click.exceptions.NoArgsIsHelpError):
+        code = 0  # the help was printed already
+    except (typer.Exit, click.exceptions.Exit) as e:
         code = e.exit_code
-    except click.exceptions.Abort:
+    except (typer.Abort, click.exceptions.Abort):
         print("error: aborted", file=sys.stderr)
         code = 130
-    except click.ClickException as e:  # bad options, missing arguments
+    except (_tx.ClickException, click.ClickException) as e:  # bad options, missing arguments
         if debug:
             traceback.print_exc()
         print(f"error: {_one_line(e.format_message())}", file=sys.stderr)

@@ -115,7 +115,9 @@ def train_summary_table(rec: RunRecord) -> Table:
     t.add_row("achieved", fmt_si(m.get("achieved_flops"), "FLOP/s"))
     t.add_row("MFU", f"{fmt_pct(m.get('mfu'))}  (peak {fmt_si(m.get('peak_flops'), 'FLOP/s')}: {m.get('peak_flops_source')})")
     t.add_row("peak memory", f"{fmt_bytes(m.get('peak_memory_bytes'))} ({m.get('peak_memory_kind')})")
-    for k in sorted(set(m) - _SHOWN):
+    from dlscale.cli.breakdown_view import is_breakdown_key  # shown in their own tables
+
+    for k in sorted(k for k in set(m) - _SHOWN if not is_breakdown_key(k)):
         t.add_row(k, format_metric(k, m[k], u.get(k)))
     return t
 

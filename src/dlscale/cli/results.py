@@ -77,7 +77,24 @@ def show(
         print_json(rec.to_dict())
         return
     if rec.kind == "train":
+        from dlscale.cli.breakdown_view import breakdown_tables
+
         out.print(train_summary_table(rec))
+        for t in breakdown_tables(rec):
+            out.print(t)
+    if rec.kind == "data" and rec.status == "ok":
+        from dlscale.cli.data import data_table
+
+        out.print(data_table(rec))
+    elif rec.kind == "micro":
+        from dlscale.micro.report import print_record
+
+        print_record(rec, out)
+    elif rec.kind == "tta":
+        from dlscale.cli.tta import summary_tables
+
+        for t in summary_tables(rec):
+            out.print(t)
     head = Table(title=f"run {rec.run_id}", show_header=False, title_justify="left")
     head.add_column("what", style="bold")
     head.add_column("value")
@@ -94,7 +111,7 @@ def show(
     out.print(mt)
     out.print(_kv_table("system", _flatten(rec.system)))
     rt = Table("series", "length", "first values", title="raw data", title_justify="left")
-    for k, v in rec.raw.items():
+    for k, v in _flatten(rec.raw).items():  # nested series (e.g. the monitor's columns) as dotted names
         flat = [x for row in v for x in (row if isinstance(row, list) else [row])] if isinstance(v, list) else [v]
         rt.add_row(k, str(len(flat)), ", ".join(fmt_num(x) for x in flat[:6]) + (" ..." if len(flat) > 6 else ""))
     out.print(rt)
@@ -123,16 +140,22 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class ExportFormat(str, Enum):
     csv = "csv"
     json = "json"
+    parquet = "parquet"
 
 
-@app.command("export", help="Export runs as CSV (one row a run: columns, config.*, metrics.*) or JSON (full records).\n\nExample: dlscale results export --format csv --tag baseline --out runs.csv")
+@app.command("export", help="Export runs as CSV (one row a run: columns, config.*, metrics.*), JSON (full records) or Parquet (the CSV columns plus every record part as JSON; needs --out).\n\nExample: dlscale results export --format csv --tag baseline --out runs.csv")
 def export(
-    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="csv | json.")] = ExportFormat.csv,
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="csv | json | parquet.")] = ExportFormat.csv,
     out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
     tag: TagsOpt = None, model: ModelOpt = None, kind: KindOpt = None, status: StatusOpt = None,
     db: DbOpt = None,
 ) -> None:
     recs = _query(db, tag, model, kind, status)
+    if fmt == ExportFormat.parquet:  # binary: a file, never the terminal
+        from dlscale.report.parquet import write_parquet
+
+        write_parquet(recs, out_path)
+        return
     text = export_text(recs, fmt.value)
     if out_path:
         from pathlib import Path

@@ -7,8 +7,10 @@ from rich.table import Table
 from dlscale.cli.common import Format, FormatOpt, out, print_json
 from dlscale.cli.render import fmt_bytes
 
-HELP = """Show this machine's inventory: CPU, NUMA, ISA flags, memory, accelerators and their
-topology, and software versions.
+HELP = """Show this machine's inventory (CPU, memory, accelerators, topology, versions).
+
+CPU model, sockets/cores/threads, NUMA nodes, ISA flags, memory; accelerators with their
+memory, compute capability, driver and NVML topology; torch/CUDA/cuDNN/NCCL/Python versions.
 
 Example: dlscale sysinfo --format json"""
 

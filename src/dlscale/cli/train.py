@@ -6,18 +6,23 @@ from typing import Annotated, Optional
 
 import typer
 
+from dlscale.cli import dataopts as dataopt
+from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, err, info, interactive, out, print_json, warn
 
 HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
 
 Warm-up steps are not counted; the measured steps are timed one by one with the device
 synchronised around the window. Prints throughput (samples/s) with its 95% CI, step-time
-percentiles, CV, FLOPs, MFU and peak memory, and stores the full record."""
+percentiles, CV, FLOPs, MFU and peak memory, and stores the full record. With --data it
+trains on a JPEG tree; every run samples CPU, memory, disk, network and GPU use, times each
+phase of a step after the window and says whether it was input-, communication- or compute-bound."""
 
 EPILOG = """Examples:\n\n
   dlscale train resnet50 --batch-size 64\n\n
   dlscale train resnet18 --image-size 64 --steps 30 --format json\n\n
-  dlscale train resnet50 --precision bf16 --channels-last --repeat 3 --tag baseline"""
+  dlscale train resnet50 --precision bf16 --channels-last --repeat 3 --tag baseline\n\n
+  dlscale train alexnet --data /data/imagenet-mini --workers 4 --profile ./prof"""
 
 
 def train(
@@ -34,9 +39,27 @@ def train(
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", "-r", help="Independent repeats (fresh model each); CI over repeats when >= 2.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic data.")] = 0,
+    data: dataopt.DataOpt = None,
+    workers: dataopt.WorkersOpt = None,
+    strict: dataopt.StrictOpt = False,
+    monitor_interval: dataopt.MonitorOpt = 1.0,
+    breakdown_steps: dataopt.BreakdownOpt = 10,
+    profile: dataopt.ProfileOpt = None,
+    profile_steps: dataopt.ProfileStepsOpt = 5,
     tag: TagOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
+    nproc_per_node: dopt.NprocOpt = 1,
+    nnodes: dopt.NnodesOpt = 1,
+    node_rank: dopt.NodeRankOpt = 0,
+    master_addr: dopt.MasterAddrOpt = "127.0.0.1",
+    master_port: dopt.MasterPortOpt = None,
+    backend: dopt.BackendOpt = None,
+    emulate_nodes: dopt.EmulateOpt = None,
+    link_bandwidth: dopt.BandwidthOpt = None,
+    link_latency: dopt.LatencyOpt = None,
+    timeout: dopt.TimeoutOpt = 300.0,
+    threads_per_rank: dopt.ThreadsOpt = None,
 ) -> None:
     from dlscale.config import TrainConfig
     from dlscale.store import Store
@@ -45,7 +68,17 @@ def train(
         model=model, batch_size=batch_size, image_size=image_size, precision=precision,
         channels_last=channels_last, compile=compile, warmup_steps=warmup_steps, steps=steps,
         optimizer=optimizer, lr=lr, device=device, repeat=repeat, seed=seed, tag=tag,
+        data=data, workers=workers, strict=strict, monitor_interval=monitor_interval,
+        breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps,
     )
+    from dlscale.distributed.job import DistOptions
+
+    dist = DistOptions(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                       master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
+                       link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
+                       threads_per_rank=threads_per_rank)
+    if dopt.run_train(cfg, dist, db, fmt):  # data-parallel (dlscale.distributed); else the local path below
+        return
     store = Store.open(db)  # an unwritable database is a usage error before any work
     run_local(cfg, store, fmt)
 
@@ -87,6 +120,10 @@ def report(rec, fmt: Format) -> None:
         print_json(rec.to_dict())
     else:
         out.print(train_summary_table(rec))
+        from dlscale.cli.breakdown_view import breakdown_tables
+
+        for t in breakdown_tables(rec):
+            out.print(t)
 
 
 class _progress:

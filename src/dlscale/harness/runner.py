@@ -30,6 +30,9 @@ class Outcome:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+SWEEP_POINT_ENV = "DLSCALE_SWEEP_POINT"
+
+
 class NonFiniteLoss(RuntimeError):
     pass
 
@@ -63,6 +66,8 @@ def execute(
 
         system = collect_cached()
     rec = RunRecord(kind=kind, workload=workload, config=dict(config), system=system, tag=tag)
+    if os.environ.get(SWEEP_POINT_ENV):  # started by `dlscale sweep`: which point this run is
+        rec.raw["sweep_point"] = os.environ[SWEEP_POINT_ENV]
     failure: BaseException | None = None
     try:
         out = body(rec)

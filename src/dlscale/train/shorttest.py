@@ -19,6 +19,7 @@ from dlscale.harness import device as dev
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.harness.timing import StepCallback, timed_loop
+from dlscale.train.observe import RunObserver
 
 
 @dataclass
@@ -26,9 +27,17 @@ class TrainingSetup:
     model: Any
     optimizer: Any
     step: Callable[[], Any]  # one training step; returns the loss tensor (not synchronised)
+    # The step's parts, for the instrumented steps after the window (train/phases.py).
+    fetch: Callable[[], Any] | None = None  # the next host batch (x, y)
+    to_device: Callable[[Any, Any], Any] | None = None
+    forward_loss: Callable[[Any, Any], Any] | None = None
+    backward: Callable[[Any], None] | None = None
+    optimizer_step: Callable[[], None] | None = None
 
 
-def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[Any], Any] | None = None) -> TrainingSetup:
+def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[Any], Any] | None = None,
+                feed: Any = None) -> TrainingSetup:
+    """``feed`` (data.feed.DeviceFeed) supplies real batches; None: one synthetic device-resident batch."""
     import torch
 
     w = workloads.get(cfg.model)
@@ -44,16 +53,36 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     fwd = torch.compile(model) if cfg.compile else model
-    x, y = w.make_batch(cfg.batch_size, cfg.image_size, device, seed=seed)
-    x = x.contiguous(memory_format=memory_format)
+    if feed is None:
+        x, y = w.make_batch(cfg.batch_size, cfg.image_size, device, seed=seed)
+        x = x.contiguous(memory_format=memory_format)
+        fetch, to_device = (lambda: (x, y)), (lambda a, b: (a, b))
+        next_batch = fetch
+    else:
+        fetch, to_device, next_batch = feed.fetch, feed.to_device, feed
     amp_dtype = dev.autocast_dtype(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     loss_fn = w.loss
 
+    def forward_loss(xb: Any, yb: Any) -> Any:
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            return loss_fn(fwd(xb), yb)
+
+    def backward(loss: Any) -> None:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def optimizer_step() -> None:
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
     def step() -> Any:
         opt.zero_grad(set_to_none=True)
+        xb, yb = next_batch()
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = loss_fn(fwd(x), y)
+            loss = loss_fn(fwd(xb), yb)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -63,7 +92,8 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
             opt.step()
         return loss.detach()
 
-    return TrainingSetup(model=model, optimizer=opt, step=step)
+    return TrainingSetup(model=model, optimizer=opt, step=step, fetch=fetch, to_device=to_device,
+                         forward_loss=forward_loss, backward=backward, optimizer_step=optimizer_step)
 
 
 def _peak_memory(device: Any) -> tuple[int, str]:
@@ -114,20 +144,27 @@ def run_short_test(
     repeats: list[list[float]] = []
     losses: list[list[float]] = []
     peak_mem, peak_kind = 0, ""
-    for r in range(cfg.repeat):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model)
-        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync)
-        step_losses = torch.stack(outs).float().cpu()
-        if not torch.isfinite(step_losses).all():
-            bad = int((~torch.isfinite(step_losses)).nonzero()[0])
-            raise NonFiniteLoss(f"loss became {step_losses[bad].item()} at measured step {bad + 1} of repeat {r + 1}")
-        repeats.append(times)
-        losses.append(step_losses.tolist())
-        mem, peak_kind = _peak_memory(device)
-        peak_mem = max(peak_mem, mem)
-        del setup
+    obs = RunObserver(cfg, device, world_size)  # monitor + real-data feed; closed whatever happens
+    try:
+        for r in range(cfg.repeat):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model, feed=obs.feed)
+            times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync)
+            obs.end_window(times)
+            step_losses = torch.stack(outs).float().cpu()
+            if not torch.isfinite(step_losses).all():
+                bad = int((~torch.isfinite(step_losses)).nonzero()[0])
+                raise NonFiniteLoss(f"loss became {step_losses[bad].item()} at measured step {bad + 1} of repeat {r + 1}")
+            repeats.append(times)
+            losses.append(step_losses.tolist())
+            mem, peak_kind = _peak_memory(device)
+            peak_mem = max(peak_mem, mem)
+            if r == cfg.repeat - 1:
+                obs.explain(setup)  # phase breakdown, loader rate, verdict, profile: after the window
+            del setup
+    finally:
+        obs.close()
 
     metrics, warnings = summarize_steps(cfg.batch_size * world_size, repeats)
     units = dict(STEP_UNITS)
@@ -158,12 +195,17 @@ def run_short_test(
         warnings.append("--compile with --warmup-steps 0: compilation time is inside the measured window")
     if metrics["mfu"] is None and peak is None:
         warnings.append(peak_source)
+    x_metrics, x_units, x_raw, x_warnings = obs.outcome()
+    metrics.update(x_metrics)
+    units.update(x_units)
+    warnings.extend(x_warnings)
     return Outcome(
         metrics=metrics,
         units=units,
-        raw={"step_times_s": repeats, "loss": losses},
+        raw={"step_times_s": repeats, "loss": losses, **x_raw},
         warnings=warnings,
-        config={"device_name": _device_name(device), "sample_unit": w.sample_unit},
+        config={"device_name": _device_name(device), "sample_unit": w.sample_unit,
+                "data_source": cfg.data or "synthetic"},
     )
 
 

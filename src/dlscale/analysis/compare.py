@@ -1,0 +1,118 @@
+"""Compare two (or more) selections of runs, model by model (reads records only; no torch).
+
+- ``pct_table``: seed 001 Tables 5-6, ``% difference = (A - B) / B`` per group
+  (``formulas.pct_difference``), positive when A is higher.
+- ``score_table``: MLPerf v0.5 (seed 000), each selection's speed-up over a reference selection,
+  ``X / X_ref`` for throughputs and ``T_ref / T`` for times (``formulas.relative_score``).
+
+Runs are grouped by a key (``model`` by default; any of ``KEYS``); a group's value is the mean
+of its runs' metric, and the number of runs is kept beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dlscale.analysis.formulas import pct_difference, relative_score
+from dlscale.record import RunRecord
+
+KEYS = ("model", "batch_size", "precision", "image_size", "world_size", "nodes", "system")
+LOWER_IS_BETTER_UNITS = ("s", "epochs")
+
+
+def key_value(rec: RunRecord, key: str) -> Any:
+    """One grouping field of a record, wherever the record keeps it."""
+    c, m = rec.config, rec.metrics
+    if key == "model":
+        return rec.workload
+    if key == "world_size":
+        return m.get("world_size") or c.get("world_size") or 1
+    if key == "nodes":
+        return c.get("nodes") or c.get("nnodes") or 1
+    if key == "system":
+        return system_label(rec)
+    return c.get(key)
+
+
+def system_label(rec: RunRecord) -> str:
+    """A short name for where a run ran: the imported system's name, else the host name."""
+    if rec.imported:
+        return str(rec.config.get("system") or (rec.system or {}).get("name") or "imported")
+    return str((rec.system or {}).get("hostname") or "?")
+
+
+def check_keys(by: Sequence[str]) -> None:
+    from dlscale.errors import UsageError
+
+    bad = [k for k in by if k not in KEYS]
+    if bad:
+        raise UsageError(f"unknown --by {', '.join(bad)}; choose from {', '.join(KEYS)}")
+
+
+@dataclass
+class Group:
+    key: tuple
+    value: float
+    n: int
+    n_imported: int = 0
+
+
+def group(records: Iterable[RunRecord], by: Sequence[str], metric: str = "throughput") -> dict[tuple, Group]:
+    """Mean of ``metric`` over the ok runs of each group (runs without the metric are left out)."""
+    vals: dict[tuple, list[float]] = {}
+    imported: dict[tuple, int] = {}
+    for r in records:
+        v = r.metrics.get(metric)
+        if r.status != "ok" or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        k = tuple(key_value(r, k) for k in by)
+        vals.setdefault(k, []).append(float(v))
+        imported[k] = imported.get(k, 0) + int(r.imported)
+    return {k: Group(k, sum(v) / len(v), len(v), imported[k]) for k, v in vals.items()}
+
+
+def _order(keys: Iterable[tuple]) -> list[tuple]:
+    return sorted(keys, key=lambda k: tuple((x is None, str(type(x)), x if x is not None else 0) for x in k))
+
+
+def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] = ("model",),
+              metric: str = "throughput") -> list[dict[str, Any]]:
+    """One row per group: A, B, (A - B) / B as a fraction; None where a side has no run."""
+    ga, gb = group(a, by, metric), group(b, by, metric)
+    rows = []
+    for k in _order(set(ga) | set(gb)):
+        xa, xb = ga.get(k), gb.get(k)
+        pct = pct_difference(xa.value, xb.value) if xa and xb and xb.value else None
+        rows.append({**dict(zip(by, k)), "a": xa and xa.value, "b": xb and xb.value, "pct_difference": pct,
+                     "n_a": xa.n if xa else 0, "n_b": xb.n if xb else 0,
+                     "imported_a": xa.n_imported if xa else 0, "imported_b": xb.n_imported if xb else 0})
+    return rows
+
+
+def score_table(selections: dict[str, Sequence[RunRecord]], reference: Sequence[RunRecord],
+                by: Sequence[str] = ("model",), metric: str = "throughput",
+                higher_is_better: bool = True) -> list[dict[str, Any]]:
+    """One row per group: each selection's relative score over the reference (None if either is missing)."""
+    gref = group(reference, by, metric)
+    gsel = {name: group(recs, by, metric) for name, recs in selections.items()}
+    keys = set(gref).union(*[set(g) for g in gsel.values()]) if gsel else set(gref)
+    rows = []
+    for k in _order(keys):
+        ref = gref.get(k)
+        row: dict[str, Any] = {**dict(zip(by, k)), "reference": ref and ref.value}
+        for name, g in gsel.items():
+            x = g.get(k)
+            row[name] = relative_score(x.value, ref.value, higher_is_better) if x and ref and x.value > 0 and ref.value > 0 else None
+        rows.append(row)
+    return rows
+
+
+def higher_is_better(records: Iterable[RunRecord], metric: str) -> bool:
+    """Throughput-like metrics are better high; times (unit s) and epochs are better low."""
+    for r in records:
+        unit = r.units.get(metric)
+        if unit:
+            return unit not in LOWER_IS_BETTER_UNITS
+    return "time" not in metric

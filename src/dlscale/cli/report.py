@@ -1,0 +1,56 @@
+"""``dlscale report --out DIR``: a self-contained HTML (and/or Markdown) report of the store."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from dlscale.cli.common import DbOpt, info, out
+
+HELP = """Write a report of the runs in the results database: system inventory, throughput per model
+and device count, scaling efficiency against ideal, scale-up vs scale-out, time-to-accuracy
+curves and monitoring series where such runs exist, and failed runs with their errors. Every
+plot has its data table beside it. The HTML file is self-contained (plots embedded, no network
+needed); the Markdown version links PNGs written next to it. Reads the database only."""
+
+EPILOG = """Examples:\n\n
+  dlscale report --out report/\n\n
+  dlscale report --tag small-cpu --tag ref:seed001-scaling --out report/ --format both"""
+
+
+class ReportFormat(str, Enum):
+    html = "html"
+    md = "md"
+    both = "both"
+
+
+def report(
+    out_dir: Annotated[str, typer.Option("--out", "-o", help="Directory to write report.html / report.md into.")],
+    tag: Annotated[Optional[list[str]], typer.Option("--tag", help="Only runs with this tag (repeatable).")] = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="Only runs of this model (repeatable).")] = None,
+    title: Annotated[str, typer.Option("--title", help="The report's title.")] = "dlscale training performance report",
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="html | md | both.")] = ReportFormat.html,
+    db: DbOpt = None,
+) -> None:
+    from dlscale.errors import UsageError
+    from dlscale.report import build, render
+    from dlscale.store import Store
+
+    with Store.open(db) as store:
+        records = store.query(tag=tag or None, workload=model or None)
+        path = store.path
+    if not records:
+        raise UsageError(f"no runs in {path} match; run `dlscale train`/`dlscale sweep` or `dlscale import` first")
+    filters = "tags " + ", ".join(tag) if tag else "all tags"
+    if model:
+        filters += "; models " + ", ".join(model)
+    rep = build.build(records, title, filters, str(path))
+    try:
+        written = render.write(rep, out_dir, fmt.value)
+    except OSError as e:
+        raise UsageError(f"cannot write the report into {out_dir}: {e.strerror}") from None
+    info(f"report of {len(records)} runs")
+    for p in written:
+        out.print(str(p), markup=False, highlight=False)

@@ -1,0 +1,134 @@
+"""``dlscale sweep FILE.yaml``: a matrix of runs, each point in its own process with a timeout."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dlscale.cli.common import DbOpt, Format, FormatOpt, err, info, interactive, out, print_json
+
+HELP = """Run a matrix of train (or micro) runs described by a YAML file and record every point.
+
+The file is checked before anything runs (errors name the field and the line). Each point runs
+in its own process with a timeout; an out-of-memory, a crash, a NaN or a timeout is recorded as
+a failed run with its error and the sweep goes on. Each point has a stable hash, stored with its
+record: --resume skips the points the database already holds (ok or failed), so a sweep stopped
+by Ctrl-C, kill -9 or a power loss loses nothing that finished. Exits 1 if a point failed."""
+
+EPILOG = """Examples:\n\n
+  dlscale sweep examples/sweep-small-cpu.yaml --dry-run\n\n
+  dlscale sweep examples/sweep-small-cpu.yaml --db runs.db\n\n
+  dlscale sweep examples/sweep-small-cpu.yaml --resume --timeout-per-run 600"""
+
+
+def sweep(
+    file: Annotated[str, typer.Argument(help="The sweep file (YAML); see examples/.", show_default=False)],
+    resume: Annotated[bool, typer.Option("--resume", help="Skip points the database already holds (finished ok or failed).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the points (and which are already done) without running.")] = False,
+    timeout_per_run: Annotated[Optional[float], typer.Option("--timeout-per-run", help="Seconds per point before it is killed (overrides the file's timeout_per_run).", show_default=False)] = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    from dataclasses import replace
+
+    from dlscale.errors import RunFailure, UsageError
+    from dlscale.store import Store
+    from dlscale.sweep import run as sweep_run
+    from dlscale.sweep import spec
+
+    sw = spec.load(file)
+    if timeout_per_run is not None:
+        if timeout_per_run <= 0:
+            raise UsageError(f"--timeout-per-run must be > 0, got {timeout_per_run}")
+        sw.points = [replace(p, timeout_s=timeout_per_run) for p in sw.points]
+    store = Store.open(db)
+    done = sweep_run.finished_points(store, sw)
+    if dry_run:
+        _dry_run(sw, done, fmt)
+        return
+    if done and not resume:
+        info(f"note: {len(done)} of {len(sw.points)} points are already in {store.path}; "
+             "they run again (pass --resume to skip them)")
+    todo = [p for p in sw.points if not (resume and p.hash in done)]
+    info(f"dlscale sweep {sw.name}: {len(sw.points)} points ({sw.excluded} excluded), {len(todo)} to run, "
+         f"tag {sw.tag!r}, database {store.path}")
+    with _Progress(len(todo), fmt) as progress:
+        results = sweep_run.run_sweep(sw, store, resume, on_start=progress.start, on_done=progress.done)
+    _summary(results, fmt)
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        raise RunFailure(f"sweep {sw.name} finished; {len(failed)} of {len(results)} points failed (recorded with "
+                         f"their errors; `dlscale results list --status failed --tag {sw.tag}`)")
+
+
+def _dry_run(sw, done, fmt: Format) -> None:
+    rows = [{"index": p.index, "hash": p.hash, "done": p.hash in done, "timeout_s": p.timeout_s,
+             "command": "dlscale " + " ".join(p.argv), "options": p.options} for p in sw.points]
+    if fmt == Format.json:
+        print_json({"name": sw.name, "tag": sw.tag, "excluded": sw.excluded, "points": rows})
+        return
+    t = Table("#", "point hash", "done", "timeout", "command", title=f"sweep {sw.name}: {len(rows)} points "
+              f"({sw.excluded} excluded by exclude:)", title_justify="left")
+    for r in rows:
+        t.add_row(str(r["index"] + 1), r["hash"], "yes" if r["done"] else "", f"{r['timeout_s']:g} s", r["command"])
+    out.print(t)
+
+
+def _summary(results, fmt: Format) -> None:
+    from dlscale.cli.render import fmt_num
+
+    if fmt == Format.json:
+        print_json([{"index": r.point.index, "hash": r.point.hash, "options": r.point.options, "status": r.status,
+                     "run_id": r.run_id, "error": r.error, "seconds": r.seconds, "throughput": r.throughput}
+                    for r in results])
+        return
+    t = Table("#", "point", "status", "run id", "throughput", "time", "error", title="sweep results", title_justify="left")
+    for r in results:
+        status = {"ok": "ok", "skipped": "done before"}.get(r.status, f"[red]{r.status}[/red]")
+        thr = "" if r.throughput is None else f"{fmt_num(r.throughput)} {r.unit or ''}"
+        t.add_row(str(r.point.index + 1), r.point.label, status, r.run_id or "", thr,
+                  "" if r.status == "skipped" else f"{r.seconds:.1f} s", r.error or "")
+    out.print(t)
+
+
+class _Progress:
+    """A Rich bar with ETA for terminals; one line per point otherwise (both on stderr)."""
+
+    def __init__(self, total: int, fmt: Format):
+        self.total, self.n, self.t_sum = total, 0, 0.0
+        self.bar = None
+        self.enabled = interactive() and fmt == Format.human
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err, transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("sweep", total=self.total)
+        return self
+
+    def start(self, point) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{point.label[:60]}")
+
+    def done(self, res) -> None:
+        if res.status == "skipped":
+            return
+        self.n += 1
+        self.t_sum += res.seconds
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1)
+            if res.status != "ok":
+                self.bar.console.print(f"[red]point {res.point.index + 1} failed:[/red] {res.error}", markup=True, highlight=False)
+            return
+        eta = (self.total - self.n) * self.t_sum / self.n
+        what = "ok" if res.status == "ok" else f"FAILED: {res.error}"
+        info(f"[{self.n}/{self.total}] {res.point.label}: {what} ({res.seconds:.1f} s; eta {eta:.0f} s)")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,193 @@
+"""Who am I in a distributed job: rank, local rank, world size, master, from the launcher's variables.
+
+Three launchers are understood, in this order:
+
+- torchrun / torch.distributed.run (and anything that sets the same): ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``GROUP_RANK``.
+- OpenMPI ``mpirun``: ``OMPI_COMM_WORLD_RANK``, ``_SIZE``, ``_LOCAL_RANK``, ``_LOCAL_SIZE``;
+  the master comes from ``MASTER_ADDR`` (``mpirun -x MASTER_ADDR=host``) or ``--master-addr``.
+- Slurm ``srun`` (a job step, i.e. ``SLURM_STEP_ID`` is set, so a batch script's own shell is
+  not mistaken for rank 0): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+  ``SLURM_NODEID``, ``SLURM_NNODES``, ``SLURM_STEP_TASKS_PER_NODE``; the master is
+  ``MASTER_ADDR`` or the first host of ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST``.
+
+No torch at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from dlscale.errors import UsageError
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One process's place in the job, and how the job's ranks find each other."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" | "openmpi" | "slurm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def launcher_of(environ: Mapping[str, str] | None = None) -> str | None:
+    """The external launcher that started this process, or None for a plain process."""
+    e = os.environ if environ is None else environ
+    if "RANK" in e and "WORLD_SIZE" in e:
+        return "torchrun"
+    if "OMPI_COMM_WORLD_RANK" in e and "OMPI_COMM_WORLD_SIZE" in e:
+        return "openmpi"
+    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and ("SLURM_STEP_ID" in e or "SLURM_STEPID" in e):
+        return "slurm"
+    return None
+
+
+def detect(environ: Mapping[str, str] | None = None, master_addr: str | None = None,
+           master_port: int | None = None) -> DistEnv | None:
+    """Rank, local rank, world size, local world size and master from the environment.
+
+    Returns None when no launcher started this process. ``master_addr``/``master_port``
+    (e.g. from ``--master-addr``) are used where the environment does not say. A value that
+    is missing or not an integer is a ``UsageError`` naming the variable.
+    """
+    e = os.environ if environ is None else environ
+    kind = launcher_of(e)
+    if kind is None:
+        return None
+    if kind == "torchrun":
+        world = _int(e, "WORLD_SIZE")
+        local_world = _int(e, "LOCAL_WORLD_SIZE", default=world)
+        env = DistEnv(
+            rank=_int(e, "RANK"), local_rank=_int(e, "LOCAL_RANK", default=0), world_size=world,
+            local_world_size=local_world, node_rank=_int(e, "GROUP_RANK", default=_int(e, "RANK") // max(local_world, 1)),
+            nnodes=max(1, world // max(local_world, 1)),
+            master_addr=e.get("MASTER_ADDR") or master_addr or "127.0.0.1",
+            master_port=_int(e, "MASTER_PORT", default=master_port or DEFAULT_PORT), launcher=kind,
+        )
+    elif kind == "openmpi":
+        world = _int(e, "OMPI_COMM_WORLD_SIZE")
+        local_world = _int(e, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
+        rank = _int(e, "OMPI_COMM_WORLD_RANK")
+        addr = e.get("MASTER_ADDR") or master_addr
+        if not addr and world > local_world:
+            raise UsageError("started by mpirun across nodes but no master is known; "
+                             "export MASTER_ADDR to the ranks (mpirun -x MASTER_ADDR=host) or pass --master-addr")
+        env = DistEnv(
+            rank=rank, local_rank=_int(e, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), world_size=world,
+            local_world_size=local_world, node_rank=_int(e, "OMPI_COMM_WORLD_NODE_RANK", default=rank // max(local_world, 1)),
+            nnodes=max(1, -(-world // max(local_world, 1))), master_addr=addr or "127.0.0.1",
+            master_port=_int(e, "MASTER_PORT", default=master_port or DEFAULT_PORT), launcher=kind,
+        )
+    else:
+        world = _int(e, "SLURM_NTASKS")
+        nnodes = _int(e, "SLURM_NNODES", default=_int(e, "SLURM_STEP_NUM_NODES", default=1))
+        per_node = e.get("SLURM_STEP_TASKS_PER_NODE") or e.get("SLURM_TASKS_PER_NODE") or ""
+        node_rank = _int(e, "SLURM_NODEID", default=0)
+        local_world = tasks_on_node(per_node, node_rank) if per_node else -(-world // nnodes)
+        nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST") or e.get("SLURM_NODELIST") or ""
+        hosts = expand_hostlist(nodelist) if nodelist else []
+        env = DistEnv(
+            rank=_int(e, "SLURM_PROCID"), local_rank=_int(e, "SLURM_LOCALID", default=0), world_size=world,
+            local_world_size=local_world, node_rank=node_rank, nnodes=nnodes,
+            master_addr=e.get("MASTER_ADDR") or master_addr or (hosts[0] if hosts else "127.0.0.1"),
+            master_port=_int(e, "MASTER_PORT", default=master_port or DEFAULT_PORT), launcher=kind,
+        )
+    if not 0 <= env.rank < env.world_size:
+        raise UsageError(f"{kind}: rank {env.rank} is outside world size {env.world_size}")
+    return env
+
+
+def export(env: DistEnv) -> None:
+    """Set the variables torch.distributed's ``env://`` rendezvous reads (for mpirun and srun)."""
+    os.environ.update({
+        "RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size), "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+    })
+
+
+def default_backend(device_type: str) -> str:
+    """nccl on CUDA devices, gloo on CPUs."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_process_group(env: DistEnv, backend: str | None = None, device_type: str = "cpu",
+                       timeout_s: float = 300.0) -> str:
+    """Join the job's process group over ``env://``; returns the backend used.
+
+    ``backend`` None picks nccl on CUDA, gloo on CPU. ``timeout_s`` bounds the rendezvous and
+    every collective: a rank that crashes or hangs makes the others fail after at most this long
+    instead of waiting forever.
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = backend or default_backend(device_type)
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise UsageError(f"unknown --backend {backend!r}; choose gloo, nccl or mpi")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UsageError("--backend nccl needs CUDA devices; use gloo on CPU")
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    export(env)
+    dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return backend
+
+
+def tasks_on_node(spec: str, node: int) -> int:
+    """Slurm's compressed tasks-per-node list, e.g. '2(x3),1' -> node 0..2 have 2, node 3 has 1."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise UsageError(f"cannot read Slurm tasks-per-node {spec!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    if node >= len(counts):
+        raise UsageError(f"Slurm tasks-per-node {spec!r} has no entry for node {node}")
+    return counts[node]
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, e.g. 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?(?:,|$)", nodelist):
+        prefix, ranges = m.group(1), m.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for r in ranges.split(","):
+            a, _, b = r.partition("-")
+            if b:
+                hosts.extend(f"{prefix}{i:0{len(a)}d}" for i in range(int(a), int(b) + 1))
+            else:
+                hosts.append(prefix + a)
+    return hosts
+
+
+def _int(e: Mapping[str, str], name: str, default: int | None = None) -> int:
+    v = e.get(name)
+    if v is None or v == "":
+        if default is None:
+            raise UsageError(f"the launcher did not set {name}")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise UsageError(f"{name}={v!r} is not an integer") from None

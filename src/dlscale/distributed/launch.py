@@ -1,0 +1,321 @@
+"""Start a module on every rank through PyTorch's own launcher (torch.distributed.run, i.e. torchrun).
+
+``run_torchrun`` is the one entry point: it validates the layout, checks the master port (busy)
+or the master (unreachable) before anything starts, picks threads per rank on CPUs, runs
+``python -m torch.distributed.run ... -m MODULE ARGS`` once per node (inside emulated nodes when
+asked), forwards the launcher's output to stderr, and returns the exit code. ``launch`` does the
+same and also returns what torchrun reported about a failed rank.
+
+A job that runs past ``timeout_s``, or a Ctrl-C / SIGTERM, ends every process of the job:
+SIGTERM to torchrun and its workers, SIGKILL to what is left after a short grace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from dlscale.distributed.env import DEFAULT_PORT
+from dlscale.errors import UsageError
+
+GRACE_S = 5.0
+RDZV_TIMEOUT_S = 300
+
+
+@dataclass
+class RankFailure:
+    """One failed rank as torchrun reported it (its 'Root Cause' / failure summary)."""
+
+    rank: int
+    local_rank: int | None
+    exitcode: int | None
+    detail: str
+    root_cause: bool = False  # torchrun's "Root Cause (first observed failure)"
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    timed_out: bool = False
+    interrupted: bool = False
+    failures: list[RankFailure] = field(default_factory=list)
+    log_tail: list[str] = field(default_factory=list)
+
+
+def run_torchrun(module: str, module_args: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
+                 master_addr: str = "127.0.0.1", master_port: int | None = None, emulate_nodes: int | None = None,
+                 link_bandwidth: str | None = None, link_latency: str | None = None,
+                 timeout_s: float | None = None) -> int:
+    """Run ``python -m module *module_args`` on every rank with torchrun; return the exit code.
+
+    ``nproc_per_node`` ranks on this node, ``nnodes`` nodes, this one being ``node_rank``; the
+    ranks meet at ``master_addr:master_port`` (static rendezvous; ``master_port`` None takes a
+    free port on a single node and 29500 across nodes). ``emulate_nodes=K`` runs K nodes on this
+    machine, each in its own network namespace with links shaped to ``link_bandwidth`` (e.g.
+    '10gbit') and ``link_latency`` (netem, where the kernel has it); it needs root and iproute2.
+    ``timeout_s`` bounds the whole job: past it every process of the job is ended and the exit
+    code is 124. Bad values, a busy port, an unreachable master or missing emulation support
+    raise a one-line ``UsageError`` before anything starts.
+    """
+    return launch(module, module_args, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                  master_addr=master_addr, master_port=master_port, emulate_nodes=emulate_nodes,
+                  link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout_s).returncode
+
+
+def validate(*, nproc_per_node: int, nnodes: int, node_rank: int, master_port: int | None,
+             emulate_nodes: int | None, link_bandwidth: str | None, link_latency: str | None,
+             timeout_s: float | None) -> None:
+    """One-line UsageErrors for values that cannot work, before anything starts."""
+    if nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise UsageError(f"--master-port must be in 1..65535, got {master_port}")
+    if timeout_s is not None and timeout_s <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {timeout_s}")
+    if emulate_nodes is None:
+        if link_bandwidth or link_latency:
+            raise UsageError("--link-bandwidth/--link-latency shape emulated links; add --emulate-nodes K")
+        return
+    if emulate_nodes < 1:
+        raise UsageError(f"--emulate-nodes must be >= 1, got {emulate_nodes}")
+    if nnodes not in (1, emulate_nodes) or node_rank != 0:
+        raise UsageError(f"--emulate-nodes {emulate_nodes} runs every node here; leave out --nnodes/--node-rank "
+                         f"(or give --nnodes {emulate_nodes})")
+
+
+def launch(module: str, module_args: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
+           master_addr: str = "127.0.0.1", master_port: int | None = None, emulate_nodes: int | None = None,
+           link_bandwidth: str | None = None, link_latency: str | None = None, timeout_s: float | None = None,
+           threads_per_rank: int | None = None, extra_env: dict[str, str] | None = None,
+           rdzv_timeout_s: float | None = None) -> LaunchResult:
+    """``run_torchrun`` with the failure details: see there. ``threads_per_rank`` sets OMP_NUM_THREADS;
+    ``rdzv_timeout_s`` bounds the rendezvous and the wait for an unreachable master (default: the
+    smaller of ``timeout_s`` and 300 s)."""
+    validate(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_port=master_port,
+             emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout_s)
+    local_ranks = nproc_per_node * (emulate_nodes or 1)
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    if threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, (os.cpu_count() or 1) // local_ranks))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    limit = rdzv_timeout_s or timeout_s
+    rdzv_timeout = max(1, int(min(limit, RDZV_TIMEOUT_S))) if limit else RDZV_TIMEOUT_S
+    if emulate_nodes:
+        from dlscale.distributed.netns import IFNAME, EmulatedNodes
+
+        en = EmulatedNodes(emulate_nodes, link_bandwidth, link_latency)
+        port = master_port or DEFAULT_PORT
+        with en:
+            env.setdefault("GLOO_SOCKET_IFNAME", IFNAME)
+            cmds = [en.exec_prefix(k) + _torchrun_cmd(module, module_args, nproc_per_node, emulate_nodes, k,
+                                                      en.address(0), port, rdzv_timeout)
+                    for k in range(emulate_nodes)]
+            return _supervise(cmds, env, timeout_s)
+    if nnodes > 1 and master_port is None:
+        master_port = DEFAULT_PORT  # every node must agree on it; a single node takes a free one
+    if node_rank == 0:
+        master_port = _check_master_port(master_addr, master_port)
+    else:
+        _check_master_reachable(master_addr, master_port, float(rdzv_timeout))
+    if nnodes == 1 and _is_loopback(master_addr):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    cmd = _torchrun_cmd(module, module_args, nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_timeout)
+    return _supervise([cmd], env, timeout_s)
+
+
+def _torchrun_cmd(module: str, module_args: list[str], nproc: int, nnodes: int, node_rank: int,
+                  master_addr: str, master_port: int, rdzv_timeout: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
+        f"--master-addr={master_addr}", f"--master-port={master_port}", "--rdzv-backend=static",
+        f"--rdzv-conf=timeout={rdzv_timeout}", "--max-restarts=0", "--monitor-interval=0.2",
+        "--shutdown-timeout=5", "-m", module, *module_args,
+    ]
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _check_master_port(addr: str, port: int | None) -> int:
+    """This node hosts the rendezvous: the port must be free here (None: take a free one)."""
+    try:
+        host = socket.gethostbyname(addr)
+    except OSError:
+        raise UsageError(f"--master-addr {addr!r} does not resolve") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host if _is_loopback(addr) else "", port or 0))
+        except OSError as e:
+            raise UsageError(f"--master-port {port} is busy on {addr} ({e.strerror}); pick another port "
+                             "or leave --master-port out to take a free one") from None
+        return s.getsockname()[1]
+
+
+def _check_master_reachable(addr: str, port: int, wait_s: float) -> None:
+    """A non-zero node must reach the master's rendezvous port within ``wait_s`` seconds."""
+    try:
+        host = socket.gethostbyname(addr)
+    except OSError:
+        raise UsageError(f"--master-addr {addr!r} does not resolve") from None
+    deadline, last = time.monotonic() + wait_s, "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                return
+        except OSError as e:
+            last = e.strerror or type(e).__name__
+            time.sleep(0.5)
+    raise UsageError(f"master {addr}:{port} is unreachable ({last} for {wait_s:.0f} s); start node 0 first "
+                     "and check --master-addr/--master-port and the firewall")
+
+
+def _supervise(cmds: list[list[str]], env: dict[str, str], timeout_s: float | None) -> LaunchResult:
+    """Run the node launchers, forward their output to stderr, end everything on timeout or signal."""
+    tail: deque[str] = deque(maxlen=400)
+    procs: list[subprocess.Popen] = []
+    threads: list[threading.Thread] = []
+    result = LaunchResult(returncode=0)
+    teardown: list[float] = []  # when a launcher began ending its workers after a failure
+    old_term = _install_sigterm()
+    try:
+        for cmd in cmds:
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 errors="replace", start_new_session=True)
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p.stdout, tail, teardown), daemon=True)
+            t.start()
+            threads.append(t)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs):
+            if deadline is not None and time.monotonic() > deadline:
+                result.timed_out = True
+                break
+            # One node's launcher failing ends the job: the others would wait for it.
+            if any(p.returncode not in (None, 0) for p in procs):
+                time.sleep(GRACE_S)
+                break
+            # torchrun gives a worker 30 s to honour SIGTERM; a hung (e.g. stopped) one gets GRACE_S.
+            if teardown and time.monotonic() - teardown[0] > GRACE_S:
+                _kill_workers(procs)
+                teardown.clear()
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        _end(procs)
+        for t in threads:
+            t.join(timeout=2.0)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    codes = [p.returncode for p in procs]
+    result.log_tail = list(tail)
+    result.failures = parse_failures("\n".join(tail))
+    if result.interrupted:
+        raise KeyboardInterrupt
+    if result.timed_out:
+        result.returncode = 124
+    else:
+        result.returncode = next((c if c > 0 else 128 - c for c in codes if c), 0)
+    return result
+
+
+def _pump(stream, tail: deque, teardown: list[float]) -> None:
+    for line in stream:
+        tail.append(line.rstrip("\n"))
+        if "closing signal SIGTERM" in line and not teardown:
+            teardown.append(time.monotonic())
+        sys.stderr.write(line)
+    sys.stderr.flush()
+
+
+def _install_sigterm():
+    """SIGTERM ends the job like Ctrl-C (only the main thread can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _kill_workers(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL the workers (not the launchers, which then report and exit)."""
+    import psutil
+
+    for p in procs:
+        try:
+            for q in psutil.Process(p.pid).children(recursive=True):
+                q.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every launcher and its descendants, SIGKILL what is left after a grace period."""
+    import psutil
+
+    alive = []
+    for p in procs:
+        if p.poll() is not None:
+            continue
+        try:
+            root = psutil.Process(p.pid)
+            alive.extend([root, *root.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            continue
+    for q in alive:
+        try:
+            q.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(alive, timeout=GRACE_S)
+    for q in left:
+        try:
+            q.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=GRACE_S)
+    for p in procs:
+        try:
+            p.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*\n"
+    r"(?:\s*error_file\s*:[^\n]*\n)?\s*traceback\s*:\s*([^\n]*)")
+
+
+def parse_failures(log: str) -> list[RankFailure]:
+    """The failed ranks in torchrun's failure summary ('rank : 1 (local_rank: 1) / exitcode : -9 ...')."""
+    seen: dict[int, RankFailure] = {}
+    roots = {m.start() for m in re.finditer(r"Root Cause", log)}
+    for m in _FAILURE.finditer(log):
+        rank = int(m.group(1))
+        is_root = any(0 < m.start() - r < 200 for r in roots)
+        if rank not in seen or is_root:
+            seen[rank] = RankFailure(rank, int(m.group(2)), int(m.group(3)), m.group(4).strip(),
+                                     is_root or (rank in seen and seen[rank].root_cause))
+    return sorted(seen.values(), key=lambda f: not f.root_cause)

@@ -1,0 +1,225 @@
+"""Parse results made elsewhere into plain rows (no store, no torch).
+
+Three formats, each into ``ImportedRow``s:
+
+- **tf_cnn_benchmarks** logs (the seed papers' tool): the header block (``Model:``,
+  ``Batch size: N global`` / ``N per device``, ``Devices: [...]``, ``Variables:``, ...) followed by
+  the step lines and ``total images/sec: X``. A log may hold several runs one after another.
+- **Horovod synthetic benchmark** output (``pytorch_synthetic_benchmark.py`` and its TensorFlow
+  twin): ``Model:``, ``Batch size:``, ``Number of GPUs:``, ``Iter #i: X img/sec per GPU``,
+  ``Img/sec per GPU: X +-C`` and ``Total img/sec on N GPU(s): X +-C``.
+- **CSV** with the columns documented in docs/METRICS.md (``CSV_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.errors import UsageError
+
+# the documented CSV: required first, then optional
+CSV_REQUIRED = ("system", "model")
+CSV_OPTIONAL = ("precision", "batch_size", "nodes", "devices_per_node", "throughput", "time_to_accuracy_s",
+                "target_accuracy", "epochs", "speedup", "note")
+CSV_COLUMNS = CSV_REQUIRED + CSV_OPTIONAL
+
+# names other tools give the seed papers' models -> dlscale's registry names
+MODEL_ALIASES = {
+    "resnet50": "resnet50", "resnet-50": "resnet50", "resnet50_v1.5": "resnet50", "resnet50v1.5": "resnet50",
+    "resnet18": "resnet18", "vgg16": "vgg16", "vgg-16": "vgg16", "vgg19": "vgg19", "vgg-19": "vgg19",
+    "alexnet": "alexnet", "googlenet": "googlenet", "inception3": "inception_v3", "inception-v3": "inception_v3",
+    "inception_v3": "inception_v3", "inceptionv3": "inception_v3", "inception4": "inception_v4",
+    "inception-v4": "inception_v4", "inception_v4": "inception_v4", "inceptionv4": "inception_v4",
+}
+
+
+def model_name(name: str) -> str:
+    """dlscale's name for a model as another tool spells it (unknown names pass through, lower-cased)."""
+    key = name.strip().lower().replace(" ", "")
+    return MODEL_ALIASES.get(key, key)
+
+
+@dataclass
+class ImportedRow:
+    """One run made elsewhere: what it was and the figures it reported."""
+
+    model: str
+    source_format: str
+    system: str | None = None
+    precision: str | None = None
+    batch_size: int | None = None  # per device
+    nodes: int | None = None
+    devices_per_node: int | None = None
+    throughput: float | None = None  # samples/s, all devices
+    throughput_ci_halfwidth: float | None = None
+    time_to_accuracy_s: float | None = None
+    target_accuracy: float | None = None
+    epochs: float | None = None
+    speedup: float | None = None
+    note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int | None:
+        if self.nodes is None and self.devices_per_node is None:
+            return None
+        return (self.nodes or 1) * (self.devices_per_node or 1)
+
+
+# -- tf_cnn_benchmarks -------------------------------------------------------------------------
+_TF_FIELD = re.compile(r"^(Model|Dataset|Mode|SingleSess|Batch size|Num batches|Num epochs|Devices|NUMA bind|"
+                       r"Data format|Optimizer|Variables|AllReduce|Precision|TensorFlow):\s*(.*?)\s*$")
+_TF_STEP = re.compile(r"^\s*(\d+)\s+images/sec:\s*([\d.]+)\s*\+/-\s*([\d.]+)")
+_TF_TOTAL = re.compile(r"^\s*total images/sec:\s*([\d.]+)")
+_TF_PER_DEVICE = re.compile(r"^\s+([\d.]+)\s+per device")
+
+
+def parse_tf_cnn_benchmarks(text: str) -> list[ImportedRow]:
+    rows: list[ImportedRow] = []
+    head: dict[str, str] = {}
+    steps: list[float] = []
+    for line in text.splitlines():
+        m = _TF_FIELD.match(line)
+        if m:
+            if m.group(1) == "Model" and head.get("Model"):  # a new run starts without a total: drop the old
+                head, steps = {}, []
+            head[m.group(1)] = m.group(2)
+            continue
+        m = _TF_PER_DEVICE.match(line)
+        if m and "Batch size" in head:
+            head["per device"] = m.group(1)
+            continue
+        m = _TF_STEP.match(line)
+        if m:
+            steps.append(float(m.group(2)))
+            continue
+        m = _TF_TOTAL.match(line)
+        if m:
+            if "Model" not in head:
+                raise UsageError("tf_cnn_benchmarks log: `total images/sec:` without a header block (no `Model:` line)")
+            rows.append(_tf_row(head, float(m.group(1)), steps))
+            head, steps = {}, []
+    return rows
+
+
+def _tf_row(head: dict[str, str], total: float, steps: list[float]) -> ImportedRow:
+    global_batch = _int(head.get("Batch size", "").split(" ")[0])
+    per_device = _int(head.get("per device", "").split(".")[0]) if head.get("per device") else None
+    devices = head.get("Devices", "")
+    n_listed = len(re.findall(r"'[^']*'", devices)) or None
+    n_devices = global_batch // per_device if global_batch and per_device else n_listed
+    variables = head.get("Variables", "")
+    precision = head.get("Precision") or None
+    return ImportedRow(
+        model=model_name(head["Model"]), source_format="tf_cnn_benchmarks", precision=precision,
+        batch_size=per_device or (global_batch // n_devices if global_batch and n_devices else None),
+        nodes=None if variables in ("horovod", "distributed_replicated", "distributed_all_reduce") else 1,
+        devices_per_node=n_devices if variables not in ("horovod",) else None, throughput=total,
+        extra={k.lower().replace(" ", "_"): v for k, v in head.items()} | {"devices_total": n_devices},
+        series={"running_images_per_sec": steps},
+    )
+
+
+# -- Horovod synthetic benchmark ---------------------------------------------------------------
+_HVD_TOTAL = re.compile(r"Total img/sec on (\d+) (\w+)\(s\):\s*([\d.]+)\s*\+-\s*([\d.]+)")
+_HVD_ITER = re.compile(r"Iter #(\d+):\s*([\d.]+) img/sec per (\w+)")
+_HVD_FIELD = re.compile(r"^(?:\[\d+\]\s*)?(Model|Batch size|Number of \w+):\s*(.+?)\s*$")
+
+
+def parse_horovod(text: str) -> list[ImportedRow]:
+    rows: list[ImportedRow] = []
+    head: dict[str, str] = {}
+    iters: list[float] = []
+    for line in text.splitlines():
+        m = _HVD_FIELD.match(line.strip())
+        if m:
+            head["Number of devices" if m.group(1).startswith("Number of") else m.group(1)] = m.group(2)
+            continue
+        m = _HVD_ITER.search(line)
+        if m:
+            iters.append(float(m.group(2)))
+            continue
+        m = _HVD_TOTAL.search(line)
+        if m:
+            n = int(m.group(1))
+            rows.append(ImportedRow(
+                model=model_name(head.get("Model", "unknown")), source_format="horovod",
+                batch_size=_int(head.get("Batch size")), devices_per_node=None, nodes=None,
+                throughput=float(m.group(3)), throughput_ci_halfwidth=float(m.group(4)),
+                extra={"devices_total": n, "device": m.group(2)}, series={"iter_images_per_sec_per_device": iters},
+            ))
+            head, iters = {}, []
+    return rows
+
+
+# -- CSV ---------------------------------------------------------------------------------------
+def parse_csv(text: str) -> list[ImportedRow]:
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    cols = [c.strip() for c in reader.fieldnames or []]
+    missing = [c for c in CSV_REQUIRED if c not in cols]
+    unknown = [c for c in cols if c not in CSV_COLUMNS]
+    if missing or unknown:
+        raise UsageError(f"CSV header: {'missing ' + ', '.join(missing) if missing else ''}"
+                         f"{'; ' if missing and unknown else ''}{'unknown ' + ', '.join(unknown) if unknown else ''}; "
+                         f"columns are {', '.join(CSV_COLUMNS)} (docs/METRICS.md)")
+    rows = []
+    for i, raw in enumerate(reader, start=2):
+        r = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
+        if not r.get("system") or not r.get("model"):
+            raise UsageError(f"CSV row {i}: system and model are required")
+        row = ImportedRow(
+            model=model_name(r["model"]), system=r["system"], source_format="csv", precision=r.get("precision") or None,
+            batch_size=_int(r.get("batch_size"), i, "batch_size"), nodes=_int(r.get("nodes"), i, "nodes"),
+            devices_per_node=_int(r.get("devices_per_node"), i, "devices_per_node"),
+            throughput=_float(r.get("throughput"), i, "throughput"),
+            time_to_accuracy_s=_float(r.get("time_to_accuracy_s"), i, "time_to_accuracy_s"),
+            target_accuracy=_float(r.get("target_accuracy"), i, "target_accuracy"),
+            epochs=_float(r.get("epochs"), i, "epochs"), speedup=_float(r.get("speedup"), i, "speedup"),
+            note=r.get("note") or None,
+        )
+        if row.throughput is None and row.time_to_accuracy_s is None and row.speedup is None:
+            raise UsageError(f"CSV row {i}: give at least one of throughput, time_to_accuracy_s, speedup")
+        rows.append(row)
+    return rows
+
+
+def _int(v: str | None, row: int | None = None, col: str = "") -> int | None:
+    if v is None or str(v).strip() == "":
+        return None
+    try:
+        return int(float(v))
+    except ValueError:
+        if row is None:
+            return None
+        raise UsageError(f"CSV row {row}: {col} must be a whole number, got {v!r}") from None
+
+
+def _float(v: str | None, row: int, col: str) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        return float(v.rstrip("%"))
+    except ValueError:
+        raise UsageError(f"CSV row {row}: {col} must be a number, got {v!r}") from None
+
+
+def detect(text: str) -> str:
+    """Which format a file is in: tf_cnn_benchmarks, horovod or csv."""
+    if _TF_TOTAL.search(text) or re.search(r"(?m)^\s*total images/sec:", text):
+        return "tf_cnn_benchmarks"
+    if "Total img/sec on" in text:
+        return "horovod"
+    first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+    if "system" in first and "model" in first and "," in first:
+        return "csv"
+    raise UsageError("cannot tell the file's format: expected a tf_cnn_benchmarks log (`total images/sec:`), "
+                     "Horovod benchmark output (`Total img/sec on N GPU(s)`) or a CSV with a system,model,... header")
+
+
+PARSERS = {"tf_cnn_benchmarks": parse_tf_cnn_benchmarks, "horovod": parse_horovod, "csv": parse_csv}

@@ -1,0 +1,108 @@
+"""Imported rows -> run records (``imported=True``), and the seed papers' reference datasets.
+
+An imported record has kind ``train`` (throughput, time to accuracy: what a short or long test
+measures), ``imported`` true, the system it came from in ``config["system"]`` and where it came
+from in ``config["source"]``. Its ``system`` inventory holds only ``{"name": ..., "imported": true}``:
+nothing about this machine is attached to a number made elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import UsageError
+from dlscale.importers.parsers import PARSERS, ImportedRow, detect
+from dlscale.record import RunRecord, utc_now
+
+REFERENCE_PACKAGE, REFERENCE_DIR = "dlscale.data", "reference"
+
+
+def to_record(row: ImportedRow, source: str, tag: str | None, index: int = 0) -> RunRecord:
+    world = row.world_size or row.extra.get("devices_total")
+    config: dict[str, Any] = {
+        "model": row.model, "system": row.system, "precision": row.precision, "batch_size": row.batch_size,
+        "nodes": row.nodes, "devices_per_node": row.devices_per_node, "world_size": world,
+        "source": source, "source_format": row.source_format, "source_index": index,
+    }
+    if row.target_accuracy is not None:
+        config["target_accuracy"] = row.target_accuracy
+    if row.note:
+        config["note"] = row.note
+    config.update({f"source_{k}": v for k, v in row.extra.items() if k not in ("devices_total",)})
+    metrics: dict[str, Any] = {}
+    units: dict[str, str] = {}
+    if row.throughput is not None:
+        metrics["throughput"] = row.throughput
+        units["throughput"] = "samples/s"
+        if row.throughput_ci_halfwidth is not None:  # Horovod prints mean +- 1.96 sd over iterations
+            metrics["throughput_ci95"] = [row.throughput - row.throughput_ci_halfwidth,
+                                          row.throughput + row.throughput_ci_halfwidth]
+            units["throughput_ci95"] = "samples/s"
+    for name, value, unit in (("time_to_accuracy", row.time_to_accuracy_s, "s"), ("epochs", row.epochs, "epochs"),
+                              ("speedup", row.speedup, "x")):
+        if value is not None:
+            metrics[name] = value
+            units[name] = unit
+    if world:
+        metrics["world_size"] = world
+        units["world_size"] = "ranks"
+    rec = RunRecord(kind="train", workload=row.model, config=config, metrics=metrics, units=units,
+                    raw={k: v for k, v in row.series.items() if v}, tag=tag, imported=True,
+                    system={"name": row.system, "imported": True})
+    rec.finished_at = utc_now()
+    return rec
+
+
+def parse_file(path: str | Path, fmt: str = "auto") -> list[ImportedRow]:
+    p = Path(path)
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read {p}: {e.strerror}") from None
+    kind = detect(text) if fmt == "auto" else fmt
+    if kind not in PARSERS:
+        raise UsageError(f"unknown --input-format {fmt!r}; choose auto, {', '.join(PARSERS)}")
+    rows = PARSERS[kind](text)
+    if not rows:
+        raise UsageError(f"{p}: no results found in it as {kind} (no finished run in the file)")
+    return rows
+
+
+def with_overrides(rows: list[ImportedRow], **overrides: Any) -> list[ImportedRow]:
+    """Fill what a log does not say (system name, nodes, precision) from the command line."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return [replace(r, **given) for r in rows]
+
+
+# -- reference datasets -------------------------------------------------------------------------
+def reference_names() -> list[str]:
+    return sorted(f.name[:-4] for f in _ref_dir().iterdir() if f.name.endswith(".csv"))
+
+
+def reference_text(name: str) -> str:
+    f = _ref_dir() / f"{name}.csv"
+    if not f.is_file():
+        raise UsageError(f"unknown reference dataset {name!r}; known: {', '.join(reference_names())}")
+    return f.read_text()
+
+
+def reference_source(name: str) -> str:
+    """The ``# source:`` lines at the top of a reference CSV."""
+    return " ".join(ln.split(":", 1)[1].strip() for ln in reference_text(name).splitlines()
+                    if ln.startswith("# source:"))
+
+
+def reference_records(name: str, tag: str | None = None) -> list[RunRecord]:
+    """A reference dataset as imported records (not written anywhere), tagged ``ref:NAME``."""
+    from dlscale.importers.parsers import parse_csv
+
+    rows = parse_csv(reference_text(name))
+    src = f"reference:{name} ({reference_source(name)})"
+    return [to_record(r, src, tag or f"ref:{name}", i) for i, r in enumerate(rows)]
+
+
+def _ref_dir():
+    return resources.files(REFERENCE_PACKAGE) / REFERENCE_DIR

@@ -1,0 +1,23 @@
+"""Phase-1 microbenchmarks: kernels against the device's peak, memory and interconnect bandwidth,
+collectives. One harness (``harness``), one small module per microbenchmark, found by name here.
+
+``collectives`` is not in ``REGISTRY``: it runs one process per rank under torchrun
+(``dlscale.micro.coll_worker``) and has its own sweep (``dlscale.micro.collectives``).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from dlscale.errors import UsageError
+
+KERNEL_KINDS = ("gemm", "conv", "rnn", "memory", "p2p")
+KINDS = (*KERNEL_KINDS, "collectives")
+
+
+def get(kind: str) -> Any:
+    """The module of a kernel/memory/p2p microbenchmark (it satisfies ``base.Microbench``)."""
+    if kind not in KERNEL_KINDS:
+        raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(KINDS)}, all")
+    return import_module(f"dlscale.micro.{kind}")

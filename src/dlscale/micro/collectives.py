@@ -1,0 +1,250 @@
+"""The collectives torch.distributed offers, each as nccl-tests defines it: what one call moves and
+how its bus bandwidth is derived.
+
+``size`` is the bytes nccl-tests prints for a collective: the whole buffer for all_reduce,
+broadcast, reduce and send/recv; the gathered (output) buffer for all_gather; the input buffer
+for reduce_scatter; one rank's send buffer for all_to_all. ``count`` is size / element size.
+algbw = size / time; busbw = algbw * factor(n), the factor making busbw comparable to the
+hardware's link bandwidth whatever the rank count (nccl-tests' doc/PERFORMANCE.md):
+all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce and
+send/recv 1.
+
+Every rank fills its buffers with integer values (exact in fp32 far beyond any sum here), so the
+expected result is known exactly and compared element for element. torch.distributed has no
+out-of-place all_reduce, broadcast or reduce, and no in-place all_to_all or send/recv: those
+columns read N/A.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ELEMENT = {"float": 4}  # the data type of the sweep and its size in bytes
+VALUES = 31  # data values are 1..VALUES
+
+
+def value(rank: int, idx: Any) -> Any:
+    """The integer every rank puts at element ``idx``: ((7 idx + 13 rank) mod 31) + 1."""
+    return (idx * 7 + rank * 13) % VALUES + 1
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    redop: str  # "sum" or "none"
+    rooted: bool  # has a root rank (prints it), else -1
+    sharded: bool  # count must split evenly over the ranks
+    factor: Callable[[int], float]  # busbw / algbw for n ranks
+    modes: tuple[str, ...]  # which of "out-of-place", "in-place" torch.distributed offers
+
+    def busbw(self, algbw: float, n: int) -> float:
+        return algbw * self.factor(n)
+
+
+COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
+    Collective("all_reduce", "sum", False, False, lambda n: 2 * (n - 1) / n, ("in-place",)),
+    Collective("all_gather", "none", False, True, lambda n: (n - 1) / n, ("out-of-place", "in-place")),
+    Collective("reduce_scatter", "sum", False, True, lambda n: (n - 1) / n, ("out-of-place", "in-place")),
+    Collective("broadcast", "none", True, False, lambda n: 1.0, ("in-place",)),
+    Collective("reduce", "sum", True, False, lambda n: 1.0, ("in-place",)),
+    Collective("all_to_all", "none", False, True, lambda n: (n - 1) / n, ("out-of-place",)),
+    Collective("sendrecv", "none", False, False, lambda n: 1.0, ("out-of-place",)),
+)}
+MODES = ("out-of-place", "in-place")
+DEFAULT_SIZES = "8:128M"
+
+
+@dataclass
+class CollectiveOptions:
+    """What ``dlscale micro collectives`` runs and how it is launched (validated at construction)."""
+
+    sizes: str = DEFAULT_SIZES
+    ops: str | None = None  # comma list; None: every collective
+    warmup: int = 5
+    iters: int = 20
+    budget: float = 0.5  # seconds per (collective, size, mode)
+    min_busbw: float | None = None
+    nproc_per_node: int = 2
+    emulate_nodes: int | None = None
+    link_bandwidth: str | None = None
+    link_latency: str | None = None
+    timeout: float = 900.0
+    plant_wrong: str | None = None
+    device: str = "auto"
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        from dlscale.errors import UsageError
+
+        parse_sizes(self.sizes)
+        for op in (self.ops or "").split(","):
+            if op.strip() and op.strip() not in COLLECTIVES:
+                raise UsageError(f"unknown collective {op.strip()!r} in --ops; choose from {', '.join(COLLECTIVES)}")
+        if self.plant_wrong and self.plant_wrong not in COLLECTIVES:
+            raise UsageError(f"--plant-wrong names no collective: {self.plant_wrong!r}")
+        if self.iters < 1 or self.warmup < 0 or self.budget <= 0:
+            raise UsageError("collectives need --iters >= 1, --warmup >= 0 and --budget > 0")
+        from dlscale.distributed.launch import validate
+
+        validate(nproc_per_node=self.nproc_per_node, nnodes=1, node_rank=0, master_port=None,
+                 emulate_nodes=self.emulate_nodes, link_bandwidth=self.link_bandwidth,
+                 link_latency=self.link_latency, timeout_s=self.timeout)
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("--device cuda: no CUDA device is visible here; use --device cpu or auto")
+
+    def worker_args(self, db: str, result: str) -> list[str]:
+        """The command line of ``dlscale.micro.coll_worker`` on every rank."""
+        import json
+
+        args = ["--sizes", self.sizes, "--warmup", str(self.warmup), "--iters", str(self.iters),
+                "--budget", str(self.budget), "--device", self.device, "--db", db, "--result", result,
+                "--timeout", str(self.timeout),
+                "--launch", json.dumps({"nproc_per_node": self.nproc_per_node, "emulate_nodes": self.emulate_nodes,
+                                        "link_bandwidth": self.link_bandwidth, "link_latency": self.link_latency})]
+        for flag, v in (("--ops", self.ops), ("--min-busbw", self.min_busbw), ("--plant-wrong", self.plant_wrong),
+                        ("--tag", self.tag)):
+            if v is not None:
+                args += [flag, str(v)]
+        return args
+
+
+def count_for(coll: Collective, size: int, n: int, elem: int = 4) -> int:
+    """Elements for a requested size: size // elem, rounded down to a multiple of n if sharded."""
+    count = size // elem
+    return count - count % n if coll.sharded else count
+
+
+class Buffers:
+    """One rank's buffers for one (collective, count, mode), the call, and the exact check."""
+
+    def __init__(self, coll: Collective, count: int, mode: str, rank: int, n: int, device: Any, root: int = 0):
+        import torch
+
+        self.coll, self.count, self.mode, self.rank, self.n, self.root = coll, count, mode, rank, n, root
+        self.device = device
+        c = count // n if coll.sharded else count
+        self.shard = c
+        out_len = {"all_gather": count, "reduce_scatter": c}.get(coll.name, count)
+        in_len = {"all_gather": c}.get(coll.name, count)
+        self.recv = torch.empty(out_len if mode == "out-of-place" else max(out_len, in_len),
+                                dtype=torch.float32, device=device)
+        if mode == "in-place":
+            # nccl-tests' in-place layouts: all_gather sends from its own slot of the output,
+            # reduce_scatter receives into its own slot of the input.
+            if coll.name == "all_gather":
+                self.send = self.recv[rank * c:(rank + 1) * c]
+            elif coll.name == "reduce_scatter":
+                self.send, self.recv = self.recv, self.recv[rank * c:(rank + 1) * c]
+            else:
+                self.send = self.recv
+        else:
+            self.send = torch.empty(in_len, dtype=torch.float32, device=device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Fill the send buffer with this rank's values (and clear a separate receive buffer)."""
+        import torch
+
+        if self.send.data_ptr() != self.recv.data_ptr():
+            self.recv.fill_(-1)  # a stale or missing result cannot pass the check
+        idx = torch.arange(self.send.numel(), device=self.device)
+        self.send.copy_(value(self.rank, idx))
+
+    def call(self) -> None:
+        import torch.distributed as dist
+
+        name, s, r = self.coll.name, self.send, self.recv
+        if name == "all_reduce":
+            dist.all_reduce(s)
+        elif name == "all_gather":  # *_single: the newer names of *_into_tensor / *_tensor
+            (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(r, s)
+        elif name == "reduce_scatter":
+            (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(r, s)
+        elif name == "broadcast":
+            dist.broadcast(s, src=self.root)
+        elif name == "reduce":
+            dist.reduce(s, dst=self.root)
+        elif name == "all_to_all":
+            dist.all_to_all_single(r, s)
+        elif name == "sendrecv":
+            ops = [dist.P2POp(dist.isend, s, (self.rank + 1) % self.n), dist.P2POp(dist.irecv, r, (self.rank - 1) % self.n)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        else:
+            raise ValueError(f"unknown collective {name}")
+
+    def result(self) -> Any:
+        """The tensor holding this rank's result, and None where the rank has none to check."""
+        if self.coll.name in ("all_reduce", "broadcast"):
+            return self.send
+        if self.coll.name == "reduce":
+            return self.send if self.rank == self.root else None
+        return self.recv
+
+    def expected(self) -> Any:
+        import torch
+
+        n, rank, c = self.n, self.rank, self.shard
+        name = self.coll.name
+        if name in ("all_reduce", "reduce"):
+            idx = torch.arange(self.count, device=self.device)
+            return sum(value(r, idx) for r in range(n))
+        if name == "broadcast":
+            return value(self.root, torch.arange(self.count, device=self.device))
+        if name == "all_gather":
+            idx = torch.arange(c, device=self.device)
+            return torch.cat([value(r, idx) for r in range(n)])
+        if name == "reduce_scatter":
+            idx = torch.arange(rank * c, (rank + 1) * c, device=self.device)
+            return sum(value(r, idx) for r in range(n))
+        if name == "all_to_all":
+            idx = torch.arange(rank * c, (rank + 1) * c, device=self.device)
+            return torch.cat([value(r, idx) for r in range(n)])
+        if name == "sendrecv":
+            return value((rank - 1) % n, torch.arange(self.count, device=self.device))
+        raise ValueError(name)
+
+    def wrong(self) -> int:
+        """Elements of this rank's result that differ from the exact expected values."""
+        got = self.result()
+        if got is None:
+            return 0
+        return int((got != self.expected().to(got.dtype)).sum().item())
+
+
+def parse_size(text: str) -> int:
+    """'8', '1K', '128M', '1G' -> bytes (binary multiples, as nccl-tests)."""
+    from dlscale.errors import UsageError
+
+    t = text.strip().upper().removesuffix("B")
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
+    digits = t[:-1] if mult > 1 else t
+    if not digits.isdigit() or int(digits) <= 0:
+        raise UsageError(f"cannot read size {text!r}; use bytes like 8, 64K, 128M")
+    return int(digits) * mult
+
+
+def parse_sizes(spec: str) -> list[int]:
+    """'MIN:MAX' (factor 2) or 'MIN:MAX:FACTOR' or a comma list '8,1K,1M' -> sizes in bytes."""
+    from dlscale.errors import UsageError
+
+    if ":" in spec:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            raise UsageError(f"--sizes {spec!r}: use MIN:MAX[:FACTOR] or a comma list")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else (2 if len(parts) == 2 else 0)
+        if factor < 2 or lo > hi:
+            raise UsageError(f"--sizes {spec!r}: need MIN <= MAX and an integer FACTOR >= 2")
+        sizes = []
+        s = lo
+        while s <= hi:
+            sizes.append(s)
+            s *= factor
+        return sizes
+    return [parse_size(p) for p in spec.split(",") if p.strip()]

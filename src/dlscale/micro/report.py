@@ -1,0 +1,147 @@
+"""Human rendering of microbenchmark records (reads records only; no torch).
+
+Kernel runs print one row per case (their label columns, time, rate, % of peak) and the peak
+each % refers to; memory prints GB/s; p2p prints p2pBandwidthLatencyTest's matrices; collectives
+print nccl-tests' columns per collective and its footer (average busbw, #wrong).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from dlscale.cli.render import fmt_num, fmt_pct
+from dlscale.record import RunRecord
+
+MODES = ("out-of-place", "in-place")
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "N/A"
+    return f"{x:,.{digits}f}"
+
+
+def header(rec: RunRecord) -> str:
+    c = rec.config
+    where = c.get("device_name") or c.get("device") or ""
+    status = "" if rec.status == "ok" else f"  [red]{rec.status}: {rec.error}[/red]"
+    return f"dlscale micro {rec.workload}  run {rec.run_id}  on {c.get('device', '')} ({where}){status}"
+
+
+def kernel_table(rec: RunRecord, columns: tuple[str, ...]) -> Table:
+    """gemm / conv / rnn: one row per case with time, TFLOP/s and % of the dense peak."""
+    t = Table(title=header(rec), title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right")
+    for c in ("time (us)", "TFLOP/s", "% peak", "CV", "reps"):
+        t.add_column(c, justify="right")
+    for r in rec.raw.get("rows", []):
+        t.add_row(*(str(r.get(c, "")) for c in columns), _f(r.get("time_us"), 1), _f(r.get("tflops"), 4),
+                  fmt_pct(r.get("pct_peak")) if r.get("pct_peak") is not None else "-", fmt_pct(r.get("cv")),
+                  str(r.get("reps", "")))
+    return t
+
+
+def kernel_footer(rec: RunRecord) -> list[str]:
+    m = rec.metrics
+    lines = [f"best {fmt_num(m.get('best_tflops'))} TFLOP/s, median {fmt_num(m.get('median_tflops'))} TFLOP/s "
+             f"over {m.get('cases')} cases"]
+    for prec, src in (m.get("peak_sources") or {}).items():
+        lines.append(f"{prec} peak: {src}")
+    if m.get("best_pct_peak") is not None:
+        lines.append(f"best case reaches {fmt_pct(m['best_pct_peak'])} of the peak")
+    if m.get("measured_gemm_peak_tflops") is not None:
+        pct = m.get("measured_gemm_peak_pct_isa")
+        vs = (f" = {fmt_pct(pct)} of the ISA peak" if pct is not None
+              else " (ISA peak unknown here: give --cpu-ghz to compare)")
+        lines.append(f"measured best GEMM rate on this CPU (2048^3 probe): "
+                     f"{fmt_num(m['measured_gemm_peak_tflops'])} TFLOP/s{vs}")
+    return lines
+
+
+def memory_table(rec: RunRecord) -> Table:
+    t = Table("op", "where", "array (MiB)", "GB/s (mean)", "GB/s (best)", "time (us)", "CV", "reps",
+              title=header(rec), title_justify="left")
+    for r in rec.raw.get("rows", []):
+        t.add_row(r["op"], r["where"], str(r["array_mib"]), _f(r.get("gbps")), _f(r.get("gbps_best")),
+                  _f(r.get("time_us"), 1), fmt_pct(r.get("cv")), str(r.get("reps", "")))
+    return t
+
+
+def p2p_tables(rec: RunRecord) -> list[Table]:
+    """p2pBandwidthLatencyTest's six matrices: {uni, bi} bandwidth (GB/s) and latency (us), P2P on/off."""
+    from dlscale.micro.p2p import matrix
+
+    rows = rec.raw.get("rows", [])
+    tables = []
+    for test, field, unit in (("unidirectional", "gbps", "GB/s"), ("bidirectional", "gbps", "GB/s"),
+                              ("latency", "time_us", "us")):
+        for peer in ("disabled", "enabled"):
+            m = matrix(rows, test, peer, field)
+            title = f"{test.capitalize()} P2P={peer.capitalize()} {'Latency' if test == 'latency' else 'Bandwidth'} Matrix ({unit})"
+            t = Table("D\\D", *(str(j) for j in range(len(m))), title=title, title_justify="left")
+            for i, row in enumerate(m):
+                t.add_row(str(i), *(_f(v) for v in row))
+            tables.append(t)
+    return tables
+
+
+def collectives_tables(rec: RunRecord) -> list[Table]:
+    """nccl-tests' columns, one table per collective."""
+    rows = rec.raw.get("rows", [])
+    tables = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        t = Table(title=f"{op}  ({rec.config.get('backend')}, {rec.metrics.get('world_size') or rec.config.get('world_size')} ranks)",
+                  title_justify="left")
+        for c in ("size (B)", "count (elements)", "type", "redop", "root"):
+            t.add_column(c, justify="right")
+        for mode in MODES:
+            for c in ("time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+                t.add_column(f"{mode}\n{c}" if c == "time (us)" else c, justify="right")
+        for r in (r for r in rows if r["op"] == op):
+            cells = [str(r["size"]), str(r["count"]), r["type"], r["redop"], str(r["root"])]
+            for mode in MODES:
+                x = r.get(mode)
+                if x is None:
+                    cells += ["N/A"] * 4
+                else:
+                    wrong = str(x["wrong"]) if not x["wrong"] else f"[red]{x['wrong']}[/red]"
+                    cells += [_f(x["time_us"], 1), _f(x["algbw"]), _f(x["busbw"]), wrong]
+            t.add_row(*cells)
+        tables.append(t)
+    return tables
+
+
+def collectives_footer(rec: RunRecord) -> list[str]:
+    m = rec.metrics
+    wrong = m.get("wrong")
+    lines = [f"Out of bounds values (#wrong) : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+             f"Avg bus bandwidth             : {_f(m.get('avg_busbw'), 3)} GB/s"]
+    if rec.config.get("min_busbw") is not None:
+        lines.append(f"--min-busbw                   : {rec.config['min_busbw']:g} GB/s")
+    return lines
+
+
+def print_record(rec: RunRecord, console: Any) -> None:
+    """Every table and footer line of a micro record, on ``console`` (a Rich console)."""
+    name = rec.workload
+    if name in ("gemm", "conv", "rnn"):
+        from dlscale import micro
+
+        console.print(kernel_table(rec, tuple(micro.get(name).columns)))
+        for line in kernel_footer(rec):
+            console.print(line, markup=False)
+    elif name == "memory":
+        console.print(memory_table(rec))
+    elif name == "p2p":
+        console.print(header(rec))
+        for t in p2p_tables(rec):
+            console.print(t)
+    elif name == "collectives":
+        console.print(header(rec))
+        for t in collectives_tables(rec):
+            console.print(t)
+        for line in collectives_footer(rec):
+            console.print(line, markup=False)

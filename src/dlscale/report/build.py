@@ -1,0 +1,143 @@
+"""Records -> a Report: headline, systems, throughput, scaling, layouts, extras, failures.
+
+Reads records only (the caller queried the store); never runs anything. Imported runs are
+labelled "imported" wherever they appear; they are never counted as measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from dlscale.analysis.compare import key_value, system_label
+from dlscale.record import RunRecord
+from dlscale.report import plots, sections_extra
+from dlscale.report.model import Figure, Report, Section, TableData
+
+
+def fmt(x, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def build(records: Sequence[RunRecord], title: str, filters: str, db: str) -> Report:
+    ok = [r for r in records if r.status == "ok"]
+    failed = [r for r in records if r.status != "ok"]
+    measured = [r for r in records if not r.imported]
+    when = [r.created_at for r in measured] or [""]
+    summary = [
+        ("runs", f"{len(records)}"),
+        ("measured / imported", f"{len(measured)} / {len(records) - len(measured)}"),
+        ("failed", f"{len(failed)}"),
+        ("models", f"{len({r.workload for r in ok})}"),
+        ("systems", f"{len({system_label(r) for r in records})}"),
+    ]
+    best = max((r for r in ok if r.kind == "train" and not r.imported and isinstance(r.metrics.get("throughput"), (int, float))),
+               key=lambda r: r.metrics["throughput"], default=None)
+    if best is not None:
+        summary.append(("highest measured throughput", f"{fmt(best.metrics['throughput'])} {_unit(best)}/s "
+                                                       f"({_config_label(best)})"))
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    span = f"measured {min(when)[:16].replace('T', ' ')} to {max(when)[:16].replace('T', ' ')} UTC" if measured else "no measured runs"
+    rep = Report(title=title, subtitle=f"generated {stamp} from {db}; {filters}; {span}", summary=summary)
+    rep.sections.append(systems_section(records))
+    train = [r for r in ok if r.kind == "train" and isinstance(r.metrics.get("throughput"), (int, float))]
+    mine = [r for r in train if not r.imported]
+    if mine:
+        rep.sections.append(throughput_section(mine, "Throughput per model and device count (measured)"))
+    if len(mine) < len(train):
+        rep.sections.append(throughput_section([r for r in train if r.imported], "Imported and reference results"))
+    for build_extra in sections_extra.BUILDERS:
+        sec = build_extra(ok)
+        if sec is not None:
+            rep.sections.append(sec)
+    rep.sections.append(failures_section(failed))
+    return rep
+
+
+def _unit(r: RunRecord) -> str:
+    return str(r.config.get("sample_unit") or "samples")
+
+
+def systems_section(records: Sequence[RunRecord]) -> Section:
+    by: dict[str, list[RunRecord]] = {}
+    for r in records:
+        by.setdefault(system_label(r), []).append(r)
+    rows = []
+    for name, recs in sorted(by.items()):
+        r = recs[0]
+        s = r.system or {}
+        if r.imported:
+            src = str(r.config.get("source") or "")
+            what = src.split(" (")[0] if src.startswith("reference:") else f"imported {r.config.get('source_format') or ''}"
+            rows.append([name, what, "-", "-", "-", "-", str(len(recs))])
+            continue
+        cpu = s.get("cpu") or {}
+        acc = s.get("accelerators") or {}
+        gpus = ", ".join(d.get("name", "?") for d in acc.get("devices") or []) or "none"
+        mem = (s.get("memory") or {}).get("total_bytes")
+        sw = s.get("software") or {}
+        rows.append([name, str(cpu.get("model") or "-"), f"{cpu.get('physical_cores') or '-'} cores / "
+                     f"{cpu.get('logical_cpus') or '-'} threads", "-" if not mem else f"{mem / 2**30:.1f} GiB",
+                     gpus, f"torch {sw.get('torch') or '-'}", str(len(recs))])
+    return Section("System inventory", "Where the runs ran (from each record's inventory); imported runs carry "
+                   "only the name of the system they came from.",
+                   tables=[TableData(["system", "CPU", "cores", "memory", "GPUs", "software", "runs"], rows)])
+
+
+def _config_label(r: RunRecord) -> str:
+    c = r.config
+    parts = [r.workload, f"bs {c.get('batch_size')}" if c.get("batch_size") else None,
+             f"{c.get('image_size')}px" if c.get("image_size") else None, c.get("precision")]
+    n = key_value(r, "world_size")
+    nodes = key_value(r, "nodes")
+    parts.append(f"{nodes}x{n // nodes if nodes and n % nodes == 0 else '?'} dev" if nodes and nodes > 1 else f"{n} dev")
+    return " / ".join(str(p) for p in parts if p)
+
+
+def throughput_section(train: Sequence[RunRecord], title: str) -> Section:
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in train:
+        groups.setdefault((system_label(r), r.imported, _config_label(r)), []).append(r)
+    systems = sorted({k[0] for k in groups})
+    rows, labels, values, errors, colors = [], [], [], [], []
+    for (system, imported, label), recs in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0])):
+        thr = [r.metrics["throughput"] for r in recs]
+        mean = sum(thr) / len(thr)
+        ci = recs[0].metrics.get("throughput_ci95") if len(recs) == 1 else None
+        ci = tuple(ci) if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci) else None
+        cvs = [r.metrics.get("cv") for r in recs if isinstance(r.metrics.get("cv"), (int, float))]
+        mfus = [r.metrics.get("mfu") for r in recs if isinstance(r.metrics.get("mfu"), (int, float))]
+        rows.append([label, system + (" (imported)" if imported else ""), fmt(mean),
+                     f"{fmt(ci[0])} - {fmt(ci[1])}" if ci else "-", pct(max(cvs)) if cvs else "-",
+                     pct(sum(mfus) / len(mfus)) if mfus else "-", str(len(recs))])
+        labels.append(label if len(systems) == 1 else f"{label} @ {system}"[:70])
+        values.append(mean)
+        errors.append(ci)
+        colors.append(systems.index(system))
+    png = plots.hbars(labels, values, errors, colors, systems, "throughput (samples/s)", title)
+    intro = ("Results made elsewhere (imported logs, CSVs and the seed papers' published figures), shown for "
+             "comparison; nothing here was measured on this machine." if train[0].imported else
+             "Short-test throughput (samples/s over the measured steps, warm-up excluded) with its 95% interval; "
+             "several runs of one configuration are averaged. CV above 2% marks a noisy figure.")
+    return Section(
+        title, intro,
+        figure=Figure("imported" if train[0].imported else "throughput", png, "bar chart of throughput per configuration"),
+        tables=[TableData(["configuration", "system", "samples/s", "95% CI", "step CV", "MFU", "runs"], rows)],
+    )
+
+
+def failures_section(failed: Sequence[RunRecord]) -> Section:
+    rows = [[r.run_id, r.kind, r.workload, r.tag or "", r.created_at[:19].replace("T", " "), r.error or "(no error text)"]
+            for r in failed]
+    intro = ("Runs that started and failed, with the error each recorded (out of memory, crash, NaN loss, timeout)."
+             if failed else "No failed runs among the runs selected.")
+    return Section("Failed runs", intro,
+                   tables=[TableData(["run id", "kind", "workload", "tag", "created (UTC)", "error"], rows)] if rows else [])

@@ -1,0 +1,80 @@
+"""matplotlib figures as PNG bytes (Agg backend: no display, no network)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+PALETTE = ("#1f5f8b", "#e07b39", "#3a9d5d", "#b8433f", "#7d5ba6", "#8c6d3f", "#4c9db0", "#999999")
+
+
+def _fig(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(axis="x" if width > height else "y", alpha=0.3)
+    return fig, ax
+
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def hbars(labels: Sequence[str], values: Sequence[float], errors: Sequence[tuple[float, float] | None],
+          colors: Sequence[int], legend: Sequence[str], xlabel: str, title: str) -> bytes:
+    """Horizontal bars, one per row, with 95% CI whiskers where known; colour = legend index."""
+    fig, ax = _fig(7.5, max(2.2, 0.38 * len(labels) + 1.2))
+    ys = list(range(len(labels)))[::-1]
+    lo = [v - e[0] if e else 0 for v, e in zip(values, errors)]
+    hi = [e[1] - v if e else 0 for v, e in zip(values, errors)]
+    ax.barh(ys, values, color=[PALETTE[c % len(PALETTE)] for c in colors], xerr=[lo, hi],
+            error_kw={"elinewidth": 1, "capsize": 2, "ecolor": "#333"})
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10, loc="left")
+    if len(legend) > 1:
+        import matplotlib.patches as mpatches
+
+        ax.legend(handles=[mpatches.Patch(color=PALETTE[i % len(PALETTE)], label=s) for i, s in enumerate(legend)],
+                  fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def scaling(series: dict[str, tuple[list[int], list[float], list[float]]], title: str) -> bytes:
+    """Measured throughput against ideal (N x single-device) per ladder, on devices."""
+    fig, ax = _fig(6.5, 3.8)
+    for i, (name, (ns, measured, ideal)) in enumerate(series.items()):
+        c = PALETTE[i % len(PALETTE)]
+        ax.plot(ns, measured, "o-", color=c, label=f"{name}")
+        ax.plot(ns, ideal, "--", color=c, alpha=0.5, label=f"{name} ideal")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("devices")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def lines(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str) -> bytes:
+    """Plain x-y lines (time-to-accuracy curves, monitoring time series)."""
+    fig, ax = _fig(6.5, 3.6)
+    for i, (name, (xs, ys)) in enumerate(series.items()):
+        ax.plot(xs, ys, "-", color=PALETTE[i % len(PALETTE)], label=name, linewidth=1.4)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10, loc="left")
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    return _png(fig)

@@ -1,0 +1,159 @@
+"""Report sections that appear when the store holds such runs: scaling ladders, layouts
+(scale-up vs scale-out), time-to-accuracy curves and monitoring time series.
+
+Each builder takes the ok records and returns a Section or None; adding a section is adding
+one function to ``BUILDERS``. Ladders, efficiency and layout % difference come from
+``analysis.scaling`` (per system: runs of two systems never share a ladder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlscale.analysis.compare import system_label
+from dlscale.analysis.formulas import ideal_throughput
+from dlscale.record import RunRecord
+from dlscale.report import plots
+from dlscale.report.model import Figure, Section, TableData
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def _by_system(records: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    out: dict[str, list[RunRecord]] = {}
+    for r in records:
+        out.setdefault(system_label(r), []).append(r)
+    return out
+
+
+def _layout(s: str) -> str:
+    return s.replace("x", " x ")
+
+
+def scaling_section(records: Sequence[RunRecord]) -> Section | None:
+    from dlscale.analysis import scaling
+
+    tables, series = [], {}
+    systems = _by_system(records)
+    for system, recs in sorted(systems.items()):  # two systems never share a ladder
+        for lad in scaling.analyse(recs)["ladders"]:
+            eff = [e for e in lad["efficiency"] if e["efficiency"] is not None]
+            if len(eff) < 2:
+                continue
+            name = lad["label"] if f" on {system}" in lad["label"] else f"{lad['label']} on {system}"
+            x1 = next(e["throughput"] for e in eff if e["devices"] == 1)
+            rows = [[_layout(e["layout"]), str(e["devices"]), _num(e["throughput"]),
+                     _num(ideal_throughput(x1, e["devices"])), f"{e['speedup']:.2f}x", _pct(e["efficiency"]),
+                     _pct(e["intra_node_efficiency"]), _pct(e["inter_node_efficiency"])] for e in eff]
+            tables.append(TableData(["nodes x devices", "devices", "samples/s", "ideal", "speed-up", "efficiency",
+                                     "intra-node", "inter-node"], rows, caption=name))
+            best: dict[int, float] = {}
+            for e in eff:  # one point per device count for the line: the best layout
+                best[e["devices"]] = max(best.get(e["devices"], 0.0), e["throughput"])
+            ns = sorted(best)
+            batch = lad["test"].get("batch_size")
+            short = lad["workload"] + (f" bs {batch}" if batch else "") + (f" on {system}" if len(systems) > 1 else "")
+            series[short] = (ns, [best[n] for n in ns], [ideal_throughput(x1, n) for n in ns])
+    if not tables:
+        return None
+    png = plots.scaling(dict(list(series.items())[:6]), "Measured throughput against ideal (N x one device)")
+    return Section(
+        "Scaling efficiency against ideal",
+        "Scaling efficiency = X_N / (N x X_1): the throughput on N devices over N times the single-device "
+        "throughput of the same test on the same system (seed 001, Figs. 26 and 28); intra-node = what one node of "
+        "g devices keeps, inter-node = what spreading over n such nodes keeps (efficiency = intra x inter).",
+        figure=Figure("scaling", png, "measured and ideal throughput against device count"),
+        tables=tables,
+    )
+
+
+def layouts_section(records: Sequence[RunRecord]) -> Section | None:
+    from dlscale.analysis import scaling
+
+    rows = []
+    for comp in scaling.analyse(records)["comparisons"]:
+        for r in comp["rows"]:
+            up = _layout(r["scale_up"]) + (f" ({r['scale_up_system']})" if r.get("scale_up_system") else "")
+            out = _layout(r["scale_out"]) + (f" ({r['scale_out_system']})" if r.get("scale_out_system") else "")
+            rows.append([comp["label"], str(r["devices"]), up, _num(r["scale_up_throughput"]), out,
+                         _num(r["scale_out_throughput"]), f"{r['pct_difference'] * 100:+.1f}%"])
+    if not rows:
+        return None
+    return Section(
+        "Scale-up vs scale-out",
+        "The same number of devices in fewer nodes against spread over more nodes. "
+        "% difference = (scale-up - scale-out) / scale-out, as seed 001 Table 5 (positive: scale-up faster; "
+        "seed 002 found at most 8.5%).",
+        tables=[TableData(["test", "devices", "scale-up layout", "samples/s", "scale-out layout", "samples/s",
+                           "% difference"], rows)],
+    )
+
+
+def tta_section(records: Sequence[RunRecord]) -> Section | None:
+    runs = [r for r in records if r.kind == "tta" and r.raw.get("curve")]
+    if not runs:
+        return None
+    series, rows = {}, []
+    for r in runs[:8]:
+        pts = [c for c in r.raw["curve"] if c.get("top1") is not None and c.get("wall_s") is not None]
+        label = f"{r.workload} {r.run_id[-8:]}"
+        if pts:
+            series[label] = ([c["wall_s"] for c in pts], [c["top1"] * 100 for c in pts])
+        m = r.metrics
+        rows.append([r.run_id, r.workload, str(m.get("world_size") or 1), _pct(m.get("target_top1")),
+                     "yes" if m.get("reached_target") else "no", _num(m.get("time_to_target")),
+                     str(m.get("epochs_to_target") or "-"), _pct(m.get("best_top1"))])
+    fig = Figure("tta", plots.lines(series, "wall-clock time (s)", "top-1 accuracy (%)",
+                                    "Accuracy against training time"), "accuracy against time") if series else None
+    return Section("Time to accuracy", "Validation top-1 accuracy against wall-clock time; time to target "
+                   "counts training only up to the first evaluation at or above the target.", figure=fig,
+                   tables=[TableData(["run id", "model", "devices", "target top-1", "reached", "time to target (s)",
+                                      "epochs", "best top-1"], rows)])
+
+
+def monitoring_section(records: Sequence[RunRecord]) -> Section | None:
+    runs = [r for r in records if isinstance(r.raw.get("monitor"), dict) and r.raw["monitor"].get("columns")]
+    if not runs:
+        return None
+    r = runs[0]
+    cols = r.raw["monitor"]["columns"]
+    names = [k for k in cols if k != "t_s" and any(isinstance(v, (int, float)) for v in cols[k])]
+    shown = ([k for k in names if any(s in k for s in ("util", "pct", "percent"))] or names)[:4]
+    series = {k: ([t for t, v in zip(cols["t_s"], cols[k]) if v is not None], [v for v in cols[k] if v is not None])
+              for k in shown}
+    rows = []
+    for k in names:
+        vals = [v for v in cols[k] if isinstance(v, (int, float))]
+        show = (lambda x: f"{x / 2**20:,.0f} MiB") if k.endswith("_bytes") else _num
+        rows.append([k, str(len(vals)), show(sum(vals) / len(vals)) if vals else "-", show(max(vals)) if vals else "-"])
+    return Section(
+        "Monitoring during the run",
+        f"Time series sampled during run {r.run_id} ({r.workload}); {len(runs)} run(s) in this report carry them.",
+        figure=Figure("monitor", plots.lines(series, "time (s)", "value", f"Resource use during {r.workload}"),
+                      "resource time series"),
+        tables=[TableData(["series", "samples", "mean", "max"], rows)],
+    )
+
+
+def micro_section(records: Sequence[RunRecord]) -> Section | None:
+    runs = [r for r in records if r.kind == "micro"]
+    if not runs:
+        return None
+    rows = []
+    for r in runs:
+        shown = [(k, v) for k, v in r.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and r.units.get(k) and k != "cases"][:8]
+        for k, v in shown:
+            rows.append([r.workload, r.run_id, k, f"{v:,.4g}", r.units[k]])
+    return Section("Microbenchmarks (phase 1)", "Headline figures of each dlscale micro run (GEMM, convolution, "
+                   "RNN, memory, peer-to-peer, collectives); the per-case rows are in each record.",
+                   tables=[TableData(["kind", "run id", "figure", "value", "unit"], rows)])
+
+
+BUILDERS = (scaling_section, layouts_section, micro_section, tta_section, monitoring_section)

@@ -1,0 +1,172 @@
+"""Run a sweep's points, each in its own process with a timeout, and record every outcome.
+
+Each point is ``python -m dlscale.cli.app COMMAND ... --format json --db DB`` in a new session
+(so Ctrl-C reaches the sweep, which then kills the point), with ``DLSCALE_SWEEP_POINT`` set to
+the point's hash: the harness stores it in the record, in the same transaction as the result,
+so a finished point is known by the store alone. A point that dies without writing its record
+(timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
+the sweep itself dies (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the sweep leaves no orphan that
+could record a point twice; ``--resume`` then skips every point the store already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dlscale.harness.runner import SWEEP_POINT_ENV
+from dlscale.record import RunRecord, utc_now
+from dlscale.store import Store
+from dlscale.sweep.spec import Point, Sweep
+
+KILL_GRACE_S = 5.0
+
+
+@dataclass
+class PointResult:
+    point: Point
+    status: str  # ok | failed | skipped (already in the store)
+    run_id: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    throughput: float | None = None
+    unit: str | None = None
+
+
+def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:
+    """Point hash -> (run id, status, error) for every point of the sweep the store holds."""
+    wanted = {p.hash for p in sweep.points}
+    done: dict[str, tuple[str, str, str | None]] = {}
+    for rec in store.query(kind=sweep.command, newest_first=False):
+        h = rec.raw.get("sweep_point")
+        if h in wanted and h not in done:
+            done[h] = (rec.run_id, rec.status, rec.error)
+    return done
+
+
+def run_sweep(
+    sweep: Sweep,
+    store: Store,
+    resume: bool,
+    on_start: Callable[[Point], None] | None = None,
+    on_done: Callable[[PointResult], None] | None = None,
+) -> list[PointResult]:
+    """Run every point (skipping those already finished when ``resume``), in order."""
+    done = finished_points(store, sweep) if resume else {}
+    results = []
+    for point in sweep.points:
+        if point.hash in done:
+            run_id, status, error = done[point.hash]
+            res = PointResult(point, "skipped", run_id=run_id, error=error)
+        else:
+            if on_start:
+                on_start(point)
+            res = run_point(point, store, sweep.name)
+        results.append(res)
+        if on_done:
+            on_done(res)
+    return results
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
+    """Run one point in its own process; make sure the store holds its outcome."""
+    cmd = [sys.executable, "-m", "dlscale.cli.app", *point.argv, "--format", "json", "--db", str(store.path)]
+    env = {**os.environ, SWEEP_POINT_ENV: point.hash}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=point.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        stdout, stderr = _kill(proc)
+    except BaseException:  # Ctrl-C or an error in the sweep: the point must not run on alone
+        _kill(proc)
+        raise
+    seconds = time.monotonic() - t0
+    rec = _record_from_stdout(stdout)
+    if rec is not None and rec.get("run_id") and not timed_out:
+        m = rec.get("metrics") or {}
+        return PointResult(point, rec.get("status", "failed"), run_id=rec["run_id"], error=rec.get("error"),
+                           seconds=seconds, throughput=m.get("throughput"), unit=(rec.get("units") or {}).get("throughput"))
+    if timed_out:
+        error = f"timed out after {point.timeout_s:g} s (timeout_per_run) and was killed"
+    elif proc.returncode < 0:
+        error = f"crashed: killed by {signal.Signals(-proc.returncode).name}"
+    elif proc.returncode == 0:
+        error = f"finished without recording a run: {_last_line(stderr)}"
+    elif proc.returncode == 2:
+        error = f"rejected: {_last_line(stderr)}"
+    else:
+        error = f"crashed with exit code {proc.returncode}: {_last_line(stderr)}"
+    failed = record_failure(point, store, sweep_name, error, stderr)
+    return PointResult(point, "failed", run_id=failed.run_id, error=error, seconds=seconds)
+
+
+def _kill(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM the point's process group (torchrun and its workers too), then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return "", ""
+
+
+def _record_from_stdout(stdout: str | None) -> dict | None:
+    try:
+        doc = json.loads(stdout or "")
+    except json.JSONDecodeError:
+        return None
+    if isinstance(doc, list):  # a command that records several runs (e.g. `micro all`): one outcome
+        recs = [d for d in doc if isinstance(d, dict) and d.get("run_id")]
+        if not recs:
+            return None
+        bad = [d for d in recs if d.get("status") != "ok"]
+        return {"run_id": ",".join(d["run_id"] for d in recs), "status": "failed" if bad else "ok",
+                "error": "; ".join(str(d.get("error")) for d in bad) or None}
+    return doc if isinstance(doc, dict) else None
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    if not lines:
+        return "(no output)"
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors[-1] if errors else lines[-1])[:400]
+
+
+def record_failure(point: Point, store: Store, sweep_name: str, error: str, stderr: str | None) -> RunRecord:
+    """A failed record for a point that died without writing its own."""
+    from dlscale.system import collect
+
+    workload = str(point.options.get("model") or point.options.get("kind") or point.command)
+    rec = RunRecord(
+        kind=point.command, workload=workload, config={**point.options, "sweep": sweep_name},
+        system=collect(with_torch=False), tag=point.options.get("tag"),
+        raw={"sweep_point": point.hash, "stderr_tail": (stderr or "").splitlines()[-20:]},
+    )
+    rec.fail(error)
+    rec.finished_at = utc_now()
+    store.insert(rec)
+    return rec

@@ -1,0 +1,183 @@
+"""Data-parallel short test end to end (2 gloo ranks through torchrun) and its faults."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import requires_cuda
+from dlscale.store import Store
+
+FAST = ["tinycnn", "--batch-size", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cpu"]
+
+
+def dlscale_cmd(*args):
+    return [sys.executable, "-m", "dlscale.cli.app", *args]
+
+
+def tinycnn_params():
+    from dlscale import workloads
+
+    return sum(p.numel() for p in workloads.get("tinycnn").build().parameters())
+
+
+@pytest.mark.slow
+def test_two_rank_gloo_end_to_end(cli_subprocess, db_path):
+    res = cli_subprocess("train", *FAST, "--nproc-per-node", "2", "--timeout", "120", "--format", "json", "--tag", "dp")
+    assert res.code == 0, res.stderr[-3000:]
+    rec = json.loads(res.stdout)
+    m, c = rec["metrics"], rec["config"]
+    assert (c["world_size"], c["nodes"], c["devices_per_node"], c["backend"]) == (2, 1, 2, "gloo")
+    assert m["world_size"] == 2 and len(m["rank_throughputs"]) == 2
+    # Global throughput: 2 ranks x 8 samples x 6 steps over the slower rank's window.
+    windows = [sum(r[0]) for r in rec["raw"]["rank_step_times_s"]]
+    assert m["throughput"] == pytest.approx(2 * 8 * 6 / max(windows))
+    assert m["rank_throughput_min"] == pytest.approx(8 * 6 / max(windows))
+    assert 0 < m["comm_fraction"] < 1
+    assert m["allreduce_bytes_per_step"] == 4 * tinycnn_params()  # every fp32 gradient, once per step
+    with Store.open(db_path) as s:
+        (stored,) = s.query(tag="dp")
+    assert stored.status == "ok" and stored.metrics["throughput"] == m["throughput"]
+
+
+def _descendants(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _rank_process(pid, rank, deadline):
+    while time.monotonic() < deadline:
+        for p in _descendants(pid):
+            try:
+                env = p.environ()
+                if env.get("RANK") == str(rank) and "dlscale.distributed.worker" in " ".join(p.cmdline()):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def _fault_run(db_path, how, timeout_s):
+    """Start a long 2-rank run, hurt rank 1 once it trains, return (exit code, stderr, seconds, leftovers)."""
+    env = {**os.environ, "DLSCALE_DB": str(db_path)}
+    p = subprocess.Popen(dlscale_cmd("train", *FAST[:-4], "--steps", "100000", "--warmup-steps", "0", "--device", "cpu",
+                                     "--nproc-per-node", "2", "--timeout", str(timeout_s), "--tag", "fault"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        victim = _rank_process(p.pid, 1, time.monotonic() + 60)
+        time.sleep(3)  # past the rendezvous and into the steps
+        family = [victim, *_descendants(p.pid)]
+        t0 = time.monotonic()
+        how(victim)
+        _, stderr = p.communicate(timeout=timeout_s + 60)
+        elapsed = time.monotonic() - t0
+        time.sleep(0.5)
+        left = [q for q in family if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+        return p.returncode, stderr, elapsed, left
+    finally:
+        if p.poll() is None:
+            for q in _descendants(p.pid):
+                q.kill()
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_killed_rank_ends_the_job_without_orphans(db_path):
+    code, stderr, elapsed, left = _fault_run(db_path, lambda q: q.send_signal(signal.SIGKILL), timeout_s=30)
+    assert code == 1
+    assert elapsed < 30 + 15
+    assert not left, f"orphans: {left}"
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: run ") and "rank 1" in last, last
+    with Store.open(db_path) as s:
+        (rec,) = s.query(tag="fault")
+    assert rec.status == "failed" and "rank 1" in rec.error
+
+
+@pytest.mark.slow
+def test_hung_rank_ends_the_job_within_the_timeout(db_path):
+    code, stderr, elapsed, left = _fault_run(db_path, lambda q: q.send_signal(signal.SIGSTOP), timeout_s=10)
+    assert code == 1
+    assert elapsed < 10 + 40  # the collective timeout, then teardown (SIGTERM, SIGKILL after 5 s) on a busy machine
+    assert not left, f"orphans: {left}"
+    last = stderr.strip().splitlines()[-1]
+    assert "rank 1" in last and "rank 0 timed out" in last, last
+    with Store.open(db_path) as s:
+        (rec,) = s.query(tag="fault")
+    assert rec.status == "failed" and "rank 1" in rec.error
+
+
+def test_busy_port_is_a_one_line_usage_error(cli, db_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = cli("train", *FAST, "--nproc-per-node", "2", "--master-port", str(port))
+    assert res.code == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: --master-port {port} is busy")
+
+
+def test_unreachable_master_is_a_one_line_usage_error(cli, db_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        res = cli("train", *FAST, "--nnodes", "2", "--node-rank", "1", "--master-port", str(port), "--timeout", "1")
+    assert res.code == 2
+    assert "unreachable" in res.stderr.strip().splitlines()[-1]
+
+
+def test_bad_layouts_are_usage_errors(cli, db_path):
+    assert cli("train", *FAST, "--nproc-per-node", "0").code == 2
+    assert cli("train", *FAST, "--nnodes", "2", "--node-rank", "2").code == 2
+    res = cli("train", *FAST, "--link-bandwidth", "1gbit")
+    assert res.code == 2 and "--emulate-nodes" in res.stderr
+    assert cli("train", *FAST, "--emulate-nodes", "2", "--link-bandwidth", "fast").code == 2
+    assert cli("scale", "tinycnn", "--devices", "1,2", "--layouts", "2x1").code == 2
+
+
+def test_mismatched_world_size_under_a_launcher(cli, db_path, monkeypatch):
+    for k, v in {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    res = cli("train", *FAST, "--nproc-per-node", "4")
+    assert res.code == 2
+    assert "mismatched world size: openmpi started 2 ranks" in res.stderr
+
+
+@requires_cuda
+@pytest.mark.slow
+def test_nccl_rank_times_allreduce_with_cuda_events(cli_subprocess, db_path):
+    import torch
+
+    n = min(torch.cuda.device_count(), 2)
+    res = cli_subprocess("train", "tinycnn", "-b", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cuda",
+                         "--nproc-per-node", str(n), "--timeout", "120", "--format", "json")
+    assert res.code == 0, res.stderr[-3000:]
+    rec = json.loads(res.stdout)
+    assert rec["config"]["backend"] == "nccl" and rec["metrics"]["world_size"] == n
+    assert rec["metrics"]["allreduce_bytes_per_step"] == 4 * tinycnn_params()
+    assert 0 <= rec["metrics"]["comm_fraction"] < 1
+
+
+@pytest.mark.slow
+def test_run_torchrun_ends_a_job_past_its_time_limit():
+    from dlscale.distributed.launch import launch
+
+    # http.server serves until stopped: a job that never ends by itself.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    res = launch("http.server", ["0", "--bind", "127.0.0.1"], nproc_per_node=1, timeout_s=5)
+    assert res.returncode == 124 and res.timed_out
+    assert time.monotonic() - t0 < 5 + 20
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left

@@ -1,0 +1,87 @@
+"""dlscale import: tf_cnn_benchmarks logs, Horovod benchmark output, CSV, reference datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlscale.errors import UsageError
+from dlscale.importers import parsers
+from dlscale.importers import records as imp
+
+DATA = Path(__file__).parent / "data" / "import"
+
+
+def test_tf_cnn_benchmarks_log_gives_the_total_and_the_header():
+    rows = parsers.parse_tf_cnn_benchmarks((DATA / "tf_cnn_benchmarks_resnet50_4gpu.log").read_text())
+    assert len(rows) == 2  # two runs in one log
+    r50, inc3 = rows
+    assert (r50.model, r50.throughput, r50.batch_size, r50.devices_per_node, r50.nodes) == ("resnet50", 1098.87, 128, 4, 1)
+    assert r50.series["running_images_per_sec"][0] == 1093.4 and r50.series["running_images_per_sec"][-1] == 1099.4
+    assert r50.extra["variables"] == "replicated" and r50.extra["allreduce"] == "nccl"
+    assert (inc3.model, inc3.throughput, inc3.batch_size, inc3.world_size) == ("inception_v3", 140.26, 64, 1)
+
+
+def test_horovod_output_gives_total_ci_and_device_count():
+    (row,) = parsers.parse_horovod((DATA / "horovod_synthetic_resnet50_8gpu.txt").read_text())
+    assert (row.model, row.batch_size, row.throughput, row.throughput_ci_halfwidth) == ("resnet50", 64, 2895.2, 9.0)
+    assert row.extra["devices_total"] == 8 and len(row.series["iter_images_per_sec_per_device"]) == 10
+    rec = imp.to_record(row, "x", "t")
+    assert rec.metrics["world_size"] == 8
+    assert rec.metrics["throughput_ci95"] == pytest.approx([2886.2, 2904.2])
+
+
+def test_format_detection_and_bad_files():
+    assert parsers.detect((DATA / "tf_cnn_benchmarks_resnet50_4gpu.log").read_text()) == "tf_cnn_benchmarks"
+    assert parsers.detect((DATA / "horovod_synthetic_resnet50_8gpu.txt").read_text()) == "horovod"
+    assert parsers.detect((DATA / "results.csv").read_text()) == "csv"
+    with pytest.raises(UsageError, match="cannot tell the file's format"):
+        parsers.detect("hello\nworld\n")
+    with pytest.raises(UsageError, match="unknown throughputs"):
+        parsers.parse_csv("system,model,throughputs\na,resnet50,1\n")
+    with pytest.raises(UsageError, match="row 2: throughput must be a number"):
+        parsers.parse_csv("system,model,throughput\na,resnet50,fast\n")
+
+
+def test_cli_import_marks_runs_imported_and_stores_a_file_once(cli, db_path):
+    r = cli("import", str(DATA / "horovod_synthetic_resnet50_8gpu.txt"), "--system", "cluster-a", "--nodes", "2",
+            "--devices-per-node", "4", "--format", "json")
+    assert r.code == 0, r.stderr
+    (rec,) = json.loads(r.stdout)
+    assert rec["imported"] is True and rec["kind"] == "train" and rec["tag"] == "imported"
+    assert rec["config"]["system"] == "cluster-a" and rec["config"]["nodes"] == 2 and rec["metrics"]["world_size"] == 8
+    assert rec["system"] == {"name": "cluster-a", "imported": True}  # nothing of this machine attached
+    again = cli("import", str(DATA / "horovod_synthetic_resnet50_8gpu.txt"), "--system", "cluster-a", "--nodes", "2",
+                "--devices-per-node", "4", "--format", "json")
+    assert again.code == 0 and json.loads(again.stdout) == [] and "imported before" in again.stderr
+    listed = cli("results", "list")
+    assert "train (imported)" in listed.stdout
+
+
+def test_cli_import_csv_and_reference(cli, db_path):
+    r = cli("import", str(DATA / "results.csv"), "--tag", "labs", "--format", "json")
+    assert r.code == 0, r.stderr
+    recs = json.loads(r.stdout)
+    assert [x["metrics"].get("throughput") for x in recs] == [9120.5, 8870.0, None]
+    assert recs[2]["metrics"]["time_to_accuracy"] == 5400 and recs[2]["units"]["time_to_accuracy"] == "s"
+    refs = cli("import", "--list-refs", "--format", "json")
+    names = {x["name"]: x for x in json.loads(refs.stdout)}
+    assert {"seed001-table5", "seed001-table6", "seed001-scaling", "seed003-tta"} <= set(names)
+    assert all("seeds/00" in x["source"] for x in names.values())  # every dataset names its source
+    r = cli("import", "--ref", "seed001-scaling", "--format", "json")
+    assert r.code == 0 and len(json.loads(r.stdout)) == 6
+    assert cli("import", "--ref", "nope").code == 2
+    assert cli("import").code == 2
+
+
+def test_reference_scaling_figures_reproduce_the_papers_efficiencies():
+    from dlscale.analysis.formulas import scaling_efficiency
+
+    recs = imp.reference_records("seed001-scaling")
+    by = {(r.config["system"], r.metrics["world_size"]): r.metrics["throughput"] for r in recs}
+    for system, intra, inter in (("C4130-P100-16GB-PCIe", 0.97, 0.92), ("C4140-K-V100-SXM2", 0.97, 0.90)):
+        x1 = by[(system, 1)]
+        assert round(scaling_efficiency(by[(system, 4)], x1, 4), 2) == intra
+        assert round(scaling_efficiency(by[(system, 8)], x1, 8), 2) == inter

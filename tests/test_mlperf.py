@@ -1,0 +1,71 @@
+"""MLPerf logs: a small run's log passes the official compliance checker (run here); broken ones fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlscale.longtest import mlperf
+from dlscale.longtest.config import TTAConfig
+
+LARS_ARGS = ["--optimizer", "lars", "--lr", "16", "--lr-schedule", "poly", "--end-lr", "0.0001",
+             "--warmup-epochs", "1", "--weight-decay", "0.0001"]
+
+
+def _cfg(**kw):
+    base = dict(model="tinycnn", data="/nonexistent", target_top1=0.9, max_epochs=5, optimizer="lars", lr=16,
+                lr_schedule="poly", end_lr=0.0001, warmup_epochs=1)
+    return TTAConfig(**{**base, **kw})
+
+
+def test_closed_division_rules():
+    cfg = _cfg()
+    assert mlperf.closed_division_problems(cfg, cfg.schedule()) == []
+    cfg = _cfg(weight_decay=0.0002)  # 1e-4 x 2^1 is allowed
+    assert mlperf.closed_division_problems(cfg, cfg.schedule()) == []
+    for bad, words in ((dict(weight_decay=0.0003), "weight decay"), (dict(lr_schedule="cosine", end_lr=0.0), "polynomial"),
+                       (dict(end_lr=0.001), "end learning rate"), (dict(poly_power=1.0), "power 2"),
+                       (dict(target_top1=0.5), "0.759")):
+        cfg = _cfg(**bad)
+        problems = mlperf.closed_division_problems(cfg, cfg.schedule())
+        assert any(words in p for p in problems), (bad, problems)
+
+
+@pytest.mark.slow
+def test_small_run_log_passes_official_checker(cli, digits_root, tmp_path, db_path):
+    log = tmp_path / "mlperf.log"
+    res = cli("tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.9",
+              "--max-epochs", "6", "--threads", "1", *LARS_ARGS, "--mlperf-log", str(log), "--format", "json")
+    assert res.code == 0, res.stderr
+    rec = json.loads(res.stdout)
+    assert rec["metrics"]["reached_target"] is True
+    assert not any("closed-division" in w for w in rec["warnings"])
+    lines = [json.loads(ln.split(":::MLLOG ", 1)[1]) for ln in log.read_text().splitlines() if ":::MLLOG" in ln]
+    keys = [ln["key"] for ln in lines]
+    assert keys.count("eval_accuracy") == rec["metrics"]["epochs_to_target"]
+    accs = [ln["value"] for ln in lines if ln["key"] == "eval_accuracy"]
+    assert all(0 <= a <= 1 for a in accs) and accs[-1] == pytest.approx(rec["metrics"]["final_top1"])
+    assert lines[-1]["key"] == "run_stop" and lines[-1]["metadata"]["status"] == "success"
+    by_key = {ln["key"]: ln["value"] for ln in lines}
+    assert by_key["submission_benchmark"] == "resnet" and by_key["opt_name"] == "lars"
+    assert by_key["global_batch_size"] == 32 and by_key["lars_opt_base_learning_rate"] == pytest.approx(2.0)
+    ok, text = mlperf.check(str(log), str(tmp_path / "checker.log"))
+    assert ok, text
+
+    # the same log with run_stop removed, or with the LARS epsilon changed, must fail the checker
+    broken = tmp_path / "broken.log"
+    broken.write_text("\n".join(ln for ln in log.read_text().splitlines() if '"run_stop"' not in ln) + "\n")
+    assert not mlperf.check(str(broken), str(tmp_path / "checker2.log"))[0]
+    broken.write_text(log.read_text().replace('"key": "lars_epsilon", "value": 0.0', '"key": "lars_epsilon", "value": 0.1'))
+    assert not mlperf.check(str(broken), str(tmp_path / "checker3.log"))[0]
+
+
+def test_mlperf_log_warns_when_config_breaks_closed_rules(cli, digits_root, tmp_path, db_path):
+    log = tmp_path / "m.log"
+    res = cli("tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.8",
+              "--max-epochs", "1", "--threads", "1", "--mlperf-log", str(log), "--format", "json")
+    assert res.code == 0, res.stderr
+    rec = json.loads(res.stdout)
+    assert any("closed-division" in w and "polynomial" in w for w in rec["warnings"])
+    assert not mlperf.check(str(log), str(tmp_path / "c.log"))[0]

@@ -1,0 +1,125 @@
+"""The resource monitor: time series, counters to rates, summaries, InfiniBand and NFS readers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dlscale.monitor.sampler import Monitor, summarize, to_series
+from dlscale.monitor.sources import InfinibandSource, parse_mountstats
+
+from conftest import requires_cuda
+
+
+def test_time_series_exists_ordered_and_rates_non_negative(tmp_path):
+    with Monitor(0.05) as m:
+        for i in range(6):  # some disk writes and CPU work while it samples
+            p = tmp_path / f"f{i}"
+            p.write_bytes(os.urandom(1 << 18))
+            with open(p, "rb+") as f:
+                os.fsync(f.fileno())
+            sum(range(200_000))
+    s = m.series()
+    cols = s["columns"]
+    t = cols["t_s"]
+    assert len(t) >= 2 and all(b > a for a, b in zip(t, t[1:]))
+    for k in ("disk_read_MBps", "disk_write_MBps", "net_send_MBps", "net_recv_MBps", "proc_cpu_cores"):
+        assert len(cols[k]) == len(t)
+        assert all(v is None or v >= 0 for v in cols[k]), k
+    assert all(v > 0 for v in cols["proc_rss_bytes"])
+    metrics, units = summarize(s)
+    assert metrics["monitor_samples"] == len(t) and units["monitor_disk_write_MBps_mean"] == "MB/s"
+    assert metrics["monitor_proc_cpu_cores_max"] >= metrics["monitor_proc_cpu_cores_mean"] >= 0
+
+
+def test_counters_become_rates_between_samples():
+    samples = [
+        (0.0, {"disk_read_bytes": 0.0, "proc_cpu_seconds": 10.0, "cpu_total_pct": 5.0}),
+        (2.0, {"disk_read_bytes": 4e6, "proc_cpu_seconds": 13.0, "cpu_total_pct": 50.0}),
+        (3.0, {"disk_read_bytes": 1e6, "proc_cpu_seconds": 13.5, "cpu_total_pct": 70.0}),  # counter reset
+    ]
+    cols = to_series(samples, 1.0)["columns"]
+    assert cols["t_s"] == [2.0, 3.0]
+    assert cols["disk_read_MBps"] == [pytest.approx(2.0), None]  # 4 MB over 2 s; a reset gives no rate
+    assert cols["proc_cpu_cores"] == [pytest.approx(1.5), pytest.approx(0.5)]  # CPU-seconds per second
+    assert cols["cpu_total_pct"] == [50.0, 70.0]  # gauges as read
+
+
+def test_summary_over_the_measured_window():
+    series = {"interval_s": 1.0, "columns": {"t_s": [1.0, 2.0, 3.0, 4.0], "gpu_power_W": [100.0, 300.0, 500.0, 50.0]}}
+    m, u = summarize(series, window=(1.5, 3.0))
+    assert m["monitor_gpu_power_W_mean"] == pytest.approx(400.0) and m["monitor_gpu_power_W_max"] == 500.0
+    assert m["monitor_samples"] == 2 and u["monitor_gpu_power_W_mean"] == "W"
+    m, _ = summarize(series, window=(10.0, 11.0))  # shorter than an interval: all rows
+    assert m["monitor_samples"] == 4
+
+
+def test_gpu_energy_is_the_difference_over_the_run():
+    samples = [(0.0, {"gpu_energy_J": 1000.0}), (1.0, {"gpu_energy_J": 1250.0}), (2.0, {"gpu_energy_J": 1600.0})]
+    s = to_series(samples, 1.0)
+    assert s["gpu_energy_J"] == 600.0
+    assert summarize(s)[0]["monitor_gpu_energy"] == 600.0
+
+
+def test_infiniband_counters_are_four_byte_words(tmp_path):
+    for dev, x, r in (("mlx5_0", 100, 50), ("mlx5_1", 1, 2)):
+        c = tmp_path / dev / "ports" / "1" / "counters"
+        c.mkdir(parents=True)
+        (c / "port_xmit_data").write_text(f"{x}\n")
+        (c / "port_rcv_data").write_text(f"{r}\n")
+    src = InfinibandSource(str(tmp_path))
+    assert bool(src) and src.read() == {"ib_xmit_bytes": 404.0, "ib_rcv_bytes": 208.0}
+    assert not InfinibandSource(str(tmp_path / "none"))
+
+
+MOUNTSTATS = """device rootfs mounted on / with fstype rootfs
+device server:/export mounted on /data with fstype nfs4 statvers=1.1
+\topts:\trw,vers=4.2
+\tbytes:\t1000\t200\t30\t4\t1030\t204\t10\t2
+device other:/x mounted on /x with fstype nfs statvers=1.1
+\tbytes:\t5\t6\t7\t8\t0\t0\t0\t0
+device /dev/vda mounted on /work with fstype ext4
+\tbytes:\t999\t999\t999\t999
+"""
+
+
+def test_nfs_mountstats_bytes_are_normal_plus_direct():
+    assert parse_mountstats(MOUNTSTATS) == {"nfs_read_bytes": 1000 + 30 + 5 + 7, "nfs_write_bytes": 200 + 4 + 6 + 8}
+
+
+def test_interval_must_be_positive():
+    with pytest.raises(ValueError):
+        Monitor(0)
+
+
+@requires_cuda
+def test_nvml_gpu_series():
+    with Monitor(0.1, gpu_index=0) as m:
+        import torch
+
+        a = torch.randn(2048, 2048, device="cuda")
+        for _ in range(50):
+            a = a @ a / 2048
+        torch.cuda.synchronize()
+    cols = m.series()["columns"]
+    assert not m.notes
+    assert all(0 <= v <= 100 for v in cols["gpu_util_pct"]) and all(v > 0 for v in cols["gpu_power_W"])
+
+
+def test_process_tree_includes_children():
+    import subprocess
+    import sys
+
+    from dlscale.monitor.sources import HostSource, _descendants
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in _descendants(os.getpid())
+        src = HostSource(os.getpid())
+        assert child.pid in [p.pid for p in src._tree()]
+        vals = src.read()
+        assert vals["children_cpu_seconds"] >= 0 and vals["proc_cpu_seconds"] >= vals["children_cpu_seconds"]
+    finally:
+        child.kill()
+        child.wait()

@@ -1,0 +1,146 @@
+"""Emulated nodes: namespaces, veth + bridge, tc shaping, and their removal (also after a failure)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dlscale.distributed import netns
+from dlscale.errors import UsageError
+
+REASON = netns.unavailable_reason()
+needs_netns = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+
+
+def test_rate_and_latency_parsing():
+    assert netns.parse_rate("10gbit") == 1e10
+    assert netns.parse_rate("100mbit") == 1e8
+    assert netns.parse_rate("1.5gbps") == 1.2e10
+    assert netns.parse_latency("50us") == pytest.approx(50e-6)
+    assert netns.parse_latency("2ms") == pytest.approx(2e-3)
+    for bad in ("fast", "10", "-1gbit", "0gbit"):
+        with pytest.raises(UsageError):
+            netns.parse_rate(bad)
+    with pytest.raises(UsageError):
+        netns.parse_latency("soon")
+
+
+def _qdiscs(ns, dev):
+    return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+
+
+@needs_netns
+def test_two_nodes_are_linked_shaped_and_removed():
+    with netns.EmulatedNodes(2, "1gbit") as en:
+        names = list(en.names)
+        assert set(names) <= set(netns.list_namespaces())
+        assert "tbf" in _qdiscs(names[0], netns.IFNAME) and "1Gbit" in _qdiscs(names[0], netns.IFNAME)
+        server = subprocess.Popen(en.exec_prefix(1) + [sys.executable, "-c", (
+            "import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(('{en.address(1)}', 5000)); s.listen(); c, _ = s.accept(); c.sendall(b'ok')")])
+        client = subprocess.run(en.exec_prefix(0) + [sys.executable, "-c", (
+            "import socket, time\nfor _ in range(50):\n    try:\n"
+            f"        c = socket.create_connection(('{en.address(1)}', 5000), timeout=2); break\n"
+            "    except OSError: time.sleep(0.1)\nprint(c.recv(2).decode())")], capture_output=True, text=True, timeout=60)
+        server.wait(timeout=30)
+        assert client.stdout.strip() == "ok", client.stderr
+    assert not set(names) & set(netns.list_namespaces())
+
+
+@needs_netns
+def test_namespaces_are_removed_after_a_failure():
+    with pytest.raises(RuntimeError):
+        with netns.EmulatedNodes(2) as en:
+            names = list(en.names)
+            raise RuntimeError("boom")
+    assert not set(names) & set(netns.list_namespaces())
+
+
+@needs_netns
+def test_latency_without_netem_is_a_usage_error_and_leaves_nothing():
+    before = set(netns.list_namespaces())
+    has_netem = subprocess.run(["sh", "-c", "grep -qw sch_netem /proc/modules || modinfo sch_netem"],
+                               capture_output=True).returncode == 0
+    if has_netem:
+        with netns.EmulatedNodes(2, "1gbit", "50us") as en:
+            assert "netem" in _qdiscs(en.names[0], netns.IFNAME)
+    else:
+        with pytest.raises(UsageError, match="netem"):
+            with netns.EmulatedNodes(2, "1gbit", "50us"):
+                pass
+    assert set(netns.list_namespaces()) == before
+
+
+@needs_netns
+def test_stale_namespaces_of_a_dead_process_are_removed():
+    dead = 2**22 + 12345  # above the kernel's pid_max default: no such process
+    ns = f"{netns.PREFIX}{dead}-test-n0"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        assert ns in netns.cleanup_stale()
+        assert ns not in netns.list_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@needs_netns
+@pytest.mark.slow
+def test_emulated_two_node_run(cli_subprocess, db_path):
+    import json
+    import re
+
+    before = set(netns.list_namespaces())
+    res = cli_subprocess("train", "tinycnn", "-b", "8", "--warmup-steps", "2", "--steps", "5", "--device", "cpu",
+                         "--emulate-nodes", "2", "--link-bandwidth", "1gbit", "--timeout", "120", "--format", "json")
+    assert res.code == 0, res.stderr[-3000:]
+    rec = json.loads(res.stdout)
+    c = rec["config"]
+    assert (c["nodes"], c["devices_per_node"], c["world_size"], c["emulated_nodes"], c["link_bandwidth"]) == \
+        (2, 1, 2, True, "1gbit")
+    assert rec["metrics"]["nodes"] == 2 and rec["metrics"]["comm_fraction"] > 0
+    left = [n for n in set(netns.list_namespaces()) - before
+            if not netns._alive(int(re.match(rf"{netns.PREFIX}(\d+)-", n).group(1)))]
+    assert not left, f"namespaces left behind: {left}"
+
+
+def test_unavailable_reason_names_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in netns.unavailable_reason()
+
+
+@needs_netns
+@pytest.mark.slow
+def test_ctrl_c_removes_namespaces_and_processes(db_path):
+    import signal
+    import time
+
+    import psutil
+
+    from dlscale.store import Store
+
+    env = {**os.environ, "DLSCALE_DB": str(db_path)}
+    p = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "train", "tinycnn", "-b", "8", "--steps", "100000",
+                          "--device", "cpu", "--emulate-nodes", "2", "--tag", "ctrlc"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        mine = f"{netns.PREFIX}{p.pid}-"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("dlscale.distributed.worker" in " ".join(q.cmdline())
+                                                      for q in psutil.Process(p.pid).children(recursive=True)):
+            time.sleep(0.2)
+        family = psutil.Process(p.pid).children(recursive=True)
+        assert [n for n in netns.list_namespaces() if n.startswith(mine)]
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+        assert p.returncode == 130
+        time.sleep(0.5)
+        assert not [q for q in family if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+        assert not [n for n in netns.list_namespaces() if n.startswith(mine)]
+        with Store.open(db_path) as s:
+            (rec,) = s.query(tag="ctrlc")
+        assert rec.status == "failed" and "interrupted" in rec.error
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

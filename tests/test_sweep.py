@@ -1,0 +1,153 @@
+"""dlscale sweep: schema errors with their place, expansion, failures recorded, kill -9 and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.store import Store
+from dlscale.sweep import spec
+
+TINY = "fixed: {model: tinycnn, image_size: 32, warmup_steps: 1, steps: 2}\n"
+
+
+def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("name: t\nmatrix:\n  model: [tinycnn\n  batch_size: [4]\n", "sweep.yaml:4:13: malformed YAML"),
+    ("name: t\nmatrix:\n  model: [tinycnn]\n  batchsize: [4]\n", "sweep.yaml:4: matrix.batchsize: unknown field 'batchsize'"),
+    ("name: t\nmatrics:\n  model: [tinycnn]\n", "sweep.yaml:2: matrics: unknown field 'matrics'"),
+    ("name: t\nmatrix:\n  model: [tinycnn]\n  batch_size: [4, four]\n", "sweep.yaml:4: matrix.batch_size.1: expected an integer"),
+    ("name: t\nmatrix:\n  model: [tinycnn, resnet5]\n", "sweep.yaml:3: matrix.model.1: unknown model 'resnet5'"),
+    ("name: t\nfixed: {db: x.db}\nmatrix:\n  model: [tinycnn]\n", "sweep.yaml:2: fixed.db: 'db' is set by the sweep"),
+    ("name: t\nmatrix:\n  model: tinycnn\n", "sweep.yaml:3: matrix.model: must be a non-empty list"),
+    ("name: t\ncommand: infer\nmatrix:\n  model: [tinycnn]\n", "sweep.yaml:2: command: unknown command 'infer'"),
+])
+def test_bad_files_give_one_line_naming_the_place(cli, db_path, tmp_path, text, expect):
+    r = cli("sweep", str(_write(tmp_path, text)), "--dry-run")
+    assert r.code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0], r.stderr
+
+
+def test_expansion_exclusions_includes_and_stable_hashes(tmp_path):
+    text = ("name: grid\n" + TINY + "matrix:\n  batch_size: [4, 8, 16]\n  channels_last: [true, false]\n"
+            "exclude:\n  - {batch_size: 16, channels_last: false}\ninclude:\n  - {batch_size: 2, timeout_per_run: 9}\n"
+            "  - {batch_size: 4, channels_last: true}\n")
+    sw = spec.load(_write(tmp_path, text))
+    assert sw.excluded == 1 and len(sw.points) == 6  # 3x2 - 1 excluded + 1 include (the other repeats a point)
+    assert sw.points[-1].timeout_s == 9 and sw.points[0].timeout_s == spec.DEFAULT_TIMEOUT_S
+    assert sw.points[0].argv == ("train", "tinycnn", "--image-size", "32", "--warmup-steps", "1", "--steps", "2",
+                                 "--batch-size", "4", "--channels-last", "--tag", "grid")
+    assert "--no-channels-last" in sw.points[1].argv
+    # the hash depends on the options, not on their order or on the file
+    reordered = ("name: grid\nmatrix:\n  channels_last: [true, false]\n  batch_size: [4, 8, 16]\n" + TINY)
+    sw2 = spec.load(_write(tmp_path, reordered, "other.yaml"))
+    assert len({p.hash for p in sw.points}) == 6
+    assert len({p.hash for p in sw2.points} & {p.hash for p in sw.points}) == 5  # all but the excluded one
+
+
+def test_dry_run_lists_points_as_json(cli, db_path, tmp_path):
+    r = cli("sweep", str(_write(tmp_path, "name: d\n" + TINY + "matrix:\n  batch_size: [4, 8]\n")), "--dry-run",
+            "--format", "json")
+    assert r.code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [p["done"] for p in doc["points"]] == [False, False]
+    assert doc["points"][1]["command"].startswith("dlscale train tinycnn") and "--batch-size 8" in doc["points"][1]["command"]
+    assert Store.open(db_path).count() == 0  # nothing ran
+
+
+def _records_by_point(db: Path) -> dict[str, list]:
+    out: dict[str, list] = {}
+    with Store.open(db) as s:
+        for r in s.query():
+            out.setdefault(r.raw.get("sweep_point"), []).append(r)
+    return out
+
+
+@pytest.mark.slow
+def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path):
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip("vm.overcommit_memory=1 would let the out-of-memory point allocate instead of failing at once")
+    db = tmp_path / "runs.db"
+    text = ("name: crashy\n" + TINY + "matrix:\n  batch_size: [4, 8]\ninclude:\n"
+            "  - {batch_size: 200000000}\n"                      # 2.4 TB of input: the allocation fails
+            "  - {steps: 100000000, timeout_per_run: 3}\n")       # far too many steps for 3 s: killed
+    sw = spec.load(_write(tmp_path, text))
+    p = subprocess.run([sys.executable, "-m", "dlscale.cli.app", "sweep", str(tmp_path / "sweep.yaml"), "--db", str(db)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr
+    assert "2 of 4 points failed" in p.stderr
+    recs = _records_by_point(db)
+    assert set(recs) == {pt.hash for pt in sw.points} and all(len(v) == 1 for v in recs.values())
+    status = {pt.options.get("batch_size", pt.options.get("steps")): recs[pt.hash][0] for pt in sw.points}
+    assert status[4].status == "ok" and status[8].status == "ok" and status[8].tag == "crashy"
+    assert status[200000000].status == "failed" and "out of memory" in status[200000000].error
+    assert status[100000000].status == "failed" and "timed out after 3 s" in status[100000000].error
+
+
+def _alive_with(point_hash: str) -> list[int]:
+    """Processes whose environment carries this sweep point (the point's process, if still running)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if f"DLSCALE_SWEEP_POINT={point_hash}".encode() in (d / "environ").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+def test_kill_9_mid_sweep_then_resume_runs_every_point_exactly_once(tmp_path):
+    db = tmp_path / "runs.db"
+    f = _write(tmp_path, "name: killed\n" + TINY + "matrix:\n  batch_size: [4, 8]\n")
+    sw = spec.load(f)
+    cmd = [sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--db", str(db)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if db.exists() and sum(len(v) for v in _records_by_point(db).values()) >= 1:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(1.0)
+    assert all(not _alive_with(p.hash) for p in sw.points), "a point outlived the killed sweep"
+    before = _records_by_point(db)
+    assert len(before) == 1
+    dry = subprocess.run(cmd + ["--resume", "--dry-run", "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert sum(p["done"] for p in json.loads(dry.stdout)["points"]) == len(before)
+    p = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    after = _records_by_point(db)
+    assert set(after) == {pt.hash for pt in sw.points}
+    assert all(len(v) == 1 and v[0].status == "ok" for v in after.values())
+    assert {k: v[0].run_id for k, v in before.items()} == {k: after[k][0].run_id for k in before}
+
+
+def test_a_command_that_records_several_runs_is_one_outcome():
+    from dlscale.sweep.run import _record_from_stdout
+
+    two = json.dumps([{"run_id": "a", "status": "ok"}, {"run_id": "b", "status": "failed", "error": "oom"}])
+    assert _record_from_stdout(two) == {"run_id": "a,b", "status": "failed", "error": "oom"}
+    assert _record_from_stdout(json.dumps({"run_id": "a", "status": "ok"}))["status"] == "ok"
+    assert _record_from_stdout("not json") is None and _record_from_stdout("") is None
