@@ -195,3 +195,19 @@ def test_cold_read_impossible_on_tmpfs_says_so(monkeypatch, tiny_ds):
 
     monkeypatch.setattr(bench, "fs_type", lambda _p: "tmpfs")
     assert "tmpfs" in bench.evict([str(next(tiny_ds.glob("train/*/*.jpg")))])
+
+
+def test_a_stuck_worker_times_out_instead_of_hanging(tiny_ds, monkeypatch):
+    import time
+
+    from dlscale.data import loader as ld
+
+    monkeypatch.setattr(ld, "decode", lambda path: time.sleep(60))  # the forked worker inherits the stall
+    loader = ld.build_loader(tiny_ds, "train", 4, 32, 1, timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out"):
+        try:
+            next(iter(loader))
+        finally:
+            loader.close()
+    assert time.monotonic() - t0 < 30

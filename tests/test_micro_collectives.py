@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.micro.collectives import COLLECTIVES, Buffers, count_for, parse_sizes, value
+from dlscale.micro.collectives import COLLECTIVES, Buffers, count_for, parse_sizes, value, values
 
 
 @pytest.mark.parametrize("n, factors", [
@@ -49,6 +49,8 @@ def test_expected_results_by_hand():
     # value(r, i) = (7i + 13r) mod 31 + 1: rank 0 -> 1, 8, 15, 22; rank 1 -> 14, 21, 28, 4
     assert value(0, torch.arange(4)).tolist() == [1, 8, 15, 22]
     assert value(1, torch.arange(4)).tolist() == [14, 21, 28, 4]
+    for rank, lo, hi in ((0, 0, 4), (1, 0, 100), (3, 29, 95), (2, 62, 63)):  # the tiled form agrees
+        assert values(rank, lo, hi, cpu).tolist() == value(rank, torch.arange(lo, hi)).tolist()
 
     def exp(name, count, rank, mode="out-of-place"):
         mode = mode if mode in COLLECTIVES[name].modes else COLLECTIVES[name].modes[0]

@@ -85,6 +85,7 @@ class TrainConfig:
             if not (Path(self.data) / "train").is_dir():
                 raise UsageError(f"--data {self.data}: no {Path(self.data) / 'train'} directory; expected the ImageNet "
                                  "layout DIR/train/<class>/*.jpg (make one with `dlscale dataset make DIR`)")
+            object.__setattr__(self, "data", str(Path(self.data).resolve()))  # the record names the tree wherever it ran
 
     def resolve(self, device_type: str) -> "TrainConfig":
         """Fill the 'auto' values for a device type ('cpu' or 'cuda') and check the precision."""

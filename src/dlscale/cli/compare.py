@@ -82,4 +82,4 @@ def _num(v) -> str:
 
 
 def _x(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+    return "-" if v is None else f"{v:.2f}x" if v >= 0.1 else f"{v:.2g}x"

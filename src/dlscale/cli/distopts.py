@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks (devices) on this node; > 1 runs data-parallel (DDP) through torchrun.")]
+NprocOpt = Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks (devices) on this node, run data-parallel (DDP) through torchrun; 1 runs one DDP rank (the ladder's baseline). Default: one plain process.", show_default=False)]
 NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes in the job (start dlscale on each with its --node-rank).")]
 NodeRankOpt = Annotated[int, typer.Option("--node-rank", help="This node's rank, 0..nnodes-1; node 0 hosts the rendezvous.")]
 MasterAddrOpt = Annotated[str, typer.Option("--master-addr", help="Address of node 0 (the rendezvous).")]
@@ -24,8 +24,8 @@ def run_train(cfg, opts, db, fmt) -> bool:
     """Run ``dlscale train`` data-parallel when asked (or when a launcher started us); False otherwise.
 
     Under an external launcher (torchrun, srun, mpirun) this process is one rank: it runs the
-    worker in place and rank 0 prints. Otherwise, with more than one rank or emulated nodes, it
-    launches the ranks with torchrun and prints rank 0's record.
+    worker in place and rank 0 prints. Otherwise, with ``--nproc-per-node`` given, several nodes
+    or emulated nodes, it launches the ranks with torchrun and prints rank 0's record.
     """
     from dlscale.distributed.env import detect
     from dlscale.errors import UsageError
@@ -34,7 +34,7 @@ def run_train(cfg, opts, db, fmt) -> bool:
     if env is not None:
         if opts.emulate_nodes:
             raise UsageError("--emulate-nodes starts its own ranks; do not combine it with torchrun, srun or mpirun")
-        asked = opts.world_size if (opts.nproc_per_node > 1 or opts.nnodes > 1) else None
+        asked = opts.world_size if (opts.force or opts.nnodes > 1) else None
         from dlscale.distributed.worker import WorkerSpec, run
 
         spec = WorkerSpec(config=cfg.to_dict(), db=db, backend=opts.backend, timeout_s=opts.timeout_s, report=True,

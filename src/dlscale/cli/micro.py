@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
+from dlscale.cli.distopts import BandwidthOpt, EmulateOpt, LatencyOpt
 
 HELP = """Run phase-1 microbenchmarks and record each as a `micro` run.
 
@@ -49,9 +50,9 @@ def micro(
     budget: Annotated[float, typer.Option("--budget", help="collectives: seconds per (op, size, mode); fewer iterations where slow.")] = 0.5,
     min_busbw: Annotated[Optional[float], typer.Option("--min-busbw", help="collectives: fail (exit 1) when the average busbw (GB/s) is lower.", show_default=False)] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="collectives: ranks on this node.")] = 2,
-    emulate_nodes: Annotated[Optional[int], typer.Option("--emulate-nodes", help="collectives: K nodes on this machine in network namespaces.", show_default=False)] = None,
-    link_bandwidth: Annotated[Optional[str], typer.Option("--link-bandwidth", help="collectives: emulated link rate, e.g. 10gbit.", show_default=False)] = None,
-    link_latency: Annotated[Optional[str], typer.Option("--link-latency", help="collectives: emulated link latency, e.g. 1ms.", show_default=False)] = None,
+    emulate_nodes: EmulateOpt = None,
+    link_bandwidth: BandwidthOpt = None,
+    link_latency: LatencyOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="collectives: seconds before the job is ended.")] = 900.0,
     plant_wrong: Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, help="Test hook: corrupt one result element of this collective.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for the random operands.")] = 0,

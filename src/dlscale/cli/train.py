@@ -49,7 +49,7 @@ def train(
     tag: TagOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
-    nproc_per_node: dopt.NprocOpt = 1,
+    nproc_per_node: dopt.NprocOpt = None,
     nnodes: dopt.NnodesOpt = 1,
     node_rank: dopt.NodeRankOpt = 0,
     master_addr: dopt.MasterAddrOpt = "127.0.0.1",
@@ -73,7 +73,8 @@ def train(
     )
     from dlscale.distributed.job import DistOptions
 
-    dist = DistOptions(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+    dist = DistOptions(nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
+                       force=nproc_per_node is not None, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                        master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
                        link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
                        threads_per_rank=threads_per_rank)

@@ -45,7 +45,7 @@ def class_name(k: int) -> str:
     return f"c{k:04d}"
 
 
-def _image(g, k: int, classes: int, size: int):
+def _image(g, k: int, size: int):
     """One uint8 CHW image of class k (a smooth field tinted by class, plus fine noise)."""
     import torch
     import torch.nn.functional as F
@@ -62,7 +62,6 @@ def _image(g, k: int, classes: int, size: int):
 def make_dataset(root: str | Path, spec: DatasetSpec, on_file=None) -> dict:
     """Write the dataset; returns counts and bytes written per split."""
     import torch
-    from torchvision.io import encode_jpeg
 
     root = Path(root)
     try:
@@ -89,7 +88,7 @@ def _write(root: Path, spec: DatasetSpec, on_file) -> dict:
             (root / split / class_name(k)).mkdir(parents=True, exist_ok=True)
         for i in range(n):
             k = i % spec.classes
-            data = encode_jpeg(_image(g, k, spec.classes, spec.size), quality=spec.quality)
+            data = encode_jpeg(_image(g, k, spec.size), quality=spec.quality)
             path = root / split / class_name(k) / f"{split}_{i:07d}.jpg"
             path.write_bytes(data.numpy().tobytes())
             total += data.numel()

@@ -37,6 +37,7 @@ class DistOptions:
     link_latency: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     threads_per_rank: int | None = None
+    force: bool = False  # run through torchrun even with one rank (e.g. --nproc-per-node 1)
 
     def __post_init__(self) -> None:
         validate(nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank,
@@ -65,7 +66,7 @@ class DistOptions:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1 or self.emulate_nodes is not None
+        return self.force or self.world_size > 1 or self.emulate_nodes is not None
 
     def link(self) -> dict[str, Any]:
         if not self.emulate_nodes:

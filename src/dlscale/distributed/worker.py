@@ -53,18 +53,13 @@ def run_rank(spec: WorkerSpec, env: DistEnv) -> Any:
     """Run this rank's part of the job; rank 0 returns the stored record, the others None."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dlscale.config import TrainConfig
-    from dlscale.distributed.aggregate import UNITS, global_figures
-    from dlscale.distributed.comm import CommTimer
     from dlscale.distributed.env import init_process_group
     from dlscale.harness import device as dev
-    from dlscale.harness.metrics import mfu
     from dlscale.harness.runner import execute
     from dlscale.store import Store
     from dlscale.system import collect_cached
-    from dlscale.train.shorttest import run_short_test
 
     if spec.expected_world_size is not None and spec.expected_world_size != env.world_size:
         raise UsageError(f"mismatched world size: the launcher ({env.launcher}) started {env.world_size} ranks "
@@ -83,6 +78,27 @@ def run_rank(spec: WorkerSpec, env: DistEnv) -> Any:
     if len({s[0] for s in seen}) > 1:
         raise UsageError(f"mismatched world sizes across ranks: {sorted({s[0] for s in seen})}")
     system = collect_cached()
+    rec = execute(kind="train", workload=resolved.model, config=config, store=store, tag=resolved.tag,
+                  system=system, body=lambda _rec: data_parallel_short_test(resolved, device, env, system))
+    return rec if env.rank == 0 else None
+
+
+def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[str, Any]) -> Any:
+    """The short test under DDP on this rank; rank 0's outcome carries the job's figures.
+
+    The process group is initialised. Every rank runs ``train.shorttest.run_short_test`` with its
+    model wrapped in DDP (all-reduce timed by ``CommTimer``) and a barrier around the window, then
+    all ranks' step times and all-reduce marks are gathered and rank 0 computes the figures.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dlscale.distributed.aggregate import UNITS, global_figures
+    from dlscale.distributed.comm import CommTimer
+    from dlscale.harness import device as dev
+    from dlscale.harness.metrics import mfu
+    from dlscale.train.shorttest import run_short_test
+
     timer = CommTimer(device, env.world_size)
 
     def wrap(model: Any) -> Any:
@@ -94,29 +110,25 @@ def run_rank(spec: WorkerSpec, env: DistEnv) -> Any:
         dev.synchronize(device)
         dist.barrier()
 
-    def body(rec: Any) -> Any:
-        out = run_short_test(resolved, device, system, on_step=timer.on_step, wrap_model=wrap, sync=sync,
-                             world_size=env.world_size)
-        mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
-                "step_times": out.raw["step_times_s"], "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes}
-        gathered: list[Any] = [None] * env.world_size
-        dist.all_gather_object(gathered, mine)
-        if env.rank != 0:
-            return out
-        metrics, warnings, raw = global_figures(sorted(gathered, key=lambda g: g["rank"]), resolved.batch_size)
-        out.warnings = [w for w in out.warnings if "vary by" not in w] + warnings
-        out.metrics.update(metrics)
-        out.metrics["achieved_flops"] = out.metrics["flops_per_sample"] * metrics["throughput"]
-        out.metrics["mfu"] = mfu(out.metrics["achieved_flops"] / env.world_size, out.metrics["peak_flops"])
-        out.metrics.update({"nodes": env.nnodes, "devices_per_node": env.local_world_size})
-        out.units.update(UNITS)
-        out.raw.update(raw)
-        out.raw["rank_hosts"] = [g["host"] for g in sorted(gathered, key=lambda g: g["rank"])]
+    out = run_short_test(cfg, device, system, on_step=timer.on_step, wrap_model=wrap, sync=sync,
+                         world_size=env.world_size)
+    mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
+            "step_times": out.raw["step_times_s"], "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes}
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    if env.rank != 0:
         return out
-
-    rec = execute(kind="train", workload=resolved.model, config=config, body=body, store=store,
-                  tag=resolved.tag, system=system)
-    return rec if env.rank == 0 else None
+    gathered.sort(key=lambda g: g["rank"])
+    metrics, warnings, raw = global_figures(gathered, cfg.batch_size)
+    out.warnings = [w for w in out.warnings if "vary by" not in w] + warnings
+    out.metrics.update(metrics)
+    out.metrics["achieved_flops"] = out.metrics["flops_per_sample"] * metrics["throughput"]
+    out.metrics["mfu"] = mfu(out.metrics["achieved_flops"] / env.world_size, out.metrics["peak_flops"])
+    out.metrics.update({"nodes": env.nnodes, "devices_per_node": env.local_world_size})
+    out.units.update(UNITS)
+    out.raw.update(raw)
+    out.raw["rank_hosts"] = [g["host"] for g in gathered]
+    return out
 
 
 def layout_config(env: DistEnv, backend: str, spec: WorkerSpec) -> dict[str, Any]:

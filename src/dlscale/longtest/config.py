@@ -15,7 +15,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # only in these are "the same config" (the reference for speed-up and for --resume checks).
 EXECUTION_FIELDS = frozenset({
     "tag", "mlperf_log", "checkpoint_dir", "resume", "runs", "workers", "nproc_per_node", "nnodes",
-    "emulate_nodes", "world_size", "device_name", "baseline", "threads",
+    "emulate_nodes", "world_size", "device_name", "threads",
 })
 
 
@@ -67,9 +67,11 @@ class TTAConfig:
             if v <= 0:
                 raise UsageError(f"{opt} must be > 0, got {v}")
         if self.emulate_nodes is not None and (self.emulate_nodes <= 0 or self.nnodes > 1):
-            raise UsageError(f"--emulate-nodes must be > 0 and runs on one machine (no --nnodes), got {self.emulate_nodes}")
+            raise UsageError(f"--emulate-nodes must be > 0 and runs on one machine (no --nnodes), "
+                             f"got {self.emulate_nodes}")
         if self.image_size is not None and self.image_size < w.min_image_size:
-            raise UsageError(f"--image-size {self.image_size} is too small for {self.model}; use at least {w.min_image_size}")
+            raise UsageError(f"--image-size {self.image_size} is too small for {self.model}; "
+                             f"use at least {w.min_image_size}")
         if self.optimizer not in OPTIMIZERS:
             raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
@@ -113,7 +115,8 @@ class TTAConfig:
 
         if device_type == "cpu" and self.precision == "tf32":
             raise UsageError("--precision tf32 needs a CUDA device; use fp32 or bf16 on CPU")
-        return replace(self, device=device_type, image_size=self.image_size or workloads.get(self.model).native_image_size)
+        native = workloads.get(self.model).native_image_size
+        return replace(self, device=device_type, image_size=self.image_size or native)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

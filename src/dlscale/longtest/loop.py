@@ -91,7 +91,8 @@ def evaluate(model: Any, batches: Iterable[tuple[Any, Any]], device: Any, limit:
             hit = topk.eq(y.unsqueeze(1))
             sums += torch.stack([
                 hit[:, 0].sum().double(), hit.any(dim=1).sum().double(),
-                F.cross_entropy(out, y, reduction="sum").double(), torch.tensor(float(take), dtype=torch.float64, device=device),
+                F.cross_entropy(out, y, reduction="sum").double(),
+                torch.tensor(float(take), dtype=torch.float64, device=device),
             ])
             seen += take
     if all_reduce is not None:

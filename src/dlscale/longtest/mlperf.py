@@ -87,11 +87,13 @@ class MLPerfLog:
                                (c.LARS_OPT_MOMENTUM, cfg.momentum), (c.LARS_OPT_WEIGHT_DECAY, cfg.weight_decay)):
                 self.event(key, value)
         else:
-            for key, value in (("sgd_opt_base_learning_rate", schedule.peak), ("sgd_opt_end_learning_rate", schedule.end_lr),
+            for key, value in (("sgd_opt_base_learning_rate", schedule.peak),
+                               ("sgd_opt_end_learning_rate", schedule.end_lr),
                                ("sgd_opt_learning_rate_decay_poly_power", schedule.power),
                                ("sgd_opt_learning_rate_decay_steps", decay_steps),
                                ("sgd_opt_weight_decay", cfg.weight_decay), ("sgd_opt_momentum", cfg.momentum),
-                               (c.MODEL_BN_SPAN, cfg.batch_size), ("opt_learning_rate_warmup_epochs", cfg.warmup_epochs)):
+                               (c.MODEL_BN_SPAN, cfg.batch_size),
+                               ("opt_learning_rate_warmup_epochs", cfg.warmup_epochs)):
                 self.event(key, value)
 
     def init_stop_run_start(self) -> None:

@@ -95,7 +95,8 @@ class Schedule:
         if not self.total_epochs > 0:
             raise UsageError(f"the schedule needs total epochs > 0, got {self.total_epochs}")
         if self.warmup_epochs < 0 or self.warmup_epochs >= self.total_epochs:
-            raise UsageError(f"--warmup-epochs must be >= 0 and below --max-epochs ({self.total_epochs}), got {self.warmup_epochs}")
+            raise UsageError(f"--warmup-epochs must be >= 0 and below --max-epochs ({self.total_epochs}), "
+                             f"got {self.warmup_epochs}")
         if self.end_lr < 0 or (self.kind in ("cosine", "poly") and self.end_lr > self.peak):
             raise UsageError(f"--end-lr must be between 0 and the peak LR {self.peak:g}, got {self.end_lr}")
         if not self.power > 0:

@@ -90,8 +90,8 @@ def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], 
     common = dict(batch_size=cfg.batch_size, image_size=cfg.image_size, workers=cfg.workers, plain_resize=plain,
                   seed=cfg.seed)
     train_loader = build_loader(cfg.data, "train", train=True, distributed=(ranks.rank, ranks.world), **common)
-    val_loader = build_loader(cfg.data, "val", train=False, distributed=(ranks.rank, ranks.world) if ranks.world > 1 else None,
-                              **common)
+    val_shard = (ranks.rank, ranks.world) if ranks.world > 1 else None
+    val_loader = build_loader(cfg.data, "val", train=False, distributed=val_shard, **common)
     if val_loader.classes != train_loader.classes:
         raise RuntimeError(f"{cfg.data}: train and val have different class folders")
     n_train, n_val = len(train_loader.loader.dataset), len(val_loader.loader.dataset)
@@ -164,10 +164,11 @@ def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], 
             acc["steps"] += r.steps
             if mlog:
                 mlog.epoch_stop(epoch + 1)
-            point: dict[str, Any] = {"epoch": epoch + 1, "train_s": acc["train_time"], "epoch_train_s": dt,
-                                     "throughput": r.samples * ranks.world / dt, "train_loss": _mean_over_ranks(r, ranks),
-                                     "lr": opt.param_groups[0]["lr"], "top1": None, "top5": None, "loss": None,
-                                     "eval_s": None}
+            point: dict[str, Any] = {
+                "epoch": epoch + 1, "train_s": acc["train_time"], "epoch_train_s": dt,
+                "throughput": r.samples * ranks.world / dt, "train_loss": _mean_over_ranks(r, ranks),
+                "lr": opt.param_groups[0]["lr"], "top1": None, "top5": None, "loss": None, "eval_s": None,
+            }
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.max_epochs:
                 if mlog:
                     mlog.eval_start(epoch + 1)
@@ -191,8 +192,9 @@ def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], 
                 tc = time.perf_counter()
                 if ranks.rank == 0:
                     checkpoint.save_atomic({
-                        "config_key": key, "epoch": epoch + 1, "model": base.state_dict(), "optimizer": opt.state_dict(),
-                        "curve": curve, "acc": acc, "elapsed_s": clock(), "saved_at": time.time(),
+                        "config_key": key, "epoch": epoch + 1, "model": base.state_dict(),
+                        "optimizer": opt.state_dict(), "curve": curve, "acc": acc, "elapsed_s": clock(),
+                        "saved_at": time.time(),
                     }, cfg.checkpoint_dir)
                 sync()
                 acc["checkpoint_time"] += time.perf_counter() - tc
@@ -252,6 +254,7 @@ def _outcome(cfg: TTAConfig, curve: list[dict[str, Any]], hit: dict[str, Any] | 
     if hit is None:
         warnings.append(f"the target (top-1 {cfg.target_top1}"
                         f"{'' if cfg.target_top5 is None else f', top-5 {cfg.target_top5}'}) was not reached in "
-                        f"{metrics['epochs_run']} epochs (best top-1 {metrics['best_top1']}); raise --max-epochs or tune the LR")
+                        f"{metrics['epochs_run']} epochs (best top-1 {metrics['best_top1']}); "
+                        "raise --max-epochs or tune the LR")
     raw = {"curve": [{k: v for k, v in c.items() if k != "reached"} for c in curve]}
     return Outcome(metrics=metrics, units=dict(UNITS), raw=raw, warnings=warnings)

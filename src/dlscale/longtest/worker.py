@@ -38,7 +38,8 @@ def run_rank(spec: dict[str, Any], env: Any) -> Any:
 
     cfg = TTAConfig(**spec["config"])
     if cfg.world_size != env.world_size:
-        raise UsageError(f"mismatched world size: the launcher started {env.world_size} ranks, the config says {cfg.world_size}")
+        raise UsageError(f"mismatched world size: the launcher started {env.world_size} ranks, "
+                         f"the config says {cfg.world_size}")
     device = dev.select_device(cfg.device, env.local_rank)
     resolved = cfg.resolve(device.type)
     dev.check_precision(resolved.precision, device)

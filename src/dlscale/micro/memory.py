@@ -89,11 +89,11 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
         out.cases.append(Case(labels={"op": op, "where": "host memory", "array_mib": mib},
                               build=lambda op=op: build_stream(op, n), bytes=stream_bytes(op, n), device=cpu))
     if device.type == "cuda":
-        gib = (opts.mem_mib or GPU_MIB) * 2**20
-        for kind, nb in (("h2d_pinned", gib), ("h2d_pageable", gib), ("d2h_pinned", gib),
-                         ("d2h_pageable", gib), ("d2d", 2 * gib)):
-            out.cases.append(Case(labels={"op": kind, "where": str(device), "array_mib": gib // 2**20},
-                                  build=lambda kind=kind: build_transfer(kind, gib, device), bytes=nb))
+        nbytes = (opts.mem_mib or GPU_MIB) * 2**20
+        for kind, nb in (("h2d_pinned", nbytes), ("h2d_pageable", nbytes), ("d2h_pinned", nbytes),
+                         ("d2h_pageable", nbytes), ("d2d", 2 * nbytes)):
+            out.cases.append(Case(labels={"op": kind, "where": str(device), "array_mib": nbytes // 2**20},
+                                  build=lambda kind=kind: build_transfer(kind, nbytes, device), bytes=nb))
     return out
 
 
