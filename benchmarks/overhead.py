@@ -66,9 +66,13 @@ def dlscale_loop(model_name: str, image_size: int, batch: int, precision: str, s
     return run
 
 
-def measure(model_name, image_size, batch, precision, rounds, steps, warmup):
-    a = dlscale_loop(model_name, image_size, batch, precision, seed=0)
-    b = hand_written(model_name, image_size, batch, precision, seed=0)
+def measure(model_name, image_size, batch, precision, rounds, steps, warmup, hand_first=False):
+    if hand_first:  # build order changes where each model's memory lands: check it is not the effect
+        b = hand_written(model_name, image_size, batch, precision, seed=0)
+        a = dlscale_loop(model_name, image_size, batch, precision, seed=0)
+    else:
+        a = dlscale_loop(model_name, image_size, batch, precision, seed=0)
+        b = hand_written(model_name, image_size, batch, precision, seed=0)
     a(warmup)
     b(warmup)
     ratios, ta, tb = [], 0.0, 0.0
@@ -87,15 +91,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="steps per block")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="resnet18 fp32 only, 2 rounds of 3 steps")
+    p.add_argument("--only", help="run only configs whose 'model/precision' contains this, e.g. bf16")
+    p.add_argument("--hand-first", action="store_true", help="build the hand-written model first")
     args = p.parse_args()
     configs = CONFIGS[:1] if args.quick else CONFIGS
+    if args.only:
+        configs = [c for c in configs if args.only in f"{c[0]}/{c[3]}"]
     if args.quick:
         args.rounds, args.steps, args.warmup = 2, 3, 1
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"{args.rounds} alternating rounds x {args.steps} steps each")
     print(f"{'model':10} {'size':>5} {'batch':>5} {'prec':>5} {'median ratio':>13} {'pooled ratio':>13} {'min':>6} {'max':>6}")
     for cfg in configs:
-        med, pooled, lo, hi = measure(*cfg, rounds=args.rounds, steps=args.steps, warmup=args.warmup)
+        med, pooled, lo, hi = measure(*cfg, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+                                      hand_first=args.hand_first)
         print(f"{cfg[0]:10} {cfg[1]:5d} {cfg[2]:5d} {cfg[3]:>5} {med:13.4f} {pooled:13.4f} {lo:6.3f} {hi:6.3f}", flush=True)
 
 

@@ -37,7 +37,9 @@ def global_figures(per_rank: list[dict[str, Any]], batch_size: int) -> tuple[dic
     """Metrics, warnings and raw series of a data-parallel run.
 
     ``per_rank[k]`` holds ``step_times`` (one list per repeat), and optionally ``comm_s`` (the
-    all-reduce time of each measured step, same shape) and ``bytes`` (bytes all-reduced per step).
+    all-reduce time of each timed step), ``comm_step_times`` (the step times of the window in
+    which ``comm_s`` was timed, same shape as ``comm_s``; default ``step_times``) and ``bytes``
+    (bytes all-reduced per step).
     ``batch_size`` is the per-rank batch.
     """
     if not per_rank:
@@ -61,8 +63,10 @@ def global_figures(per_rank: list[dict[str, Any]], batch_size: int) -> tuple[dic
     })
     raw: dict[str, Any] = {"step_times_s": slowest_series, "rank_step_times_s": [r["step_times"] for r in per_rank]}
     if all(r.get("comm_s") for r in per_rank):
-        fracs = [sum(map(sum, r["comm_s"])) / sum(map(sum, r["step_times"])) for r in per_rank]
-        steps = sum(len(rep) for rep in per_rank[0]["step_times"])
+        # comm_s was timed on its own instrumented window (comm_step_times) when present.
+        base = [r.get("comm_step_times") or r["step_times"] for r in per_rank]
+        fracs = [sum(map(sum, r["comm_s"])) / sum(map(sum, b)) for r, b in zip(per_rank, base)]
+        steps = sum(len(rep) for rep in base[0])
         comm_per_step = stats.mean([sum(map(sum, r["comm_s"])) / steps for r in per_rank])
         nbytes = [b for rep in per_rank[0].get("bytes", []) for b in rep]
         per_step_bytes = stats.mean(nbytes) if nbytes else None
@@ -75,6 +79,7 @@ def global_figures(per_rank: list[dict[str, Any]], batch_size: int) -> tuple[dic
             "allreduce_busbw": allreduce_busbw(per_step_bytes, comm_per_step, world),
         })
         raw["rank_comm_s"] = [r["comm_s"] for r in per_rank]
+        raw["rank_comm_step_times_s"] = base
     if world > 1 and metrics["rank_imbalance"] > 0.05:
         warnings.append(f"per-rank throughput differs by {metrics['rank_imbalance']:.1%} between the fastest and "
                         "slowest rank: the global figure is set by the slowest one")

@@ -1,0 +1,28 @@
+"""The README's two commands stay true: CI runs exactly the README's test command."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", quick, flags=re.S)
+
+
+def test_readme_has_two_commands_and_ci_runs_the_test_one():
+    commands = _readme_commands()
+    assert len(commands) == 2, commands
+    main_job, test_cmd = commands
+    assert "dlscale train" in main_job and "pip install -e ." in main_job
+    assert "pytest" in test_cmd
+    ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    assert ci_lines[-1] == test_cmd.strip()
+
+
+def test_pyproject_pins_torch_and_torchvision():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"torch==2.14.1"' in text and '"torchvision==0.29.1"' in text
