@@ -83,7 +83,7 @@ def big_jpegs(tmp_path_factory):
     from dlscale.data.synth import DatasetSpec, make_dataset
 
     root = tmp_path_factory.mktemp("slow") / "imgs"
-    make_dataset(root, DatasetSpec(images=16, classes=2, size=320))
+    make_dataset(root, DatasetSpec(images=16, classes=2, size=1024))  # ~10x the decode cost of 320 px: a wide margin under load
     return root
 
 

@@ -9,7 +9,9 @@ import typer
 
 from dlscale.cli.common import DbOpt, info, out
 
-HELP = """Write a report of the runs in the results database: system inventory, throughput per model
+HELP = """Write an HTML/Markdown report of the runs in the results database.
+
+System inventory, throughput per model
 and device count, scaling efficiency against ideal, scale-up vs scale-out, time-to-accuracy
 curves and monitoring series where such runs exist, and failed runs with their errors. Every
 plot has its data table beside it. The HTML file is self-contained (plots embedded, no network

@@ -15,7 +15,9 @@ from dlscale.cli.common import DbOpt, Format, FormatOpt, info, out, print_json, 
 from dlscale.cli.render import fmt_num, fmt_pct
 from dlscale.errors import RunFailure, UsageError
 
-HELP = """Run the short test at 1..N devices and in several node layouts, then print throughput,
+HELP = """Scaling ladder: the short test at 1..N devices and in several layouts, with efficiencies.
+
+Prints throughput,
 speed-up and scaling efficiency = measured / (N x single-device throughput), split into intra- and
 inter-node efficiency, and the scale-up vs scale-out % difference (A - B) / B at equal device count.
 

@@ -8,7 +8,9 @@ import typer
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
 
-HELP = """Train MODEL on an ImageNet-layout JPEG tree until the validation top-1 (and top-5) accuracy
+HELP = """Long test: train MODEL to a target accuracy and record the time to reach it.
+
+Trains on an ImageNet-layout JPEG tree until the validation top-1 (and top-5) accuracy
 reaches the target, evaluating every epoch (or every --eval-every epochs), and record the
 accuracy/loss curve against epochs and wall-clock time, the time and epochs to target, and the
 training throughput. The time-to-target clock runs from the run's start and includes set-up,

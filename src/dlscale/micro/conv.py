@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.micro.base import Case, MicroOptions, Plan, size_filter
-from dlscale.micro.gemm import dtype_of, flop_summary
+from dlscale.micro.gemm import dtype_of, pass_summary
 from dlscale.micro.shapes import load
 
 name = "conv"
@@ -70,9 +70,4 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
 
 
 def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
-    metrics, units = flop_summary(rows)
-    for which in PASSES:
-        sub = [r["tflops"] for r in rows if r["pass"] == which]
-        metrics[f"best_tflops_{which}"] = max(sub) if sub else None
-        units[f"best_tflops_{which}"] = "TFLOP/s"
-    return metrics, units
+    return pass_summary(rows, PASSES)

@@ -78,3 +78,13 @@ def flop_summary(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, 
     return ({"best_tflops": max(rates), "median_tflops": stats.percentile(rates, 50),
              "best_pct_peak": max(pcts) if pcts else None},
             {"best_tflops": "TFLOP/s", "median_tflops": "TFLOP/s", "best_pct_peak": "fraction"})
+
+
+def pass_summary(rows: list[dict[str, Any]], passes: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``flop_summary`` plus the best TFLOP/s of each pass (fwd, bwd_data, bwd_weights)."""
+    metrics, units = flop_summary(rows)
+    for which in passes:
+        sub = [r["tflops"] for r in rows if r["pass"] == which]
+        metrics[f"best_tflops_{which}"] = max(sub) if sub else None
+        units[f"best_tflops_{which}"] = "TFLOP/s"
+    return metrics, units
