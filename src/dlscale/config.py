@@ -56,17 +56,10 @@ class TrainConfig:
             raise UsageError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         if self.image_size is not None:
             _positive("--image-size", self.image_size)
-            if self.image_size < w.min_image_size:
-                raise UsageError(
-                    f"--image-size {self.image_size} is too small for {self.model}; "
-                    f"use at least {w.min_image_size} (native {w.native_image_size})"
-                )
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"unknown --precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if self.device not in DEVICES:
-            raise UsageError(f"unknown --device {self.device!r}; choose one of {', '.join(DEVICES)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            check_image_size(w, self.image_size)
+        check_choice("--precision", self.precision, PRECISIONS)
+        check_choice("--device", self.device, DEVICES)
+        check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         if not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
         self._check_pipeline()
@@ -107,6 +100,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    """A value outside its choices is a usage error that lists them."""
+    if value not in choices:
+        raise UsageError(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
+
+
+def check_image_size(workload: Any, image_size: int) -> None:
+    """An input smaller than the architecture accepts is a usage error naming the minimum."""
+    if image_size < workload.min_image_size:
+        raise UsageError(
+            f"--image-size {image_size} is too small for {workload.name}; "
+            f"use at least {workload.min_image_size} (native {workload.native_image_size})"
+        )
 
 
 def _positive(option: str, value: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from dlscale.config import check_choice, check_image_size
 from dlscale.errors import UsageError
 
 OPTIMIZERS = ("sgd", "lars")
@@ -69,15 +70,11 @@ class TTAConfig:
         if self.emulate_nodes is not None and (self.emulate_nodes <= 0 or self.nnodes > 1):
             raise UsageError(f"--emulate-nodes must be > 0 and runs on one machine (no --nnodes), "
                              f"got {self.emulate_nodes}")
-        if self.image_size is not None and self.image_size < w.min_image_size:
-            raise UsageError(f"--image-size {self.image_size} is too small for {self.model}; "
-                             f"use at least {w.min_image_size}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"unknown --precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if self.device not in DEVICES:
-            raise UsageError(f"unknown --device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.image_size is not None:
+            check_image_size(w, self.image_size)
+        check_choice("--optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("--precision", self.precision, PRECISIONS)
+        check_choice("--device", self.device, DEVICES)
         if not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
         if self.threads is not None and self.threads <= 0:
