@@ -37,6 +37,24 @@ def test_repeats_use_the_interval_over_repeat_throughputs():
     assert m["cv_repeats"] == pytest.approx(s / mean)
 
 
+def test_one_step_has_no_interval_and_says_why():
+    m, warnings = summarize_steps(8, [[0.2]])
+    assert m["throughput"] == pytest.approx(40.0)
+    assert m["throughput_ci95"] is None and m["throughput_ci_method"] is None
+    assert warnings == ["one measured step: no confidence interval; use --steps >= 2"]
+    # two steps do have one (df = 1): 0.1, 0.3 s -> h = 12.7062 * 0.1414 / 1.4142 = 1.27062
+    m, warnings = summarize_steps(8, [[0.1, 0.3]])
+    assert m["throughput_ci95"][0] == pytest.approx(8 / (0.2 + 1.27062)) and m["throughput_ci95"][1] == math.inf
+    assert m["throughput_ci_method"] == "steps" and not any("confidence" in w for w in warnings)
+
+
+def test_one_step_per_repeat_still_has_the_interval_over_repeats():
+    m, warnings = summarize_steps(2, [[0.1], [0.125]])  # 20 and 16 samples/s
+    half = 12.7062 * math.sqrt(8) / math.sqrt(2)
+    assert m["throughput_ci95"] == pytest.approx([18 - half, 18 + half])
+    assert warnings == []
+
+
 def test_mfu():
     # ResNet-50 at ~24.3 GFLOP/sample fwd+bwd, 1000 img/s = 24.3 TFLOP/s on a 125 TFLOP/s V100 (fp16) = 19.44%
     assert mfu(24.3e9 * 1000, 125e12) == pytest.approx(0.1944)

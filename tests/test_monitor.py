@@ -125,3 +125,35 @@ def test_process_tree_includes_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_gpu_series_and_health_on_a_fake_gpu(monkeypatch):
+    """CUDA device 0 is NVML GPU 1 (CUDA_VISIBLE_DEVICES=1); it throttles and raises an Xid mid-run."""
+    from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
+
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x28)])
+    cuda_from_host(monkeypatch, host, visible=[1])
+    m = Monitor(10.0, gpu_index=0).start()  # samples at start and stop only
+    host.gpus[1].throttle = 0x80  # power brake
+    host.xid(1, 79)
+    m.stop()
+    cols = m.series()["columns"]
+    assert cols["gpu_power_W"] == [650.0] and cols["gpu_util_pct"] == [90.0]
+    rep = m.series()["health"]
+    assert rep["nvml_index"] == 1 and rep["matched_by"] == "PCI address"
+    assert rep["throttle_samples"] == {"hw_power_brake_slowdown": 1} and rep["xid_events"] == [79]
+    assert any("hw_power_brake_slowdown in 1 of 2 samples" in n for n in m.notes)
+    assert any("Xid 79" in n for n in m.notes)
+
+
+def test_a_broken_health_probe_does_not_stop_the_monitor(monkeypatch):
+    from fakes_gpu import cuda_from_host, fake_nvml
+
+    host = fake_nvml(monkeypatch)
+    cuda_from_host(monkeypatch, host)
+    host.fail["nvmlEventSetCreate"] = OSError("no events here")
+    host.fail["nvmlDeviceGetRemappedRows"] = ValueError("odd")
+    with Monitor(10.0, gpu_index=0) as m:
+        pass
+    assert any("no events here" in n for n in m.notes) and any("odd" in n for n in m.notes)
+    assert m.series()["columns"]["gpu_power_W"] == [650.0]

@@ -54,6 +54,24 @@ def test_mean_ci95_by_hand():
     assert lo == pytest.approx(12 - half) and hi == pytest.approx(12 + half)
 
 
+def test_no_interval_from_one_sample():
+    # one value has no spread to estimate: no interval at all, not a zero-width one
+    assert stats.mean_ci95([0.25]) is None
+    assert stats.throughput_ci95_from_steps(32, [0.1]) is None
+    assert stats.throughput_ci95_from_repeats([320.0]) is None
+
+
+def test_ci_edge_of_the_t_table_at_two_samples():
+    # n = 2 -> df = 1, t(0.975, 1) = 12.7062 (the first table entry): xs 1, 3 -> mean 2, s = sqrt(2),
+    # h = 12.7062 * sqrt(2) / sqrt(2) = 12.7062
+    assert stats.t_critical_975(1) == pytest.approx(12.7062, abs=1e-4)
+    lo, hi = stats.mean_ci95([1.0, 3.0])
+    assert lo == pytest.approx(2 - 12.7062) and hi == pytest.approx(2 + 12.7062)
+    # steps 0.1, 0.3 s of batch 10: mean 0.2, h = 12.7062 * 0.1 = 1.27 > mean -> [10 / 1.4706, inf)
+    lo, hi = stats.throughput_ci95_from_steps(10, [0.1, 0.3])
+    assert lo == pytest.approx(10 / (0.2 + 1.27062)) and hi == math.inf
+
+
 def test_throughput_and_its_ci_from_steps():
     # 4 steps of batch 32: 0.1, 0.1, 0.1, 0.1 s -> 32*4/0.4 = 320 samples/s, zero-width interval
     assert stats.throughput(32, [0.1] * 4) == pytest.approx(320)

@@ -4,6 +4,7 @@ import json
 
 from conftest import requires_cuda
 from dlscale import system
+from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
 
 CPUINFO_2S = "\n\n".join(
     f"processor\t: {i}\nmodel name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\nphysical id\t: {i // 4}\n"
@@ -56,3 +57,98 @@ def test_gpu_inventory_and_nvml_topology():
     topo = acc["topology"]
     assert topo is not None, "NVML did not answer on a machine with a GPU"
     assert topo["driver"] and len(topo["gpu_gpu"]) == acc["count"]
+
+
+# -- NVML topology on a fake host (tests/fakes_gpu.py) ------------------------------------------------
+def _host(monkeypatch, n=4, **kw):
+    gpus = [FakeGpu(bus=0x18 + 0x10 * i, cpus=[i], switch=i // 2, **kw) for i in range(n)]
+    return fake_nvml(monkeypatch, gpus=gpus)
+
+
+def test_nvlink_peers_come_back_through_the_real_nvml_function(monkeypatch):
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, nvlinks=[1] * 4), FakeGpu(bus=0x2A, nvlinks=[0] * 4)])
+    cuda_from_host(monkeypatch, host)
+    acc = system.collect()["accelerators"]
+    assert acc["topology"]["gpu_gpu"] == [["X", "NV4"], ["NV4", "X"]]
+    assert "nvmlDeviceGetNvLinkRemotePciInfo" in host.calls and not acc["notes"]
+
+
+def test_nvswitch_links_count_as_nvlink_between_gpus(monkeypatch):
+    host = _host(monkeypatch, n=2, nvlinks=["switch"] * 18)
+    cuda_from_host(monkeypatch, host)
+    assert system.collect()["accelerators"]["topology"]["gpu_gpu"] == [["X", "NV18"], ["NV18", "X"]]
+
+
+def test_pcie_levels_without_nvlink(monkeypatch):
+    cuda_from_host(monkeypatch, _host(monkeypatch, n=3))
+    topo = system.collect()["accelerators"]["topology"]
+    assert topo["gpu_gpu"] == [["X", "PXB", "SYS"], ["PXB", "X", "SYS"], ["SYS", "SYS", "X"]]
+
+
+def test_cuda_visible_devices_maps_cuda_devices_to_their_nvml_gpus(monkeypatch):
+    host = _host(monkeypatch)
+    cuda_from_host(monkeypatch, host, visible=[2, 3])
+    gpus = system.collect()["accelerators"]["topology"]["gpus"]
+    assert [g["cpu_affinity"] for g in gpus] == [[2], [3]]  # NVML GPUs 2 and 3, not 0 and 1
+    assert [(g["index"], g["nvml_index"], g["matched_by"]) for g in gpus] == [(0, 2, "PCI address"), (1, 3, "PCI address")]
+
+
+def test_cuda_visible_devices_alone_places_devices_for_an_older_torch(monkeypatch):
+    host = _host(monkeypatch)
+    cuda_from_host(monkeypatch, host, visible=[3, 1], with_ids=False)
+    gpus = system.collect()["accelerators"]["topology"]["gpus"]
+    assert [(g["nvml_index"], g["matched_by"]) for g in gpus] == [(3, "CUDA_VISIBLE_DEVICES"), (1, "CUDA_VISIBLE_DEVICES")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{host.gpus[2].uuid[:12]},{host.gpus[0].uuid}")  # UUIDs, one a prefix
+    gpus = system.collect()["accelerators"]["topology"]["gpus"]
+    assert [g["nvml_index"] for g in gpus] == [2, 0]
+
+
+def test_match_by_uuid_as_torch_prints_it():
+    from dlscale.monitor.nvml import NvmlGpu, match_cuda
+
+    gpus = [NvmlGpu(i, object(), (0, 0x18 + i, 0), None, f"GPU-{i}aaaaaaa-bbbb") for i in range(3)]
+    assert match_cuda(gpus, 0, None, "2AAAAAAA-BBBB", None).index == 2
+    assert match_cuda(gpus, 1, None, None, None).matched_by == "equal index (assumed)"
+    assert match_cuda(gpus, 0, (0, 0x99, 0), None, ["MIG-abc"]) is None
+
+
+def test_an_exception_inside_a_gpu_probe_is_a_note_not_a_crash(monkeypatch):
+    host = _host(monkeypatch, n=2)
+    cuda_from_host(monkeypatch, host)
+    host.fail["nvmlDeviceGetMaxClockInfo"] = RuntimeError("driver returned garbage")
+    host.fail["nvmlDeviceGetTopologyCommonAncestor"] = AttributeError("no such function")
+    acc = system.collect()["accelerators"]
+    assert acc["count"] == 2 and "sm_clock_max_mhz" not in acc["topology"]["gpus"][0]
+    assert acc["topology"]["gpus"][0]["power_limit_w"] == 700.0  # the other probes still ran
+    assert acc["topology"]["gpu_gpu"][0][1] == "?"
+    assert any("driver returned garbage" in n for n in acc["notes"])
+    assert any("no such function" in n for n in acc["notes"])
+
+
+def test_collect_cached_survives_a_broken_nvml(monkeypatch):
+    host = _host(monkeypatch, n=2)
+    cuda_from_host(monkeypatch, host)
+    host.fail["nvmlDeviceGetCount"] = KeyError("boom")
+    host.fail["nvmlSystemGetDriverVersion"] = TypeError("bad")
+    monkeypatch.setattr(system, "_CACHE", None)
+    acc = system.collect_cached()["accelerators"]
+    assert acc["count"] == 2 and [g["nvml_index"] for g in acc["topology"]["gpus"]] == [None, None]
+    assert any("boom" in n for n in acc["notes"]) and any("bad" in n for n in acc["notes"])
+
+
+def test_a_failing_cuda_query_leaves_a_note(monkeypatch):
+    import torch
+
+    cuda_from_host(monkeypatch, _host(monkeypatch, n=2))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: (_ for _ in ()).throw(RuntimeError("CUDA init failed")))
+    acc = system.collect()["accelerators"]
+    assert acc["count"] == 0 and "CUDA init failed" in acc["notes"][0]
+
+
+def test_no_nvml_bindings_means_no_topology(monkeypatch):
+    import sys
+
+    cuda_from_host(monkeypatch, _host(monkeypatch, n=1))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    acc = system.collect()["accelerators"]
+    assert acc["count"] == 1 and acc["topology"] is None

@@ -1,77 +1,128 @@
-"""Dense peak FLOP/s of known accelerators, and a measured peak for CPUs.
+"""Peak FLOP/s: datasheet peaks of known accelerators, a measured and an ISA peak for CPUs, one resolver.
 
-MFU divides achieved FLOP/s by a peak. A wrong peak makes every MFU lie, so each row of the
-table carries its source, the match is by device name, and an unknown device gets no MFU (null)
-rather than somebody else's peak. On CPUs the peak is measured: the best rate of a large GEMM in
-the run's precision on this machine (docs/METRICS.md), with an ISA-and-clock estimate beside it
-where the clock is known.
+MFU divides achieved FLOP/s by a peak. A wrong peak makes every MFU lie, so each row of the table
+names the exact device names it covers (as ``torch.cuda.get_device_name`` and NVML report them;
+only case and runs of spaces are normalised), the PCI device ids where they are known, and its
+source document. "H200" is not "H200 NVL" nor "GH200": there is no substring matching, and an
+unknown device gets no peak (null) and a reason rather than somebody else's peak.
+
+``resolve_peak`` is the one place a run gets its peak: a datasheet row on GPUs, and on CPUs either
+the measured rate of a large GEMM (the short test's MFU) or the cores x GHz x FLOP/cycle estimate
+(the microbenchmarks' % of peak). docs/METRICS.md derives each.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 TFLOPS = 1e12
 
 
 @dataclass(frozen=True)
 class PeakRow:
-    name: str
-    match: tuple[str, ...]  # all substrings must occur in the lower-cased device name
+    label: str
+    names: tuple[str, ...]  # exact device names, as the driver reports them
     tflops: dict[str, float]  # precision -> dense TFLOP/s (no structured sparsity)
     source: str
+    pci_ids: tuple[int, ...] = ()  # PCI device ids (vendor 0x10de / 0x1002), only where known
 
 
-# Dense (non-sparse) peaks. "fp32" is the non-tensor-core FP32 rate, used for --precision fp32
-# (dlscale turns TF32 off for fp32); "tf32", "bf16", "fp16" are dense tensor-core rates.
+def _h(fp32: float, sparse_tf32: float, sparse_16: float, sparse_fp8: float) -> dict[str, float]:
+    """Hopper/Blackwell-style rows: the datasheets print tensor rates with sparsity; dense is half."""
+    return {"fp32": fp32, "tf32": sparse_tf32 / 2, "bf16": sparse_16 / 2, "fp16": sparse_16 / 2,
+            "fp8": sparse_fp8 / 2}
+
+
+_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet"
+_NV_H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024)"
+_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021, 40GB/80GB)"
+_NV_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (2018)"
+_DENSE = "; tensor rates dense = half the with-sparsity figures"
+
+# fp32 is the non-tensor (vector) FP32 rate for every vendor: dlscale turns TF32 off for
+# --precision fp32. tf32/bf16/fp16/fp8 are dense tensor-core (matrix-core) rates.
 GPU_PEAKS: tuple[PeakRow, ...] = (
-    PeakRow("NVIDIA H200", ("h200",), {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-            "NVIDIA H200 Tensor Core GPU datasheet (SXM; dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA H100 NVL", ("h100", "nvl"), {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
-            "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL; dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA H100 PCIe", ("h100", "pcie"), {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0},
-            "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe; dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA H100 SXM", ("h100",), {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-            "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5; dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA B200", ("b200",), {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
-            "NVIDIA HGX B200 datasheet, per GPU (dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA A100", ("a100",), {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-            "NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe share these dense peaks)"),
-    PeakRow("NVIDIA L40S", ("l40s",), {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
-            "NVIDIA L40S datasheet (dense = half of the with-sparsity figures)"),
-    PeakRow("NVIDIA V100 PCIe", ("v100", "pcie"), {"fp32": 14.0, "fp16": 112.0},
-            "NVIDIA Tesla V100 datasheet (PCIe)"),
-    PeakRow("NVIDIA V100 SXM2", ("v100",), {"fp32": 15.7, "fp16": 125.0},
-            "NVIDIA Tesla V100 datasheet (SXM2)"),
-    PeakRow("NVIDIA P100 PCIe", ("p100", "pcie"), {"fp32": 9.3, "fp16": 18.7},
-            "NVIDIA Tesla P100 datasheet (PCIe)"),
-    PeakRow("NVIDIA P100 SXM2", ("p100",), {"fp32": 10.6, "fp16": 21.2},
-            "NVIDIA Tesla P100 datasheet (SXM2)"),
-    PeakRow("NVIDIA T4", ("tesla t4",), {"fp32": 8.1, "fp16": 65.0},
-            "NVIDIA T4 datasheet"),
-    PeakRow("AMD Instinct MI300X", ("mi300x",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
-            "AMD Instinct MI300X datasheet (dense matrix peaks)"),
+    PeakRow("NVIDIA H100 SXM5", ("NVIDIA H100 80GB HBM3",), _h(67.0, 989.0, 1979.0, 3958.0),
+            f"{_NV_H100} (2023), H100 SXM column{_DENSE}", (0x2330,)),
+    PeakRow("NVIDIA H100 PCIe", ("NVIDIA H100 PCIe",), _h(51.0, 756.0, 1513.0, 3026.0),
+            f"{_NV_H100} (2022), H100 PCIe column{_DENSE}", (0x2331,)),
+    PeakRow("NVIDIA H100 NVL", ("NVIDIA H100 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
+            f"{_NV_H100} (2023), H100 NVL column, per GPU{_DENSE}"),
+    PeakRow("NVIDIA H200 SXM", ("NVIDIA H200",), _h(67.0, 989.0, 1979.0, 3958.0),
+            f"{_NV_H200}, H200 SXM column{_DENSE}", (0x2335,)),
+    PeakRow("NVIDIA H200 NVL", ("NVIDIA H200 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
+            f"{_NV_H200}, H200 NVL column{_DENSE}"),
+    PeakRow("NVIDIA GH200", ("NVIDIA GH200 480GB",), _h(67.0, 989.0, 1979.0, 3958.0),
+            f"NVIDIA GH200 Grace Hopper Superchip datasheet (2023), GPU figures{_DENSE}"),
+    PeakRow("NVIDIA B200", ("NVIDIA B200",), _h(75.0, 2250.0, 4500.0, 9000.0),
+            f"NVIDIA HGX B200 specifications (2024): the 8-GPU figures / 8{_DENSE}"),
+    PeakRow("NVIDIA A100 SXM4", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"),
+            {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            f"{_NV_A100}, A100 SXM column (dense figures as printed)", (0x20B2, 0x20B0)),
+    PeakRow("NVIDIA A100 PCIe", ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"),
+            {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            f"{_NV_A100}, A100 PCIe column (dense figures as printed)", (0x20F1, 0x20B5)),
+    PeakRow("NVIDIA L40S", ("NVIDIA L40S",), {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
+            "NVIDIA L40S GPU datasheet (2023), dense figures as printed"),
+    PeakRow("NVIDIA V100 SXM2", ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"), {"fp32": 15.7, "fp16": 125.0},
+            f"{_NV_V100}, SXM2 column (fp16 = Tensor Performance)", (0x1DB1,)),
+    PeakRow("NVIDIA V100 PCIe", ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), {"fp32": 14.0, "fp16": 112.0},
+            f"{_NV_V100}, PCIe column (fp16 = Tensor Performance)", (0x1DB4,)),
+    PeakRow("NVIDIA P100 PCIe", ("Tesla P100-PCIE-16GB", "Tesla P100-PCIE-12GB"), {"fp32": 9.3, "fp16": 18.7},
+            "NVIDIA Tesla P100 datasheet (2016), PCIe column"),
+    PeakRow("NVIDIA P100 SXM2", ("Tesla P100-SXM2-16GB",), {"fp32": 10.6, "fp16": 21.2},
+            "NVIDIA Tesla P100 datasheet (2016), NVLink (SXM2) column"),
+    PeakRow("NVIDIA T4", ("Tesla T4",), {"fp32": 8.1, "fp16": 65.0},
+            "NVIDIA T4 Tensor Core GPU datasheet (2018); fp16 = mixed-precision tensor rate"),
+    PeakRow("AMD Instinct MI300X", ("AMD Instinct MI300X",),
+            {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+            "AMD Instinct MI300X accelerator data sheet (2023); fp32 = peak FP32 vector, others dense matrix"),
+    PeakRow("AMD Instinct MI325X", ("AMD Instinct MI325X",),
+            {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+            "AMD Instinct MI325X accelerator data sheet (2024); fp32 = peak FP32 vector, others dense matrix"),
 )
+
+
+def normalize_name(name: str) -> str:
+    """Case and runs of whitespace only: 'nvidia  H100 pcie ' -> 'nvidia h100 pcie'."""
+    return " ".join(name.split()).casefold()
+
+
+_BY_NAME = {normalize_name(n): row for row in GPU_PEAKS for n in row.names}
+_BY_PCI = {i: row for row in GPU_PEAKS for i in row.pci_ids}
 
 
 @dataclass(frozen=True)
 class Peak:
     flops: float  # FLOP/s
-    kind: str  # "datasheet" | "measured"
+    kind: str  # "datasheet" | "measured-gemm" | "isa-estimate"
     source: str
 
 
-def gpu_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet dense peak for a GPU name and precision, or None when not known."""
-    name = device_name.lower()
-    for row in GPU_PEAKS:
-        if all(m in name for m in row.match):
-            tf = row.tflops.get(precision)
-            if tf is None:
-                return None
-            return Peak(tf * TFLOPS, "datasheet", f"{row.name}: {row.source}")
-    return None
+def find_row(device_name: str, pci_id: int | None = None) -> PeakRow | None:
+    """The row for an exact (normalised) device name, else for a known PCI device id, else None."""
+    row = _BY_NAME.get(normalize_name(device_name))
+    return row if row is not None or pci_id is None else _BY_PCI.get(pci_id)
+
+
+def gpu_peak(device_name: str, precision: str, pci_id: int | None = None) -> Peak | None:
+    """The datasheet dense peak for a GPU and precision, or None when the table does not have it."""
+    row = find_row(device_name, pci_id)
+    tf = row.tflops.get(precision) if row else None
+    if row is None or tf is None:
+        return None
+    by = "" if normalize_name(device_name) in _BY_NAME else f" (matched by PCI device id 0x{pci_id:04x})"
+    return Peak(tf * TFLOPS, "datasheet", f"{row.label}{by}: {row.source}")
+
+
+def gpu_peak_reason(device_name: str, precision: str, pci_id: int | None = None) -> str:
+    """Why ``gpu_peak`` gave None."""
+    row = find_row(device_name, pci_id)
+    if row is None:
+        return f"no datasheet peak for {device_name!r} in dlscale's table: MFU and % of peak left empty"
+    return f"the datasheet row {row.label!r} has no {precision} peak: MFU and % of peak left empty"
 
 
 # FLOPs per cycle per core of the widest FMA path for fp32, assuming two FMA units
@@ -110,7 +161,96 @@ def measured_cpu_gemm_peak(precision: str, n: int = 2048, reps: int = 5) -> Peak
         t0 = time.perf_counter()
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t0)
-    peak = Peak(2 * n**3 / best, "measured",
+    peak = Peak(2 * n**3 / best, "measured-gemm",
                 f"best of {reps} {n}x{n}x{n} {precision} torch.matmul on this CPU, {torch.get_num_threads()} threads")
     _MEASURED[key] = peak
     return peak
+
+
+def cpu_clock(system: dict[str, Any], override: float | None) -> tuple[float | None, str]:
+    """The CPU clock (GHz) for the ISA peak and where it came from, or None and why not."""
+    cpu = system.get("cpu", {})
+    if override:
+        return override, f"--cpu-ghz {override:g}"
+    if cpu.get("nominal_ghz"):
+        return cpu["nominal_ghz"], "the CPU model name"
+    mhz = _proc_cpuinfo_mhz()
+    seen = f"; /proc/cpuinfo reports {mhz:g} MHz (under a hypervisor often the TSC rate, not the core clock)" if mhz else ""
+    return None, (f"the CPU model name {cpu.get('model')!r} carries no clock, so the ISA peak is unknown{seen}; "
+                  "pass --cpu-ghz to compute it")
+
+
+def _proc_cpuinfo_mhz() -> float | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return float(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class ResolvedPeak:
+    """The peak a run divides by, what kind it is, and where it came from (or why there is none)."""
+
+    flops: float | None  # FLOP/s; None: no honest peak
+    kind: str | None  # "datasheet" | "measured-gemm" | "isa-estimate"; None with flops
+    source: str  # the source of the peak, or the reason there is none
+    isa_estimate: Peak | None = field(default=None)  # CPUs, fp32: cores x GHz x FLOP/cycle, beside it
+
+    @property
+    def peak(self) -> Peak | None:
+        return Peak(self.flops, self.kind or "", self.source) if self.flops is not None else None
+
+    @property
+    def isa_flops(self) -> float | None:
+        return self.isa_estimate.flops if self.isa_estimate else None
+
+
+def resolve_peak(device: Any, precision: str, system: dict[str, Any], *, cpu_ghz: float | None = None,
+                 measure: bool = True) -> ResolvedPeak:
+    """The device's dense peak for ``precision``.
+
+    GPUs: the datasheet row of the device's exact name (or PCI device id from the inventory).
+    CPUs: with ``measure`` the best rate of a large GEMM in this precision (the short test's MFU),
+    otherwise the fp32 ISA estimate (the microbenchmarks' % of peak); the ISA estimate rides
+    beside either where the clock is known (``cpu_ghz`` overrides the model name's).
+    """
+    if getattr(device, "type", "cpu") == "cuda":
+        from dlscale.harness.device import device_name
+
+        name, pci_id = device_name(device), _pci_id(system, getattr(device, "index", None) or 0)
+        p = gpu_peak(name, precision, pci_id)
+        if p is None:
+            return ResolvedPeak(None, None, gpu_peak_reason(name, precision, pci_id))
+        return ResolvedPeak(p.flops, p.kind, p.source)
+    isa, isa_why = _isa(precision, system, cpu_ghz)
+    if measure:
+        m = measured_cpu_gemm_peak(precision)
+        return ResolvedPeak(m.flops, m.kind, m.source, isa)
+    if isa is None:
+        return ResolvedPeak(None, None, isa_why)
+    return ResolvedPeak(isa.flops, isa.kind, isa_why, isa)
+
+
+def _isa(precision: str, system: dict[str, Any], cpu_ghz: float | None) -> tuple[Peak | None, str]:
+    """The fp32 ISA estimate and its source, or None and why not."""
+    if precision != "fp32":
+        return None, f"no CPU ISA peak for {precision} (only fp32 is derived): % of peak left empty"
+    ghz, why = cpu_clock(system, cpu_ghz)
+    cpu = system.get("cpu", {})
+    p = cpu_isa_peak(cpu.get("isa", {}), cpu.get("physical_cores"), ghz)
+    if p is None:
+        return None, why if ghz is None else "no AVX-512/AVX2+FMA in this CPU's ISA flags: ISA peak unknown"
+    return p, f"{p.source}; clock from {why}"
+
+
+def _pci_id(system: dict[str, Any], index: int) -> int | None:
+    """The PCI device id of CUDA device ``index`` from the inventory's NVML facts, where present."""
+    topo = ((system or {}).get("accelerators") or {}).get("topology") or {}
+    for g in topo.get("gpus") or []:
+        if g.get("index") == index:
+            return g.get("pci_device_id")
+    return None

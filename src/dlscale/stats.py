@@ -66,12 +66,16 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (h - lo) * (s[hi] - s[lo])
 
 
-def mean_ci95(xs: Sequence[float]) -> tuple[float, float]:
-    """95% confidence interval of the mean: mean -/+ t(0.975, n-1) * s / sqrt(n)."""
+def mean_ci95(xs: Sequence[float]) -> tuple[float, float] | None:
+    """95% confidence interval of the mean: mean -/+ t(0.975, n-1) * s / sqrt(n).
+
+    None for fewer than 2 values: one sample has no spread to estimate (s needs n - 1 >= 1), so
+    there is no interval, not a zero-width one. n = 2 uses t(0.975, 1) = 12.7062.
+    """
     n = len(xs)
     m = mean(xs)
     if n < 2:
-        return (m, m)
+        return None
     half = t_critical_975(n - 1) * stdev(xs) / math.sqrt(n)
     return (m - half, m + half)
 
@@ -84,18 +88,21 @@ def throughput(samples_per_step: float, step_times: Sequence[float]) -> float:
     return samples_per_step * len(step_times) / total
 
 
-def throughput_ci95_from_steps(samples_per_step: float, step_times: Sequence[float]) -> tuple[float, float]:
+def throughput_ci95_from_steps(samples_per_step: float, step_times: Sequence[float]) -> tuple[float, float] | None:
     """95% CI of the throughput, mapped from the CI of the mean step time.
 
     [B / (mean_t + h), B / (mean_t - h)] where h is the half-width of the mean step
     time's t-interval; throughput B / t is monotonic in t, so the interval maps exactly.
-    If mean_t - h <= 0 the upper bound is unbounded (inf).
+    If mean_t - h <= 0 the upper bound is unbounded (inf). None for fewer than 2 steps.
     """
-    lo_t, hi_t = mean_ci95(step_times)
+    ci = mean_ci95(step_times)
+    if ci is None:
+        return None
+    lo_t, hi_t = ci
     upper = samples_per_step / lo_t if lo_t > 0 else math.inf
     return (samples_per_step / hi_t, upper)
 
 
-def throughput_ci95_from_repeats(repeat_throughputs: Sequence[float]) -> tuple[float, float]:
-    """95% CI of the mean throughput over independent repeats (t-interval)."""
+def throughput_ci95_from_repeats(repeat_throughputs: Sequence[float]) -> tuple[float, float] | None:
+    """95% CI of the mean throughput over independent repeats (t-interval); None for one repeat."""
     return mean_ci95(repeat_throughputs)

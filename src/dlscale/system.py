@@ -1,7 +1,10 @@
 """System inventory: CPU, memory, accelerators and their topology, software versions.
 
 The same dictionary is printed by ``dlscale sysinfo`` and stored in every run record.
-Everything that can be absent (NVML, CUDA, a sysfs file) is guarded and reported as null.
+Everything that can be absent (NVML, CUDA, a sysfs file) is guarded and reported as null; a GPU
+probe that fails in an unexpected way leaves a line in ``accelerators.notes`` instead of stopping
+the run whose record this inventory is part of. CUDA devices are matched to NVML devices by PCI
+address (monitor/nvml.py), so the topology describes the GPUs the run uses.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from dlscale.monitor import nvml
 
 ISA_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -147,104 +152,133 @@ def software_info(with_torch: bool = True) -> dict[str, Any]:
     return sw
 
 
-def _nvml_topology(n: int) -> dict[str, Any] | None:
-    """GPU-GPU common ancestor / P2P and CPU affinity from NVML; None where NVML is absent."""
-    try:
-        import pynvml as nv
-    except ImportError:
-        return None
-    try:
-        nv.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver
-        return None
-    try:
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        levels = {
-            getattr(nv, "NVML_TOPOLOGY_INTERNAL", 0): "SAME_BOARD",
-            getattr(nv, "NVML_TOPOLOGY_SINGLE", 10): "PIX",
-            getattr(nv, "NVML_TOPOLOGY_MULTIPLE", 20): "PXB",
-            getattr(nv, "NVML_TOPOLOGY_HOSTBRIDGE", 30): "PHB",
-            getattr(nv, "NVML_TOPOLOGY_NODE", 40): "NODE",
-            getattr(nv, "NVML_TOPOLOGY_SYSTEM", 50): "SYS",
-        }
-        matrix: list[list[str]] = []
-        for i in range(n):
-            row = []
-            for j in range(n):
-                if i == j:
-                    row.append("X")
-                    continue
-                try:
-                    nvlinks = 0
-                    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-                        try:
-                            if nv.nvmlDeviceGetNvLinkState(handles[i], link) == nv.NVML_FEATURE_ENABLED:
-                                pci = nv.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[i], link)
-                                if pci.busId == nv.nvmlDeviceGetPciInfo(handles[j]).busId:
-                                    nvlinks += 1
-                        except nv.NVMLError:
-                            break
-                    if nvlinks:
-                        row.append(f"NV{nvlinks}")
-                    else:
-                        lvl = nv.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
-                        row.append(levels.get(lvl, str(lvl)))
-                except nv.NVMLError as e:
-                    row.append(f"?({e})")
-            matrix.append(row)
-        gpus = []
-        for i, h in enumerate(handles):
-            entry: dict[str, Any] = {"index": i}
-            try:
-                entry["pcie_gen_max"] = nv.nvmlDeviceGetMaxPcieLinkGeneration(h)
-                entry["pcie_width_max"] = nv.nvmlDeviceGetMaxPcieLinkWidth(h)
-            except nv.NVMLError:
-                pass
-            try:
-                entry["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
-            except nv.NVMLError:
-                pass
-            try:
-                entry["sm_clock_max_mhz"] = nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)
-            except nv.NVMLError:
-                pass
-            try:
-                nodeset = nv.nvmlDeviceGetCpuAffinity(h, 4)
-                cpus = [w * 64 + b for w, word in enumerate(nodeset) for b in range(64) if word >> b & 1]
-                entry["cpu_affinity"] = cpus
-            except nv.NVMLError:
-                pass
-            gpus.append(entry)
-        driver = nv.nvmlSystemGetDriverVersion()
-        return {
-            "driver": driver.decode() if isinstance(driver, bytes) else driver,
-            "gpu_gpu": matrix,
-            "gpus": gpus,
-        }
-    finally:
+_LEVELS = {0: "SAME_BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvmlGpuTopologyLevel_t
+
+
+def _nvlinks(nv: Any, h: Any, notes: list[str], what: str) -> tuple[dict[str, int], int]:
+    """Active NVLinks of one GPU: links per peer GPU (by PCI bus id) and links to NVSwitches."""
+    peers: dict[str, int] = {}
+    switch = 0
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+            if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
+                continue
+        except nv.NVMLError:
+            break  # past the GPU's last link, or no NVLink at all
+        kind = nvml.probe(nv, notes, f"{what} link {link} remote type",
+                          lambda link=link: nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+        if kind == getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+            switch += 1
+            continue
+        pci = nvml.probe(nv, notes, f"{what} link {link} remote PCI info",
+                         lambda link=link: nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link))
+        if pci is not None:
+            bus = nvml.text(pci.busId).upper()
+            peers[bus] = peers.get(bus, 0) + 1
+    return peers, switch
+
+
+def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], notes: list[str]) -> list[list[str]]:
+    """nvidia-smi-like GPU-GPU matrix: NV<links> (direct or through NVSwitches), else the PCIe level."""
+    links = [_nvlinks(nv, g.handle, notes, f"GPU {i}") if g else ({}, 0) for i, g in enumerate(gpus)]
+    matrix = []
+    for i, gi in enumerate(gpus):
+        row = []
+        for j, gj in enumerate(gpus):
+            if i == j:
+                row.append("X")
+                continue
+            if gi is None or gj is None:
+                row.append("?")
+                continue
+            direct = links[i][0].get((gj.bus_id or "").upper(), 0)
+            via_switch = min(links[i][1], links[j][1])
+            if direct or via_switch:
+                row.append(f"NV{direct or via_switch}")
+                continue
+            lvl = nvml.probe(nv, notes, f"GPU {i}-{j} common ancestor",
+                             lambda a=gi.handle, b=gj.handle: nv.nvmlDeviceGetTopologyCommonAncestor(a, b))
+            row.append("?" if lvl is None else _LEVELS.get(int(lvl), str(lvl)))
+        matrix.append(row)
+    return matrix
+
+
+def _cpu_list(mask: Any) -> list[int]:
+    return [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
+
+
+def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dict[str, Any]:
+    """One CUDA device's NVML facts: which NVML GPU it is, PCIe link, power limit, clock, CPU affinity."""
+    entry: dict[str, Any] = {"index": i}
+    if g is None:
+        return {**entry, "nvml_index": None}
+    h, what = g.handle, f"GPU {i}"
+    entry.update(nvml_index=g.index, matched_by=g.matched_by, pci_bus_id=g.bus_id, uuid=g.uuid)
+    words = max(1, -(-(os.cpu_count() or 64) // 64))
+    probes: dict[str, Any] = {
+        "name": lambda: nvml.text(nv.nvmlDeviceGetName(h)),
+        "pci_device_id": lambda: int(nv.nvmlDeviceGetPciInfo(h).pciDeviceId) >> 16,
+        "pcie_gen_max": lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
+        "pcie_width_max": lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
+        "power_limit_w": lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        "sm_clock_max_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "cpu_affinity": lambda: _cpu_list(nv.nvmlDeviceGetCpuAffinity(h, words)),
+    }
+    for key, fn in probes.items():
+        value = nvml.probe(nv, notes, f"{what} {key}", fn)
+        if value is not None:
+            entry[key] = value
+    return entry
+
+
+def _nvml_topology(n: int, notes: list[str]) -> dict[str, Any] | None:
+    """GPU-GPU links, CPU affinity and NVML facts of the ``n`` CUDA devices; None where NVML is absent.
+
+    Whatever goes wrong inside becomes a line in ``notes``, never an exception.
+    """
+    nv = nvml.start()
+    if nv is None:
+        return None
+    try:
+        gpus = nvml.cuda_gpus(nv, n, notes)
+        driver = nvml.probe(nv, notes, "driver version", lambda: nvml.text(nv.nvmlSystemGetDriverVersion()))
+        matrix = nvml.probe(nv, notes, "GPU-GPU matrix", lambda: _gpu_matrix(nv, gpus, notes))
+        return {"driver": driver, "gpu_gpu": matrix or [], "gpus": [_gpu_entry(nv, i, g, notes) for i, g in enumerate(gpus)]}
+    except Exception as e:  # noqa: BLE001 - the inventory reports what it can
+        notes.append(f"NVML topology: {type(e).__name__}: {e}")
+        return None
+    finally:
+        nvml.stop(nv)
+
+
+def _device_entry(i: int) -> dict[str, Any]:
+    import torch
+
+    p = torch.cuda.get_device_properties(i)
+    return {"index": i, "name": p.name, "memory_bytes": p.total_memory,
+            "compute_capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count}
 
 
 def accelerator_info() -> dict[str, Any]:
+    """The CUDA devices and their NVML topology; a probe that fails leaves a line in ``notes``."""
     import torch
 
+    notes: list[str] = []
     if not torch.cuda.is_available():
-        return {"count": 0, "devices": [], "topology": None}
-    devices = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        devices.append({
-            "index": i,
-            "name": p.name,
-            "memory_bytes": p.total_memory,
-            "compute_capability": f"{p.major}.{p.minor}",
-            "multiprocessors": p.multi_processor_count,
-        })
-    topo = _nvml_topology(len(devices))
-    return {"count": len(devices), "devices": devices, "driver": topo and topo["driver"], "topology": topo}
+        return {"count": 0, "devices": [], "driver": None, "topology": None, "notes": notes}
+    n = torch.cuda.device_count()
+    devices = [nvml.probe(None, notes, f"CUDA device {i} properties", lambda i=i: _device_entry(i)) or {"index": i}
+               for i in range(n)]
+    topo = _nvml_topology(n, notes)
+    return {"count": n, "devices": devices, "driver": topo and topo["driver"], "topology": topo, "notes": notes}
+
+
+def _accelerators_guarded() -> dict[str, Any]:
+    try:
+        return accelerator_info()
+    except Exception as e:  # noqa: BLE001 - a broken GPU stack must not stop the record being written
+        return {"count": 0, "devices": [], "driver": None, "topology": None,
+                "notes": [f"accelerator inventory failed: {type(e).__name__}: {e}"]}
 
 
 def collect(with_torch: bool = True) -> dict[str, Any]:
@@ -257,7 +291,7 @@ def collect(with_torch: bool = True) -> dict[str, Any]:
         "software": software_info(with_torch),
         "argv": sys.argv[:],
     }
-    inv["accelerators"] = accelerator_info() if with_torch else None
+    inv["accelerators"] = _accelerators_guarded() if with_torch else None
     return inv
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
+import typer
 from rich.table import Table
 
 from dlscale.cli.common import Format, FormatOpt, out, print_json
@@ -12,12 +15,23 @@ HELP = """Show this machine's inventory (CPU, memory, accelerators, topology, ve
 CPU model, sockets/cores/threads, NUMA nodes, ISA flags, memory; accelerators with their
 memory, compute capability, driver and NVML topology; torch/CUDA/cuDNN/NCCL/Python versions.
 
-Example: dlscale sysinfo --format json"""
+--health checks every GPU NVML sees instead: clock-throttle reasons now, ECC error counts,
+retired pages or row remapping, with a warning for a GPU that should not be benchmarked.
+
+Examples:
+  dlscale sysinfo --format json
+  dlscale sysinfo --health"""
+
+HealthOpt = Annotated[bool, typer.Option("--health", help="Check each GPU's health (throttling, ECC, "
+                                                           "retired pages, row remapping) instead.")]
 
 
-def sysinfo(fmt: FormatOpt = Format.human) -> None:
+def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
     from dlscale.system import collect
 
+    if health:
+        _print_health(fmt)
+        return
     inv = collect(with_torch=True)
     if fmt == Format.json:
         print_json(inv)
@@ -41,6 +55,8 @@ def sysinfo(fmt: FormatOpt = Format.human) -> None:
             for g in topo.get("gpus", []):
                 if "cpu_affinity" in g:
                     t.add_row(f"GPU {g['index']} CPU affinity", _ranges(g["cpu_affinity"]))
+        for note in acc.get("notes") or []:
+            t.add_row("note", note)
     else:
         t.add_row("accelerators", "none (CUDA not available)")
     t.add_row("software", ", ".join(f"{k} {v}" for k, v in sw.items() if v not in (None, False)))
@@ -59,3 +75,46 @@ def _ranges(cpus: list[int]) -> str:
         if c is not None:
             start = prev = c
     return ",".join(parts)
+
+
+def _print_health(fmt: Format) -> None:
+    from dlscale.monitor.health import check_host
+
+    rep = check_host()
+    if fmt == Format.json:
+        print_json(rep)
+        return
+    if not rep["gpus"]:
+        out.print(rep.get("note", "no GPU to check"), markup=False, highlight=False)
+        return
+    t = Table(title="dlscale sysinfo --health", title_justify="left")
+    for col in ("GPU", "name", "throttle now", "ECC unc. vol/agg", "ECC corr. vol/agg", "retired SBE/DBE",
+                "remapped rows", "status"):
+        t.add_column(col)
+    for g in rep["gpus"]:
+        reasons = g["throttle_reasons"]
+        t.add_row(str(g["index"]), str(g["name"]), "-" if reasons is None else (", ".join(reasons) or "none"),
+                  _pair(g["ecc"], "uncorrected"), _pair(g["ecc"], "corrected"), _retired(g["retired_pages"]),
+                  _remapped(g["remapped_rows"]), "WARN" if g["warnings"] else "ok")
+    out.print(t)
+    for line in [f"warning: {w}" for g in rep["gpus"] for w in g["warnings"]] + \
+            [f"note: {n}" for n in rep.get("notes") or []]:
+        out.print(line, markup=False, highlight=False)
+
+
+def _pair(ecc: dict[str, Any], kind: str) -> str:
+    return " / ".join("-" if ecc.get(f"{c}_{kind}") is None else str(ecc[f"{c}_{kind}"])
+                      for c in ("volatile", "aggregate"))
+
+
+def _retired(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r.get('single_bit')}/{r.get('double_bit')}" + (" (pending)" if r.get("pending") else "")
+
+
+def _remapped(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    flags = [k for k in ("pending", "failure") if r.get(k)]
+    return f"{r['correctable']} corr / {r['uncorrectable']} unc" + (f" ({', '.join(flags)})" if flags else "")

@@ -8,6 +8,7 @@ from typing import Any
 from dlscale import stats
 
 CV_WARN = 0.02  # the seed papers' stability criterion: under 2% variation between iterations
+NO_CI = "one measured step: no confidence interval; use --steps >= 2"
 
 STEP_UNITS = {
     "throughput": "samples/s",
@@ -30,7 +31,8 @@ STEP_UNITS = {
 def summarize_steps(samples_per_step: float, repeats: Sequence[Sequence[float]]) -> tuple[dict[str, Any], list[str]]:
     """Throughput, its 95% CI, percentiles and CV over one or more repeats of timed steps.
 
-    One repeat: throughput over the window, CI mapped from the mean step time's t-interval.
+    One repeat: throughput over the window, CI mapped from the mean step time's t-interval
+    (None, with a warning, for a single measured step: one sample has no interval).
     N >= 2 repeats: throughput is the mean of the repeats' throughputs, CI the t-interval over
     them (repeats are independent; steps within a repeat are not). ``cv`` is the step-time CV of
     each repeat, the largest one. Returns the metrics and the warnings they raise.
@@ -41,16 +43,16 @@ def summarize_steps(samples_per_step: float, repeats: Sequence[Sequence[float]])
     pooled = [t for r in repeats for t in r]
     if len(repeats) == 1:
         thr = per_repeat[0]
-        lo, hi = stats.throughput_ci95_from_steps(samples_per_step, repeats[0])
-        ci_method = "steps"
+        ci = stats.throughput_ci95_from_steps(samples_per_step, repeats[0])
+        ci_method = "steps" if ci is not None else None
     else:
         thr = stats.mean(per_repeat)
-        lo, hi = stats.throughput_ci95_from_repeats(per_repeat)
+        ci = stats.throughput_ci95_from_repeats(per_repeat)
         ci_method = "repeats"
     cvs = [stats.cv(r) for r in repeats]
     m: dict[str, Any] = {
         "throughput": thr,
-        "throughput_ci95": [lo, hi],
+        "throughput_ci95": list(ci) if ci is not None else None,
         "throughput_ci_method": ci_method,
         "repeat_throughputs": per_repeat,
         "step_time_mean": stats.mean(pooled),
@@ -66,7 +68,7 @@ def summarize_steps(samples_per_step: float, repeats: Sequence[Sequence[float]])
         "measured_steps": len(pooled),
         "window_seconds": sum(sum(r) for r in repeats),
     }
-    warnings = []
+    warnings = [] if ci is not None else [NO_CI]
     if m["cv"] > CV_WARN:
         warnings.append(
             f"step times vary by {m['cv']:.1%} (CV), above the {CV_WARN:.0%} stability criterion: "

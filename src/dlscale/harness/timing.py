@@ -1,8 +1,11 @@
 """The timed loop: warm-up steps not counted, then measured steps timed one by one.
 
-On CUDA each step is bracketed by CUDA events recorded on the stream, so timing does not stall
-the GPU pipeline; the device is synchronised once before the window opens and once after it
-closes. On CPU, kernels run synchronously and ``time.perf_counter`` marks step boundaries.
+Each measured step sits between its own start and end mark, and nothing else does: the progress
+callback runs after a step's end mark and before the next step's start mark, so a slow callback
+(a progress bar, logging) never lands in a step time. On CUDA the marks are CUDA events recorded
+on the stream, so timing does not stall the GPU pipeline; the device is synchronised once before
+the window opens and once after it closes. On CPU, kernels run synchronously and
+``time.perf_counter`` marks the step boundaries.
 """
 
 from __future__ import annotations
@@ -15,30 +18,39 @@ StepCallback = Callable[[str, int, int], None]  # (phase, steps done, phase tota
 
 
 class StepClock:
-    """Marks step boundaries; ``step_times()`` returns seconds per step after the window."""
+    """Brackets each step with ``start()``/``stop()``; ``step_times()`` returns seconds per step."""
 
     def __init__(self, device: Any):
         self.device = device
         self._cuda = getattr(device, "type", "cpu") == "cuda"
-        self._marks: list[Any] = []
+        self._spans: list[tuple[Any, Any]] = []
+        self._start: Any = None
 
-    def mark(self) -> None:
+    def _now(self) -> Any:
         if self._cuda:
             import torch
 
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            self._marks.append(ev)
-        else:
-            self._marks.append(time.perf_counter())
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> None:
+        if self._start is None:
+            raise RuntimeError("StepClock.stop() without start()")
+        self._spans.append((self._start, self._now()))
+        self._start = None
 
     def step_times(self) -> list[float]:
         if self._cuda:
             import torch
 
             torch.cuda.synchronize(self.device)
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:])]
-        return [b - a for a, b in zip(self._marks, self._marks[1:])]
+            return [a.elapsed_time(b) / 1e3 for a, b in self._spans]
+        return [b - a for a, b in self._spans]
 
 
 def timed_loop(
@@ -53,7 +65,8 @@ def timed_loop(
 
     Returns the per-step times (seconds) and what each measured step returned (e.g. the loss,
     left on the device: no per-step host synchronisation). ``sync`` defaults to a device
-    synchronise; a distributed caller passes one that also waits for every rank.
+    synchronise; a distributed caller passes one that also waits for every rank. ``on_step``
+    runs between steps, outside every timed interval.
     """
     from dlscale.harness.device import synchronize
 
@@ -65,10 +78,10 @@ def timed_loop(
     sync()
     clock = StepClock(device)
     outputs: list[Any] = []
-    clock.mark()
     for i in range(steps):
+        clock.start()
         outputs.append(step())
-        clock.mark()
+        clock.stop()
         if on_step:
             on_step("measure", i + 1, steps)
     times = clock.step_times()

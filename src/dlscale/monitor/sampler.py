@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from dlscale.monitor.health import HealthWatch, watch_gpu
 from dlscale.monitor.sources import COUNTERS, build_sources
 
 DEFAULT_INTERVAL = 1.0
@@ -35,6 +36,8 @@ class Monitor:
             raise ValueError(f"monitor interval must be > 0 s, got {interval}")
         self.interval = interval
         self.sources, self.notes = build_sources(pid, gpu_index)
+        # The GPU's health over the run (monitor/health.py): its warnings join ``notes`` at stop.
+        self.health: HealthWatch | None = watch_gpu(gpu_index, self.notes) if gpu_index is not None else None
         self._samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -50,6 +53,8 @@ class Monitor:
                 self.sources.remove(src)
                 self.notes.append(f"monitor source {type(src).__name__} stopped: {type(e).__name__}: {e}")
         self._samples.append((time.monotonic() - self.t0, vals))
+        if self.health is not None:
+            self.health.poll()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -60,6 +65,8 @@ class Monitor:
 
         self.t0 = time.monotonic()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        if self.health is not None:
+            self.health.start()
         self._sample()
         self._thread = threading.Thread(target=self._run, name="dlscale-monitor", daemon=True)
         self._thread.start()
@@ -72,6 +79,9 @@ class Monitor:
         self._thread.join(timeout=10 * self.interval + 5)
         self._thread = None
         self._sample()
+        if self.health is not None:
+            self.health.stop()
+            self.notes.extend(self.health.notes + self.health.warnings())
 
     def now(self) -> float:
         """Seconds since the monitor started (the time axis of the series)."""
@@ -85,7 +95,10 @@ class Monitor:
 
     def series(self) -> dict[str, Any]:
         """Columnar time series: ``t_s`` and one list per quantity (None where a sample lacks it)."""
-        return to_series(self._samples, self.interval, self.started_at)
+        out = to_series(self._samples, self.interval, self.started_at)
+        if self.health is not None:
+            out["health"] = self.health.report()
+        return out
 
 
 def to_series(samples: list[tuple[float, dict[str, float]]], interval: float, started_at: str = "") -> dict[str, Any]:

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dlscale.monitor import nvml
+
 MB = 1e6
 
 # Counters (monotonic totals): the sampler reports (b - a) / dt in the unit named here.
@@ -180,11 +182,14 @@ class NvmlSource:
     """GPU utilisation, memory, power, energy, clocks and PCIe throughput through NVML."""
 
     def __init__(self, index: int):
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nv = pynvml
-        self.h = _nvml_handle(pynvml, index)
+        nv = nvml.start()
+        if nv is None:
+            raise RuntimeError("pynvml is not installed or NVML did not initialise (no NVIDIA driver?)")
+        notes: list[str] = []
+        gpu = nvml.cuda_handle(nv, index, notes)
+        if gpu is None:
+            raise RuntimeError("; ".join(notes) or f"no NVML device for CUDA device {index}")
+        self.nv, self.h = nv, gpu.handle
 
     def read(self) -> dict[str, float]:
         nv, h = self.nv, self.h
@@ -206,19 +211,6 @@ class NvmlSource:
             except nv.NVMLError:
                 pass
         return vals
-
-
-def _nvml_handle(nv: Any, cuda_index: int) -> Any:
-    """NVML's handle for CUDA device ``cuda_index``, matched by PCI address (CUDA_VISIBLE_DEVICES
-    renumbers CUDA devices but not NVML's); by index where the address is not known."""
-    try:
-        import torch
-
-        p = torch.cuda.get_device_properties(cuda_index)
-        bus_id = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0".upper()
-        return nv.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
-    except Exception:  # noqa: BLE001 - older torch without PCI ids, or no match: fall back
-        return nv.nvmlDeviceGetHandleByIndex(cuda_index)
 
 
 def build_sources(pid: int | None = None, gpu_index: int | None = None) -> tuple[list[Any], list[str]]:

@@ -1,0 +1,156 @@
+"""NVML access shared by the inventory (system.py), the monitor and the health checks.
+
+``start()`` imports the bindings (nvidia-ml-py's ``pynvml``) and initialises NVML, or says None
+where either is missing. ``cuda_gpus()`` maps each CUDA device to its NVML device: CUDA numbers
+only the devices it can see (``CUDA_VISIBLE_DEVICES``) in its own order, NVML numbers every GPU
+on the host by PCI address, so CUDA index i is NVML index i only by luck. The match is by PCI
+address (torch's device properties), then by UUID, then by the ``CUDA_VISIBLE_DEVICES`` entry,
+and only last by equal index, which the record then says. ``probe()`` runs one NVML call: an
+NVMLError (a counter this GPU or driver does not have) gives None, any other exception gives
+None and a note, so no NVML surprise escapes into a run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def load() -> Any | None:
+    """The ``pynvml`` module, or None where nvidia-ml-py is not installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def start() -> Any | None:
+    """``pynvml`` with NVML initialised; None where the bindings, the library or the driver are missing."""
+    nv = load()
+    if nv is None:
+        return None
+    try:
+        nv.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no libnvidia-ml: no NVML
+        return None
+    return nv
+
+
+def stop(nv: Any) -> None:
+    try:
+        nv.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def probe(nv: Any, notes: list[str], what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``; None when NVML says the GPU lacks it, None and a note on any other exception."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - an inventory or a run must outlive any NVML surprise
+        nvml_error = getattr(nv, "NVMLError", None)
+        if not (isinstance(nvml_error, type) and isinstance(e, nvml_error)):
+            notes.append(f"{what}: {type(e).__name__}: {e}")
+        return None
+
+
+@dataclass
+class NvmlGpu:
+    index: int  # NVML's index (PCI order over the whole host)
+    handle: Any
+    pci: tuple[int, int, int] | None  # (domain, bus, device)
+    bus_id: str | None
+    uuid: str | None
+    matched_by: str = ""  # how the CUDA device was matched to it
+
+
+def host_gpus(nv: Any, notes: list[str]) -> list[NvmlGpu]:
+    """Every GPU NVML sees on this host, with its PCI address and UUID where NVML gives them."""
+    gpus = []
+    for i in range(probe(nv, notes, "NVML device count", lambda: nv.nvmlDeviceGetCount()) or 0):
+        h = probe(nv, notes, f"NVML GPU {i} handle", lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
+        if h is None:
+            continue
+        pci = probe(nv, notes, f"NVML GPU {i} PCI info", lambda h=h: nv.nvmlDeviceGetPciInfo(h))
+        uuid = probe(nv, notes, f"NVML GPU {i} UUID", lambda h=h: text(nv.nvmlDeviceGetUUID(h)))
+        addr = (int(pci.domain), int(pci.bus), int(pci.device)) if pci is not None else None
+        gpus.append(NvmlGpu(i, h, addr, text(pci.busId) if pci is not None else None, uuid))
+    return gpus
+
+
+def visible_devices(env: str | None) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); None when it is unset."""
+    if env is None:
+        return None
+    return [e.strip() for e in env.split(",") if e.strip()]
+
+
+def _uuid_key(u: str) -> str:
+    u = u.strip().lower()
+    return u[4:] if u.startswith("gpu-") else u
+
+
+def _cuda_ids(cuda_index: int) -> tuple[tuple[int, int, int] | None, str | None]:
+    """(PCI domain, bus, device) and UUID of a CUDA device from torch, where torch has them."""
+    import torch
+
+    p = torch.cuda.get_device_properties(cuda_index)
+    parts = (getattr(p, "pci_domain_id", None), getattr(p, "pci_bus_id", None), getattr(p, "pci_device_id", None))
+    addr = tuple(int(x) for x in parts) if all(x is not None for x in parts) else None
+    uuid = getattr(p, "uuid", None)
+    return addr, (str(uuid) if uuid else None)  # type: ignore[return-value]
+
+
+def match_cuda(gpus: list[NvmlGpu], cuda_index: int, addr: tuple[int, int, int] | None, uuid: str | None,
+               visible: list[str] | None) -> NvmlGpu | None:
+    """The NVML device of CUDA device ``cuda_index``, with ``matched_by`` set; None if none fits.
+
+    A ``CUDA_VISIBLE_DEVICES`` index is CUDA's own numbering, which equals NVML's (PCI order) under
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a host of identical GPUs; so it comes after PCI and UUID.
+    """
+    found: list[tuple[str, NvmlGpu | None]] = [
+        ("PCI address", next((g for g in gpus if addr and g.pci == addr), None)),
+        ("UUID", next((g for g in gpus if uuid and g.uuid and _uuid_key(g.uuid) == _uuid_key(uuid)), None)),
+    ]
+    if visible is not None and cuda_index < len(visible):
+        entry = visible[cuda_index]
+        if entry.isdigit():
+            hit = next((g for g in gpus if g.index == int(entry)), None)
+        else:
+            hit = next((g for g in gpus if g.uuid and _uuid_key(g.uuid).startswith(_uuid_key(entry))), None)
+        found.append(("CUDA_VISIBLE_DEVICES", hit))
+    elif visible is None:
+        found.append(("equal index (assumed)", next((g for g in gpus if g.index == cuda_index), None)))
+    for how, g in found:
+        if g is not None:
+            return NvmlGpu(g.index, g.handle, g.pci, g.bus_id, g.uuid, how)
+    return None
+
+
+def _match_one(nv: Any, gpus: list[NvmlGpu], i: int, visible: list[str] | None, notes: list[str]) -> NvmlGpu | None:
+    ids = probe(nv, notes, f"CUDA device {i} PCI address/UUID", lambda: _cuda_ids(i)) or (None, None)
+    g = match_cuda(gpus, i, ids[0], ids[1], visible)
+    if g is None:
+        notes.append(f"CUDA device {i}: no NVML device matches its PCI address, UUID or CUDA_VISIBLE_DEVICES "
+                     "entry (a MIG instance?): its NVML figures are left out")
+    return g
+
+
+def cuda_gpus(nv: Any, n: int, notes: list[str]) -> list[NvmlGpu | None]:
+    """The NVML device of each of the ``n`` CUDA devices (None where no NVML device matches)."""
+    gpus = host_gpus(nv, notes)
+    visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return [_match_one(nv, gpus, i, visible, notes) for i in range(n)]
+
+
+def cuda_handle(nv: Any, cuda_index: int, notes: list[str]) -> NvmlGpu | None:
+    """The NVML device of one CUDA device (the monitor's GPU)."""
+    visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return _match_one(nv, host_gpus(nv, notes), cuda_index, visible, notes)

@@ -1,0 +1,294 @@
+"""A fake NVML and a fake ``torch.cuda`` that drive GPU code on a machine without GPUs.
+
+``fake_nvml(monkeypatch, gpus=[...])`` puts a module named ``pynvml`` into ``sys.modules`` (where
+dlscale's ``import pynvml`` finds it) holding the real module's constants and fake functions under
+the real function names; building it fails if a fake function's name is not in the installed
+``pynvml``, so the fake cannot drift into an API that does not exist. ``fake_cuda(monkeypatch,
+names=[...], peer=...)`` patches ``torch.cuda``'s device queries. ``cuda_from_host`` makes the fake
+CUDA devices be some of the fake NVML GPUs, as ``CUDA_VISIBLE_DEVICES`` would.
+
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x2a)])
+    cuda_from_host(monkeypatch, host, visible=[1])   # CUDA 0 is NVML GPU 1
+    host.gpus[1].throttle = 0x40                      # HW thermal slowdown
+    host.fail["nvmlDeviceGetMaxClockInfo"] = RuntimeError("boom")
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+try:
+    import pynvml as _real
+except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
+    _real = None
+
+GB = 2**30
+NOT_SUPPORTED, INVALID_ARGUMENT, TIMEOUT = 3, 2, 10
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(f"fake NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    bus: int = 0x18
+    domain: int = 0
+    device: int = 0
+    uuid: str = ""  # default: derived from the bus
+    pci_device_id: int = 0x2330
+    nvlinks: list[Any] = field(default_factory=list)  # per active link: the peer's NVML index, or "switch"
+    switch: int = 0  # GPUs behind the same PCIe switch share a number (PXB), else SYS
+    throttle: int = 0  # clock event reasons bitmask
+    ecc: dict[str, int] | None = field(default_factory=lambda: {
+        "volatile_corrected": 0, "volatile_uncorrected": 0, "aggregate_corrected": 0, "aggregate_uncorrected": 0})
+    retired: tuple[int, int, int] | None = (0, 0, 0)  # single-bit pages, double-bit pages, pending
+    remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # correctable, uncorrectable, pending, failure
+    cpus: list[int] = field(default_factory=lambda: [0, 1])
+
+    def __post_init__(self) -> None:
+        self.uuid = self.uuid or f"GPU-{self.bus:08x}-1111-2222-3333-444455556666"
+
+    @property
+    def bus_id(self) -> str:
+        return f"{self.domain:08X}:{self.bus:02X}:{self.device:02X}.0"
+
+
+@dataclass
+class FakeHandle:
+    index: int
+
+
+class FakeNvmlHost:
+    """The fake driver's state; ``module`` is what ``import pynvml`` returns."""
+
+    def __init__(self, gpus: list[FakeGpu]):
+        self.gpus = gpus
+        self.fail: dict[str, BaseException] = {}  # function name -> exception it raises
+        self.calls: list[str] = []
+        self.event_sets: list[tuple[list[Any], set[int]]] = []
+        self.module = self._build()
+
+    def xid(self, index: int, number: int) -> None:
+        """The driver reports Xid ``number`` on GPU ``index`` to every set registered for it."""
+        for queue, gpus in self.event_sets:
+            if index in gpus:
+                queue.append(types.SimpleNamespace(device=FakeHandle(index), eventData=number,
+                                                   eventType=0x8, gpuInstanceId=0, computeInstanceId=0))
+
+    def gpu(self, h: FakeHandle) -> FakeGpu:
+        return self.gpus[h.index]
+
+    def _build(self) -> types.ModuleType:
+        m = types.ModuleType("pynvml")
+        if _real is not None:
+            for k, v in vars(_real).items():
+                if isinstance(v, int) and (k.startswith("NVML_") or k.startswith("nvml")):
+                    setattr(m, k, v)
+        m.NVMLError = FakeNVMLError
+        for name, fn in _functions(self).items():
+            if _real is not None and not hasattr(_real, name):
+                raise AssertionError(f"the fake NVML defines {name}, which the installed pynvml does not have")
+            setattr(m, name, self._wrap(name, fn))
+        return m
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls.append(name)
+            if name in self.fail:
+                raise self.fail[name]
+            return fn(*args)
+
+        return call
+
+
+def _pci(g: FakeGpu) -> Any:
+    return types.SimpleNamespace(busId=g.bus_id.encode(), busIdLegacy=g.bus_id[4:].encode(), domain=g.domain,
+                                 bus=g.bus, device=g.device, pciDeviceId=(g.pci_device_id << 16) | 0x10DE)
+
+
+def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
+    g = host.gpu
+
+    def handle(i: int) -> FakeHandle:
+        if not 0 <= i < len(host.gpus):
+            raise FakeNVMLError(INVALID_ARGUMENT)
+        return FakeHandle(i)
+
+    def link_state(h: FakeHandle, link: int) -> int:
+        if link >= len(g(h).nvlinks):
+            raise FakeNVMLError(NOT_SUPPORTED if not g(h).nvlinks else INVALID_ARGUMENT)
+        return 1
+
+    def remote_pci(h: FakeHandle, link: int) -> Any:
+        peer = g(h).nvlinks[link]
+        return _pci(FakeGpu(bus=0xF0) if peer == "switch" else host.gpus[peer])
+
+    def ancestor(a: FakeHandle, b: FakeHandle) -> int:
+        return 20 if g(a).switch == g(b).switch else 50
+
+    def ecc(h: FakeHandle, err: int, counter: int) -> int:
+        if g(h).ecc is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return g(h).ecc[f"{('volatile', 'aggregate')[counter]}_{('corrected', 'uncorrected')[err]}"]
+
+    def retired(h: FakeHandle, cause: int) -> list[int]:
+        if g(h).retired is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return [0x1000 * (k + 1) for k in range(g(h).retired[1 if cause == 1 else 0])]
+
+    def pending(h: FakeHandle) -> int:
+        if g(h).retired is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return g(h).retired[2]
+
+    def remapped(h: FakeHandle) -> tuple[int, int, int, int]:
+        if g(h).remapped is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return g(h).remapped
+
+    def event_set() -> Any:
+        s: tuple[list[Any], set[int]] = ([], set())
+        host.event_sets.append(s)
+        return s
+
+    def register(h: FakeHandle, types_mask: int, s: Any) -> None:
+        s[1].add(h.index)
+
+    def wait(s: Any, timeout_ms: int) -> Any:
+        if not s[0]:
+            raise FakeNVMLError(TIMEOUT)
+        return s[0].pop(0)
+
+    def by_bus(bus_id: Any) -> FakeHandle:
+        want = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+        for i, x in enumerate(host.gpus):
+            if x.bus_id.upper().endswith(want.upper()[-12:]):
+                return FakeHandle(i)
+        raise FakeNVMLError(INVALID_ARGUMENT)
+
+    def by_uuid(uuid: Any) -> FakeHandle:
+        want = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for i, x in enumerate(host.gpus):
+            if x.uuid == want:
+                return FakeHandle(i)
+        raise FakeNVMLError(INVALID_ARGUMENT)
+
+    return {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlSystemGetDriverVersion": lambda: "550.54.15",
+        "nvmlDeviceGetCount": lambda: len(host.gpus),
+        "nvmlDeviceGetHandleByIndex": handle,
+        "nvmlDeviceGetHandleByPciBusId": by_bus,
+        "nvmlDeviceGetHandleByUUID": by_uuid,
+        "nvmlDeviceGetPciInfo": lambda h: _pci(g(h)),
+        "nvmlDeviceGetUUID": lambda h: g(h).uuid,
+        "nvmlDeviceGetName": lambda h: g(h).name,
+        "nvmlDeviceGetNvLinkState": link_state,
+        "nvmlDeviceGetNvLinkRemotePciInfo": remote_pci,
+        "nvmlDeviceGetNvLinkRemoteDeviceType": lambda h, link: 2 if g(h).nvlinks[link] == "switch" else 0,
+        "nvmlDeviceGetTopologyCommonAncestor": ancestor,
+        "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: 5,
+        "nvmlDeviceGetMaxPcieLinkWidth": lambda h: 16,
+        "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700_000,
+        "nvmlDeviceGetMaxClockInfo": lambda h, clock: 1980,
+        "nvmlDeviceGetCpuAffinity": lambda h, words: [sum(1 << c for c in g(h).cpus if c // 64 == w) for w in range(words)],
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda h: g(h).throttle,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h: g(h).throttle,
+        "nvmlDeviceGetTotalEccErrors": ecc,
+        "nvmlDeviceGetRetiredPages": retired,
+        "nvmlDeviceGetRetiredPagesPendingStatus": pending,
+        "nvmlDeviceGetRemappedRows": remapped,
+        "nvmlEventSetCreate": event_set,
+        "nvmlDeviceRegisterEvents": register,
+        "nvmlEventSetWait": wait,
+        "nvmlEventSetFree": lambda s: None,
+        "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=90, memory=40),
+        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * GB, used=10 * GB, free=70 * GB),
+        "nvmlDeviceGetPowerUsage": lambda h: 650_000,
+        "nvmlDeviceGetClockInfo": lambda h, clock: 1755,
+        "nvmlDeviceGetTotalEnergyConsumption": lambda h: 1_000_000,
+        "nvmlDeviceGetPcieThroughput": lambda h, counter: 1000,
+    }
+
+
+def fake_nvml(monkeypatch: Any, gpus: list[FakeGpu | str] | None = None) -> FakeNvmlHost:
+    """Install a fake ``pynvml`` with these GPUs (a name is a FakeGpu of that name on its own bus)."""
+    built = [g if isinstance(g, FakeGpu) else FakeGpu(name=g, bus=0x18 + 0x10 * i)
+             for i, g in enumerate(gpus if gpus is not None else ["NVIDIA H100 80GB HBM3"])]
+    host = FakeNvmlHost(built)
+    monkeypatch.setitem(sys.modules, "pynvml", host.module)
+    return host
+
+
+def _index(d: Any, current: list[int]) -> int:
+    if d is None:
+        return current[0]
+    if isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        return int(d.split(":")[1]) if ":" in d else current[0]
+    return d.index if getattr(d, "index", None) is not None else current[0]
+
+
+def fake_cuda(monkeypatch: Any, names: list[str], peer: Callable[[int, int], bool] | None = None,
+              pci: list[tuple[int, int, int] | None] | None = None, uuids: list[str | None] | None = None) -> list[int]:
+    """Patch ``torch.cuda`` so it sees ``len(names)`` GPUs; returns the current-device cell.
+
+    ``peer(a, b)`` answers ``can_device_access_peer`` (default: every pair can); ``pci`` holds each
+    device's (domain, bus, device) and ``uuids`` its UUID as torch reports them (None: the attribute
+    is missing, as in an older torch).
+    """
+    import torch
+
+    current = [0]
+
+    def props(d: Any = None) -> Any:
+        i = _index(d, current)
+        p = types.SimpleNamespace(name=names[i], total_memory=80 * GB, major=9, minor=0, multi_processor_count=132,
+                                  L2_cache_size=50 * 2**20, is_integrated=False)
+        addr = pci[i] if pci else (0, 0x18 + 0x10 * i, 0)
+        if addr is not None:
+            p.pci_domain_id, p.pci_bus_id, p.pci_device_id = addr
+        uuid = uuids[i] if uuids else None
+        if uuid is not None:
+            p.uuid = uuid
+        return p
+
+    def set_device(d: Any) -> None:
+        current[0] = _index(d, current)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: names[_index(d, current)])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer",
+                        lambda a, b: peer(_index(a, current), _index(b, current)) if peer else True)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    return current
+
+
+def cuda_from_host(monkeypatch: Any, host: FakeNvmlHost, visible: list[int] | None = None,
+                   with_ids: bool = True) -> list[int]:
+    """Fake CUDA devices that are the host's NVML GPUs ``visible`` (all by default), in that order.
+
+    Sets ``CUDA_VISIBLE_DEVICES`` as a user would; ``with_ids=False`` leaves out the PCI address and
+    UUID from the device properties (an older torch), so only that variable can place them.
+    """
+    idx = visible if visible is not None else list(range(len(host.gpus)))
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, visible)))
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [host.gpus[i] for i in idx]
+    pci = [(g.domain, g.bus, g.device) if with_ids else None for g in gpus]
+    uuids = [g.uuid[4:] if with_ids else None for g in gpus]  # torch prints the UUID without "GPU-"
+    return fake_cuda(monkeypatch, [g.name for g in gpus], pci=pci, uuids=uuids)
