@@ -35,8 +35,8 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-c", (
-        "import sys; from dlscale.distributed.launch import run_torchrun; "
-        f"sys.exit(run_torchrun('ddp_ab_worker', {[a.model, str(a.image_size), str(a.batch_size), str(a.warmup_steps), str(a.steps), str(a.rounds)]!r}, nproc_per_node=2))")]
+        "import sys; from dlscale.distributed.launch import run_torchrun; from dlscale.layout import Layout; "
+        f"sys.exit(run_torchrun('ddp_ab_worker', {[a.model, str(a.image_size), str(a.batch_size), str(a.warmup_steps), str(a.steps), str(a.rounds)]!r}, Layout(nproc_per_node=2)))")]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     rows = [json.loads(x) for x in (p.stdout + p.stderr).splitlines() if x.startswith('{"round"')]
     if p.returncode != 0 or not rows:

@@ -137,8 +137,10 @@ def main() -> int:
 
     here = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    from dlscale.layout import Layout
+
     return run_torchrun("micro_overhead", ["--worker", "--size", a.size, "--iters", str(a.iters),
-                                           "--rounds", str(a.rounds)], nproc_per_node=2, timeout_s=900)
+                                           "--rounds", str(a.rounds)], Layout(nproc_per_node=2), timeout_s=900)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,20 @@ def has_cuda() -> bool:
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU; this machine has none")
 
 
+def need_system(what: str, missing: str | None, env_var: str) -> None:
+    """Call at the start of a test that needs ``what`` from the machine (a browser, iproute2, root).
+
+    ``missing`` is None where it is there, else why not. Then the test skips with that reason, or,
+    where the environment requires it (``env_var`` set to 1, as .ci/run does after installing it),
+    fails: a CI machine that should have it never turns its absence into a silent skip.
+    """
+    if missing is None:
+        return
+    if os.environ.get(env_var) == "1":
+        pytest.fail(f"{missing} ({env_var}=1 requires {what} here)", pytrace=False)
+    pytest.skip(missing)
+
+
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory):
     """scikit-learn's handwritten digits as a 16 px JPEG tree (train/val), made once per session."""

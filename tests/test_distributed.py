@@ -58,7 +58,7 @@ def _rank_process(pid, rank, deadline):
         for p in _descendants(pid):
             try:
                 env = p.environ()
-                if env.get("RANK") == str(rank) and "dlscale.distributed.worker" in " ".join(p.cmdline()):
+                if env.get("RANK") == str(rank) and "dlscale.distributed.rank" in " ".join(p.cmdline()):
                     return p
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
@@ -99,9 +99,28 @@ def test_killed_rank_ends_the_job_without_orphans(db_path):
     assert not left, f"orphans: {left}"
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: run ") and "rank 1" in last, last
+    # dlscale's one line, not torchrun's traceback banner; the launcher's output is kept in the record.
+    assert "ChildFailedError" not in stderr and "Traceback" not in stderr, stderr[-2000:]
     with Store.open(db_path) as s:
         (rec,) = s.query(tag="fault")
     assert rec.status == "failed" and "rank 1" in rec.error
+    assert any("ChildFailedError" in line for line in rec.raw["launcher_log"])
+
+
+def test_launcher_filter_holds_back_torchrun_banner_only():
+    from dlscale.distributed.launch import LauncherFilter
+
+    banner = ["E1123 14:02:03.123000 4242 torch/distributed/elastic/multiprocessing/api.py:1] failed (exitcode: -9)",
+              "Traceback (most recent call last):", '  File "run.py", line 1, in <module>',
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60,
+              "dlscale.distributed.rank FAILED", "-" * 60, "Root Cause (first observed failure):",
+              "  rank      : 1 (local_rank: 1)", "=" * 60]
+    other = ["Traceback (most recent call last):", '  File "x.py", line 2, in f', "ValueError: a rank's own error"]
+    lines = ["rank output", *banner, "after", *other]
+    f = LauncherFilter()
+    shown = [out for line in lines for out in f(line + "\n")]
+    assert [s.rstrip("\n") for s in shown] == ["rank output", "after", *other]
+    assert len([out for line in lines for out in LauncherFilter(debug=True)(line)]) == len(lines)
 
 
 @pytest.mark.slow
@@ -176,7 +195,9 @@ def test_run_torchrun_ends_a_job_past_its_time_limit():
     # http.server serves until stopped: a job that never ends by itself.
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     t0 = time.monotonic()
-    res = launch("http.server", ["0", "--bind", "127.0.0.1"], nproc_per_node=1, timeout_s=5)
+    from dlscale.layout import Layout
+
+    res = launch("http.server", ["0", "--bind", "127.0.0.1"], Layout(nproc_per_node=1), timeout_s=5)
     assert res.returncode == 124 and res.timed_out
     assert time.monotonic() - t0 < 5 + 20
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,45 @@ def test_reference_scaling_figures_reproduce_the_papers_efficiencies():
         x1 = by[(system, 1)]
         assert round(scaling_efficiency(by[(system, 4)], x1, 4), 2) == intra
         assert round(scaling_efficiency(by[(system, 8)], x1, 8), 2) == inter
+
+
+# A child that loads the CLI, says it is ready, waits for the shared start signal, then imports:
+# the imports overlap as closely as separate processes can.
+_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from dlscale.cli.app import main
+Path(sys.argv[1]).touch()
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.002)
+main(sys.argv[3:])
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_imports_of_one_file_store_it_once(db_path, tmp_path):
+    from dlscale.store import Store
+
+    n = 5
+    go = tmp_path / "go"
+    env = {**os.environ, "DLSCALE_DB": str(db_path)}
+    args = ["import", str(DATA / "results.csv"), "--format", "json"]
+    procs = [subprocess.Popen([sys.executable, "-c", _AT_ONCE, str(tmp_path / f"ready{i}"), str(go), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(n)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{i}").exists() for i in range(n)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        go.touch()
+        results = [(p.returncode, out, err) for p in procs for out, err in [p.communicate(timeout=120)]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(code == 0 for code, _, _ in results), [err[-1000:] for _, _, err in results]
+    stored = sorted(len(json.loads(out)) for _, out, _ in results)
+    assert stored == [0] * (n - 1) + [3]  # one process stored the file's three rows; the others none
+    assert sum("3 of 3 runs were imported before" in err for _, _, err in results) == n - 1
+    with Store.open(db_path) as s:
+        recs = s.query(imported=True)
+    assert len(recs) == 3 and sorted(r.config["source_index"] for r in recs) == [0, 1, 2]

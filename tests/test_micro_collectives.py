@@ -78,6 +78,37 @@ def test_in_place_layouts_follow_nccl_tests():
     assert b.wrong() == 4  # before the collective runs, nothing matches the sum
 
 
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_reset_leaves_no_stale_result_that_could_pass(name, n, monkeypatch):
+    """After a correct call, reset() and a collective that writes nothing must read as wrong."""
+    import torch
+
+    cpu = torch.device("cpu")
+    for mode in COLLECTIVES[name].modes:
+        for rank in range(n):
+            b = Buffers(COLLECTIVES[name], 6 * n, mode, rank, n, cpu)
+            if b.result() is None:  # reduce: only the root has a result
+                continue
+            b.result().copy_(b.expected())  # the previous call's correct result
+            assert b.wrong() == 0
+            b.reset()
+            monkeypatch.setattr(b, "call", lambda: None)  # a collective that writes nothing
+            b.call()
+            no_op_is_right = name == "broadcast" and rank == b.root  # the root's data is the result
+            assert (b.wrong() == 0) == no_op_is_right, (mode, rank)
+
+
+def test_in_place_all_gather_rank0_poisons_the_other_slots():
+    import torch
+
+    b = Buffers(COLLECTIVES["all_gather"], 4, "in-place", 0, 2, torch.device("cpu"))
+    b.recv.copy_(b.expected())
+    b.reset()
+    assert b.recv.tolist() == [1, 8, -1, -1]  # own slot: its values; rank 1's slot: poisoned
+    assert b.wrong() == 2
+
+
 def _rows_by_op(rows):
     out: dict[str, list] = {}
     for r in rows:
@@ -94,7 +125,7 @@ def test_two_rank_gloo_sweep_every_op_correct(cli, db_path):
     assert doc["status"] == "ok" and doc["config"]["backend"] == "gloo" and doc["metrics"]["world_size"] == 2
     by_op = _rows_by_op(doc["rows"])
     assert set(by_op) == set(COLLECTIVES)
-    busbws = []
+    busbws: dict[str, list] = {}
     for name, rows in by_op.items():
         coll = COLLECTIVES[name]
         assert [x["size"] for x in rows] == [8, 64, 512, 4096]
@@ -108,9 +139,12 @@ def test_two_rank_gloo_sweep_every_op_correct(cli, db_path):
                 assert cell["wrong"] == 0, (name, x["size"], mode)
                 assert cell["algbw"] == pytest.approx(x["size"] / (cell["time_us"] * 1e-6) / 1e9)
                 assert cell["busbw"] == pytest.approx(cell["algbw"] * coll.factor(2))
-                busbws.append(cell["busbw"])
+                busbws.setdefault(name, []).append(cell["busbw"])
     assert doc["metrics"]["wrong"] == 0
-    assert doc["metrics"]["avg_busbw"] == pytest.approx(sum(busbws) / len(busbws))
+    for name, busbws in busbws.items():  # per collective; no average across collectives
+        assert doc["metrics"][f"avg_busbw_{name}"] == pytest.approx(sum(busbws) / len(busbws))
+        assert doc["metrics"][f"max_busbw_{name}"] == pytest.approx(max(busbws))
+    assert doc["metrics"]["avg_busbw"] is None
 
 
 @pytest.mark.slow
@@ -129,42 +163,110 @@ def test_planted_wrong_result_exits_1_and_is_recorded(cli, db_path):
     assert wrong == {("all_reduce", 8): 0, ("all_reduce", 64): 0, ("reduce", 8): 1, ("reduce", 64): 1}
 
 
-def test_min_busbw_gate_and_wrong_count_fail_the_body(monkeypatch):
+def _cell(busbw: float, wrong: int = 0) -> dict:
+    return {"time_us": 10.0, "algbw": busbw, "busbw": busbw, "wrong": wrong, "iters": 1}
+
+
+def _row(op: str, size: int, in_place: float | None, out_of_place: float | None = None) -> dict:
+    return {"op": op, "size": size, "count": size // 4, "type": "float", "redop": "sum", "root": -1,
+            "out-of-place": None if out_of_place is None else _cell(out_of_place),
+            "in-place": None if in_place is None else _cell(in_place)}
+
+
+def _run_body(monkeypatch, rows, **opts):
     import torch
 
     from dlscale.micro import coll_worker
+    from dlscale.micro.collectives import CollectiveOptions
     from dlscale.record import RunRecord
 
-    row = {"op": "all_reduce", "size": 8, "count": 2, "type": "float", "redop": "sum", "root": -1,
-           "out-of-place": None, "in-place": {"time_us": 10.0, "algbw": 0.0008, "busbw": 0.0008, "wrong": 0, "iters": 1}}
-
-    def fake_sweep(args, rank, n, device, record=None):
-        record.raw["rows"] = [row]
-        return coll_worker.summarize([row], n)
+    def fake_sweep(o, rank, n, device, record=None):
+        record.raw["rows"] = rows
+        return coll_worker.summarize(rows, n)
 
     monkeypatch.setattr(coll_worker, "sweep", fake_sweep)
-    cpu = torch.device("cpu")
-    args = coll_worker.parse_args(["--min-busbw", "0.5"])
-    with pytest.raises(coll_worker.BelowMinBusBw, match="0.001 GB/s is below --min-busbw 0.5"):
-        coll_worker.body(args, 0, 2, cpu, "gloo")(RunRecord(kind="micro", workload="collectives", config={}))
-    ok = coll_worker.body(coll_worker.parse_args(["--min-busbw", "0.0005"]), 0, 2, cpu, "gloo")
-    assert ok(RunRecord(kind="micro", workload="collectives", config={})).metrics["avg_busbw"] == 0.0008
-    row["in-place"]["wrong"] = 3
+    rec = RunRecord(kind="micro", workload="collectives", config={})
+    run = coll_worker.body(CollectiveOptions(**opts), 0, 2, torch.device("cpu"), "gloo")
+    return run(rec), rec
+
+
+def test_summary_is_per_collective_by_hand():
+    from dlscale.micro.coll_worker import summarize
+
+    rows = [_row("all_reduce", 8, 1.0), _row("all_reduce", 64, 3.0),
+            _row("all_gather", 8, 0.5, 1.5), _row("all_gather", 64, 2.5, 3.5)]
+    m = summarize(rows, 2)
+    assert m["avg_busbw_all_reduce"] == pytest.approx(2.0) and m["max_busbw_all_reduce"] == 3.0  # (1 + 3) / 2
+    assert m["avg_busbw_all_gather"] == pytest.approx(2.0) and m["max_busbw_all_gather"] == 3.5  # (0.5+1.5+2.5+3.5)/4
+    assert m["avg_busbw"] is None and m["max_busbw"] is None  # two collectives: no single average
+    assert "avg_busbw_broadcast" not in m and m["wrong"] == 0 and m["rows"] == 4
+    one = summarize(rows[:2], 2)  # a single collective keeps the plain figures
+    assert one["avg_busbw"] == pytest.approx(2.0) and one["max_busbw"] == 3.0
+
+
+def test_min_busbw_gates_every_collective(monkeypatch):
+    from dlscale.micro import coll_worker
+
+    rows = [_row("all_reduce", 8, 0.4), _row("all_reduce", 64, 0.424),  # avg 0.412
+            _row("broadcast", 8, 5.0), _row("sendrecv", 8, None, 0.2)]
+    with pytest.raises(coll_worker.BelowMinBusBw) as e:
+        _run_body(monkeypatch, rows, min_busbw=1)
+    assert str(e.value) == ("all_reduce average busbw 0.412 GB/s is below --min-busbw 1 GB/s; "
+                            "sendrecv average busbw 0.200 GB/s is below --min-busbw 1 GB/s")
+    # broadcast's 5 GB/s would have lifted a mixed average (1.85) above the gate: it must not
+    out, rec = _run_body(monkeypatch, rows, min_busbw=0.1)
+    assert out.metrics["avg_busbw"] is None and out.metrics["avg_busbw_broadcast"] == 5.0
+    assert out.units["avg_busbw_sendrecv"] == "GB/s" and "avg_busbw_reduce" not in out.units
+
+
+def test_footer_has_one_avg_busbw_line_per_collective():
+    from dlscale.micro.coll_worker import summarize
+    from dlscale.micro.report import collectives_footer
+    from dlscale.record import RunRecord
+
+    rows = [_row("all_reduce", 8, 0.4), _row("all_reduce", 64, 0.424), _row("broadcast", 8, 5.0)]
+    rec = RunRecord(kind="micro", workload="collectives", config={"min_busbw": 1.0},
+                    metrics=summarize(rows, 2), raw={"rows": rows})
+    lines = collectives_footer(rec)
+    assert lines[0].startswith("Out of bounds values (#wrong) : 0 OK")
+    assert lines[1] == "all_reduce avg busbw          : 0.412 GB/s  below --min-busbw"
+    assert lines[2] == "broadcast avg busbw           : 5.000 GB/s"
+    assert lines[3] == "--min-busbw (per collective)  : 1 GB/s" and len(lines) == 4
+
+
+def test_min_busbw_gate_and_wrong_count_fail_the_body(monkeypatch):
+    from dlscale.micro import coll_worker
+
+    rows = [_row("all_reduce", 8, 0.0008)]
+    with pytest.raises(coll_worker.BelowMinBusBw, match="all_reduce average busbw 0.001 GB/s is below --min-busbw 0.5"):
+        _run_body(monkeypatch, rows, min_busbw=0.5)
+    out, _ = _run_body(monkeypatch, rows, min_busbw=0.0005)
+    assert out.metrics["avg_busbw"] == 0.0008 and out.metrics["avg_busbw_all_reduce"] == 0.0008
+    rows[0]["in-place"]["wrong"] = 3
     with pytest.raises(coll_worker.WrongResults, match="3 wrong element"):
-        ok(RunRecord(kind="micro", workload="collectives", config={}))
+        _run_body(monkeypatch, rows, min_busbw=0.0005)
+    with pytest.raises(coll_worker.BelowMinBusBw, match="no collective was measured"):
+        _run_body(monkeypatch, [], min_busbw=0.5)
 
 
 @pytest.mark.slow
-def test_emulated_nodes_pass_through(cli, db_path):
+def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
+    from conftest import need_system
     from dlscale.distributed import netns
 
-    why = netns.unavailable_reason()
-    if why is not None:
-        pytest.skip(f"network namespaces unavailable: {why}")
-    r = cli("micro", "collectives", "--emulate-nodes", "2", "--nproc-per-node", "1", "--link-bandwidth", "1gbit",
-            "--ops", "all_reduce", "--sizes", "8:64K:8", "--iters", "2", "--format", "json")
+    need_system("network namespaces (root, iproute2)", netns.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
+    before = set(netns.list_namespaces())
+    r = cli("micro", "collectives", "--emulate-nodes", "2", "--link-bandwidth", "1gbit", "--sizes", "1M:4M",
+            "--ops", "all_reduce,all_gather", "--iters", "2", "--format", "json")
     assert r.code == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
-    assert doc["metrics"]["world_size"] == 2 and doc["metrics"]["wrong"] == 0
-    assert doc["config"]["launch"] == {"nproc_per_node": 1, "emulate_nodes": 2, "link_bandwidth": "1gbit",
-                                       "link_latency": None}
+    m, c = doc["metrics"], doc["config"]
+    assert m["world_size"] == 2 and m["wrong"] == 0
+    assert (c["nodes"], c["devices_per_node"], c["emulated_nodes"], c["link_bandwidth"], c["backend"]) == \
+        (2, 1, True, "1gbit", "gloo")
+    assert m["link_rate"] == pytest.approx(0.125)  # 1 gbit/s = 0.125 GB/s
+    for op in ("all_reduce", "all_gather"):
+        # busbw is the per-link rate: over a 1 gbit link it cannot be much above 0.125 GB/s.
+        assert 0 < m[f"avg_busbw_{op}"] < 0.125 * 1.5
+        assert m[f"link_utilisation_{op}"] == pytest.approx(m[f"avg_busbw_{op}"] / 0.125)
+    assert set(netns.list_namespaces()) == before  # no namespace left behind

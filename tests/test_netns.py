@@ -6,11 +6,21 @@ import sys
 
 import pytest
 
+from conftest import need_system
 from dlscale.distributed import netns
 from dlscale.errors import UsageError
 
 REASON = netns.unavailable_reason()
-needs_netns = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+
+
+@pytest.fixture
+def netns_available():
+    """Skip where namespaces cannot be made here, or fail where DLSCALE_REQUIRE_NETNS=1 (CI)."""
+    need_system("root and iproute2", None if REASON is None else f"network namespaces unavailable: {REASON}",
+                "DLSCALE_REQUIRE_NETNS")
+
+
+needs_netns = pytest.mark.usefixtures("netns_available")
 
 
 def test_rate_and_latency_parsing():

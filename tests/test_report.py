@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import need_system
 from dlscale.importers.records import reference_records
 from dlscale.record import RunRecord
 from dlscale.store import Store
 
 EVIL = "<script>alert('x')</script>"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BROWSER = next((p for p in map(shutil.which, BROWSERS) if p), None)
+NO_BROWSER = None if BROWSER else f"no {'/'.join(BROWSERS)} on PATH; install chromium to render the report"
 SYSTEM = {"hostname": "box-1", "cpu": {"model": "Test CPU", "physical_cores": 2, "logical_cpus": 4},
           "memory": {"total_bytes": 8 * 2**30}, "software": {"torch": "2.x"}, "accelerators": {"devices": []}}
 
@@ -75,7 +78,7 @@ def test_report_only_reads_the_store(cli, store_with_everything, tmp_path):
 
 
 def _chromium(args: list[str], profile: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
@@ -87,7 +90,7 @@ def _console_lines(stderr: str) -> list[str]:
 
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium_without_console_errors(cli, store_with_everything, tmp_path):
-    assert Path(CHROMIUM).exists(), "Debian's chromium is needed for this test (.ci/run installs it)"
+    need_system("a headless browser", NO_BROWSER, "DLSCALE_REQUIRE_BROWSER")  # .ci/run installs chromium
     out = tmp_path / "rep"
     assert cli("report", "--out", str(out)).code == 0
     url = (out / "report.html").resolve().as_uri()
@@ -130,3 +133,14 @@ def test_export_parquet_covers_every_record_kind(cli, store_with_everything, tmp
     assert json.loads(row["raw_json"]) == {"rows": [{"m": 1}]} and row["metrics.best_tflops"] == 0.2
     assert t.column("imported").to_pylist().count(True) == 6  # seed001-scaling rows stay marked imported
     assert cli("results", "export", "--format", "parquet").code == 2  # binary output needs --out
+
+
+def test_a_missing_browser_skips_with_its_reason_unless_required(monkeypatch):
+    why = "no chromium/chromium-browser/google-chrome on PATH; install chromium to render the report"
+    monkeypatch.delenv("DLSCALE_REQUIRE_BROWSER", raising=False)
+    need_system("a headless browser", None, "DLSCALE_REQUIRE_BROWSER")  # present: the test goes on
+    with pytest.raises(pytest.skip.Exception, match="install chromium to render the report"):
+        need_system("a headless browser", why, "DLSCALE_REQUIRE_BROWSER")
+    monkeypatch.setenv("DLSCALE_REQUIRE_BROWSER", "1")  # as .ci/run sets it: absence is a failure
+    with pytest.raises(pytest.fail.Exception, match="DLSCALE_REQUIRE_BROWSER=1"):
+        need_system("a headless browser", why, "DLSCALE_REQUIRE_BROWSER")

@@ -5,11 +5,12 @@ import json
 import pytest
 
 from dlscale.analysis.scaling import analyse, efficiency_rows, ladders, layout_rows
-from dlscale.cli.scale import parse_layouts, plan
+from dlscale.distributed.ladder import parse_layouts, plan
 from dlscale.distributed.aggregate import allreduce_busbw, global_figures
 from dlscale.distributed.comm import union_length
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
+from dlscale.store import Store
 
 
 def rec(thr, nodes, per_node, link=None, model="resnet50", comm=None, **cfg):
@@ -150,13 +151,15 @@ def test_scale_from_store_prints_tables(cli, db_path):
     assert cli("scale", "--from-store", "--tag", "nothing").code == 2
 
 
-def test_scale_summary_record_holds_the_tables():
-    from dlscale.cli.scale import summary_record
-    from dlscale.distributed.job import DistOptions
+def test_scale_summary_record_holds_the_tables(db_path):
+    from dlscale.distributed.ladder import summary_record
+    from dlscale.layout import Layout
 
     recs = [rec(100, 1, 1), rec(190, 1, 2), rec(150, 2, 1, link="1gbit")]
-    opts = DistOptions(nproc_per_node=1, emulate_nodes=2, link_bandwidth="1gbit", threads_per_rank=1)
-    s = summary_record("resnet50", "t", [(1, 1), (1, 2), (2, 1)], opts, recs)
+    layout = Layout(nproc_per_node=1, emulate_nodes=2, link_bandwidth="1gbit", threads_per_rank=1)
+    s = summary_record("resnet50", "t", [(1, 1), (1, 2), (2, 1)], layout, recs, str(db_path))
+    with Store.open(db_path) as store:
+        assert store.get(s.run_id).metrics == s.metrics and s.status == "ok"
     assert s.kind == "scale" and s.tag == "t"
     assert s.metrics["efficiency_1x2"] == pytest.approx(0.95)
     assert s.metrics["efficiency_2x1"] == pytest.approx(0.75)

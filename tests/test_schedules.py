@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.longtest.schedules import Schedule, build_schedule, parse_piecewise, scaled_lr
+from dlscale.longtest.schedules import Schedule, build_schedule, lr_rule, parse_piecewise, scaled_lr
 
 
 def test_linear_scaling_rule():
@@ -81,3 +81,17 @@ def test_bad_schedule_values():
         Schedule("poly", peak=1.0, total_epochs=5, end_lr=2.0)
     with pytest.raises(UsageError, match="learning rate"):
         Schedule("constant", peak=0.0, total_epochs=5)
+
+
+def test_lr_rule_states_the_applied_peak():
+    # --lr 0.1 on a global batch of 32 under the linear rule: 0.1 * 32 / 256 = 0.0125 (the example)
+    assert lr_rule("cosine", 0.1, 32) == ("linear scaling: peak lr = --lr 0.1 x global batch 32 / 256 = 0.0125 "
+                                          "(--lr-scaling none to use --lr as given)")
+    assert "= 0.4 (" in lr_rule("poly", 0.1, 1024)  # 0.1 * 1024 / 256
+    assert lr_rule("cosine", 0.1, 32, "none") == ("no scaling: peak lr = --lr 0.1, as given "
+                                                  "(--lr-scaling linear to scale it by global batch / 256)")
+    # a piecewise schedule peaks at its first value, scaled like the rest: 0.4 * 512 / 256 = 0.8
+    assert lr_rule("0.4;10;0.04", 99, 512) == (
+        "linear scaling: peak lr = the --lr-schedule's first value 0.4 x global batch 512 / 256 = 0.8 "
+        "(--lr-scaling none to use the --lr-schedule values as given)")
+    assert "first value 0.4, as given" in lr_rule("0.4;10;0.04", 99, 512, "none")

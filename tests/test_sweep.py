@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import spec
 
@@ -151,3 +152,49 @@ def test_a_command_that_records_several_runs_is_one_outcome():
     assert _record_from_stdout(two) == {"run_id": "a,b", "status": "failed", "error": "oom"}
     assert _record_from_stdout(json.dumps({"run_id": "a", "status": "ok"}))["status"] == "ok"
     assert _record_from_stdout("not json") is None and _record_from_stdout("") is None
+
+
+def _load_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(UsageError) as e:
+        spec.load(_write(tmp_path, text))
+    return str(e.value)
+
+
+def test_a_point_is_checked_by_its_typed_config_at_its_line(tmp_path):
+    err = _load_error(tmp_path, "name: t\n" + TINY + "matrix:\n  batch_size: [4, 0]\n")
+    assert err.startswith(f"{tmp_path / 'sweep.yaml'}:4: matrix.batch_size.1: --batch-size must be > 0, got 0"), err
+    err = _load_error(tmp_path, "name: t\n" + TINY + "include:\n  - {batch_size: 4}\n  - {nproc_per_node: 0}\n")
+    assert err.startswith(f"{tmp_path / 'sweep.yaml'}:5: include.1.nproc_per_node: --nproc-per-node must be >= 1, got 0"), err
+    err = _load_error(tmp_path, "name: t\nfixed: {model: tinycnn, timeout: 0}\nmatrix:\n  batch_size: [4]\n")
+    assert err.startswith(f"{tmp_path / 'sweep.yaml'}:2: fixed.timeout: --timeout must be > 0 seconds"), err
+
+
+def test_a_micro_kind_takes_only_the_fields_it_reads(tmp_path):
+    err = _load_error(tmp_path, "name: m\ncommand: micro\nfixed: {kind: gemm}\nmatrix:\n  sizes: [1M]\n")
+    assert err.startswith(f"{tmp_path / 'sweep.yaml'}:5: matrix.sizes.0: micro gemm does not read sizes; it reads"), err
+    err = _load_error(tmp_path, "name: m\ncommand: micro\nmatrix:\n  kind: [memory]\n  nproc_per_node: [2]\n")
+    assert ":5: matrix.nproc_per_node.0: micro memory does not read nproc_per_node" in err, err
+    err = _load_error(tmp_path, "name: m\ncommand: micro\nmatrix:\n  kind: [gemm, matmul]\n")
+    assert ":4: matrix.kind.1: unknown microbenchmark 'matmul'" in err, err
+    err = _load_error(tmp_path, "name: m\ncommand: micro\nmatrix:\n  kind: [gemm]\n  precision: [fp32, fp8]\n")
+    assert ":5: matrix.precision.1: unknown --precision 'fp8'" in err, err
+    err = _load_error(tmp_path, "name: m\ncommand: micro\nmatrix:\n  kind: [collectives]\n  iters: [0]\n")
+    assert ":5: matrix.iters.0: collectives need --iters >= 1" in err, err
+
+
+def test_micro_collectives_on_emulated_nodes_validates_and_runs_as_typed(tmp_path):
+    text = ("name: m\ncommand: micro\nfixed: {kind: collectives, sizes: 1M:4M, emulate_nodes: 2, link_bandwidth: 1gbit}\n"
+            "matrix:\n  iters: [5]\n")
+    (point,) = spec.load(_write(tmp_path, text)).points
+    assert point.argv == ("micro", "collectives", "--sizes", "1M:4M", "--emulate-nodes", "2", "--link-bandwidth",
+                          "1gbit", "--iters", "5", "--tag", "m")
+    gemm = spec.load(_write(tmp_path, "name: g\ncommand: micro\ninclude:\n"
+                                      "  - {kind: gemm, precision: [fp32, bf16], full: true, iters: 3}\n"
+                                      "  - {kind: conv, channels_last: false, full: false, case_budget: 0.2}\n"))
+    assert gemm.points[0].argv == ("micro", "gemm", "--precision", "fp32,bf16", "--full", "--iters", "3", "--tag", "g")
+    assert gemm.points[1].argv == ("micro", "conv", "--no-channels-last", "--case-budget", "0.2", "--tag", "g")
+
+
+def test_the_sweep_does_not_import_the_cli():
+    src = Path(__file__).resolve().parent.parent / "src" / "dlscale" / "sweep"
+    assert not [f.name for f in src.glob("*.py") if "dlscale.cli" in f.read_text()]

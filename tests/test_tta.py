@@ -84,6 +84,8 @@ def test_tta_reaches_target_and_records_curve(cli, digits_root, db_path):
     # top-1 is a count over the 359 validation images, each counted once
     assert all(abs(c["top1"] * 359 - round(c["top1"] * 359)) < 1e-6 for c in curve)
     assert m["samples_per_epoch"] == 44 * 32 and m["peak_lr"] == pytest.approx(0.1 * 32 / 256)
+    # the linear-scaling rule is said when the run starts, with the value it applied
+    assert "linear scaling: peak lr = --lr 0.1 x global batch 32 / 256 = 0.0125" in res.stderr
     assert m["throughput"] == pytest.approx(m["samples_per_epoch"] * len(curve) / m["train_time"])
     assert rec["units"]["time_to_target"] == "s" and rec["units"]["final_top1"] == "fraction"
     shown = cli("results", "show", rec["run_id"])
@@ -136,3 +138,26 @@ def test_tta_on_cuda_bf16(cli, digits_root, db_path):
     assert res.code == 0, res.stderr
     rec = json.loads(res.stdout)
     assert rec["config"]["device"] == "cuda" and rec["metrics"]["reached_target"] is True
+
+
+def test_config_states_peak_lr_and_its_rule():
+    cfg = TTAConfig(model="tinycnn", data="d", target_top1=0.9, lr=0.1, batch_size=32)
+    assert cfg.peak_lr == pytest.approx(0.0125)  # 0.1 * 32 / 256
+    assert cfg.lr_rule() == ("linear scaling: peak lr = --lr 0.1 x global batch 32 / 256 = 0.0125 "
+                             "(--lr-scaling none to use --lr as given)")
+    plain = TTAConfig(model="tinycnn", data="d", target_top1=0.9, lr=0.1, batch_size=32, lr_scaling="none")
+    assert plain.peak_lr == 0.1 and plain.lr_rule().startswith("no scaling: peak lr = --lr 0.1, as given")
+
+
+@pytest.mark.slow
+def test_run_records_the_applied_peak_lr_and_rule(digits_root):
+    import torch
+
+    from dlscale.longtest.tta import run_tta
+
+    cfg = TTAConfig(model="tinycnn", data=str(digits_root), target_top1=0.99, max_epochs=1, image_size=16, threads=1,
+                    lr=0.1, batch_size=32, lr_schedule="constant")
+    out = run_tta(cfg, torch.device("cpu"))
+    assert out.config["peak_lr"] == pytest.approx(0.0125) and out.metrics["peak_lr"] == out.config["peak_lr"]
+    assert out.config["lr_rule"] == cfg.lr_rule() and "= 0.0125 " in out.config["lr_rule"]
+    assert out.raw["curve"][0]["lr"] == pytest.approx(0.0125)  # a constant schedule trains at the peak

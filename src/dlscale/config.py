@@ -87,10 +87,11 @@ class TrainConfig:
         w = workloads.get(self.model)
         if device_type == "cpu" and self.precision == "tf32":
             raise UsageError("--precision tf32 needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU")
+        from dlscale.harness.device import default_channels_last
+
         channels_last = self.channels_last
         if channels_last is None:
-            # NHWC is the fast layout for convolutions on CPUs (oneDNN) and on tensor cores.
-            channels_last = device_type == "cpu" or self.precision != "fp32"
+            channels_last = default_channels_last(device_type, self.precision)
         return replace(
             self,
             device=device_type,

@@ -29,6 +29,7 @@ class RunFailure(DlscaleError):
 
     exit_code = EXIT_FAILURE
 
-    def __init__(self, message: str, run_id: str | None = None):
+    def __init__(self, message: str, run_id: str | None = None, records: list | None = None):
         super().__init__(message)
         self.run_id = run_id
+        self.records = records or []  # what a command of several runs recorded before it failed

@@ -32,6 +32,25 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level with dotted keys: ``{"a": {"b": 1}, "c": [2]}`` -> ``{"a.b": 1, "c": [2]}``.
+
+    Lists and other values are kept as they are; an empty nested dict leaves no key.
+    """
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+IDENTITY_COLUMNS = ("run_id", "created_at", "finished_at", "kind", "workload", "status", "tag", "imported", "error",
+                    "dlscale_version", "hostname", "config_hash")
+
+
 @dataclass
 class RunRecord:
     """One run. ``kind`` says which command made it (train, micro, ...).
@@ -74,6 +93,14 @@ class RunRecord:
         d = asdict(self)
         head = {k: d.pop(k) for k in ("run_id", "status", "error", "kind", "workload", "tag", "imported")}
         return {**head, "config_hash": self.config_hash, **d}
+
+    def flat(self) -> dict[str, Any]:
+        """One table row for this run: the identity columns, then ``config.<dotted key>`` for the
+        config flattened, then ``metrics.<name>`` (values as they are: lists stay lists)."""
+        row = {k: getattr(self, k) for k in IDENTITY_COLUMNS}
+        row.update({f"config.{k}": v for k, v in flatten(self.config).items()})
+        row.update({f"metrics.{k}": v for k, v in self.metrics.items()})
+        return row
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunRecord":

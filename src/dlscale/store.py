@@ -3,6 +3,11 @@
 No torch here: listing and showing results must start fast. Each record is written in one
 transaction; WAL mode and a busy timeout let several processes write at once without loss.
 The schema version is SQLite's ``user_version``; ``MIGRATIONS[i]`` takes version i to i+1.
+
+Imported runs are stored once: the ``imports`` table holds one row per import key (an imported
+record's config hash: its source file or reference dataset, format, row and the overrides given),
+and ``insert_imports`` checks and writes those keys and the runs in one ``BEGIN IMMEDIATE``
+transaction, so processes importing the same file at once store exactly one copy.
 """
 
 from __future__ import annotations
@@ -48,8 +53,19 @@ CREATE INDEX runs_created ON runs(created_at);
 CREATE INDEX runs_config_hash ON runs(config_hash);
 """
 
+# Version 2: the import keys. Existing imported runs register theirs, the oldest run of a key first;
+# duplicates stored before version 2 stay (nothing is deleted), but no new copy can be added.
+_V2 = """
+CREATE TABLE imports (
+    import_key TEXT PRIMARY KEY,
+    run_id     TEXT NOT NULL
+);
+INSERT OR IGNORE INTO imports (import_key, run_id)
+    SELECT config_hash, run_id FROM runs WHERE imported = 1 ORDER BY created_at, run_id
+"""
+
 # MIGRATIONS[i] moves a database from schema version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _COLUMNS = (
@@ -149,8 +165,8 @@ class Store:
             self._retry(lambda: self._conn.execute("COMMIT"))
 
     # -- writing ------------------------------------------------------------------------
-    def insert(self, rec: RunRecord) -> None:
-        """Write one record (all of it, or nothing) in one transaction."""
+    @staticmethod
+    def _write(c: sqlite3.Connection, rec: RunRecord) -> None:
         row = (
             rec.run_id, rec.created_at, rec.finished_at, rec.kind, rec.workload, rec.status,
             rec.tag, rec.hostname, int(rec.imported), rec.config_hash, rec.dlscale_version,
@@ -158,8 +174,34 @@ class Store:
             _dumps(rec.raw), _dumps(rec.warnings), rec.error,
         )
         placeholders = ",".join("?" * len(_COLUMNS))
+        c.execute(f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) VALUES ({placeholders})", row)
+
+    def insert(self, rec: RunRecord) -> None:
+        """Write one record (all of it, or nothing) in one transaction; an imported one also claims
+        its import key if no run holds it yet."""
         with self._transaction() as c:
-            c.execute(f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) VALUES ({placeholders})", row)
+            self._write(c, rec)
+            if rec.imported:
+                c.execute("INSERT OR IGNORE INTO imports (import_key, run_id) VALUES (?, ?)",
+                          (rec.config_hash, rec.run_id))
+
+    def insert_imports(self, recs: Sequence[RunRecord]) -> list[RunRecord]:
+        """Write the imported records whose import key (config hash) no run holds yet, and return them.
+
+        The check and the writes are one transaction under the write lock, so of several processes
+        importing the same file at once exactly one stores it; the others get an empty list.
+        """
+        new: list[RunRecord] = []
+        with self._transaction() as c:
+            for rec in recs:
+                if not rec.imported:
+                    raise ValueError(f"run {rec.run_id} is not marked imported; use Store.insert")
+                claimed = c.execute("INSERT OR IGNORE INTO imports (import_key, run_id) VALUES (?, ?)",
+                                    (rec.config_hash, rec.run_id)).rowcount
+                if claimed:
+                    self._write(c, rec)
+                    new.append(rec)
+        return new
 
     # -- reading ------------------------------------------------------------------------
     @staticmethod

@@ -59,7 +59,7 @@ def _register() -> None:
     app.command("scale", help=scale.HELP, epilog=scale.EPILOG)(scale.scale)
     from dlscale.cli import micro
 
-    app.command("micro", help=micro.HELP, epilog=micro.EPILOG)(micro.micro)
+    app.add_typer(micro.app, name="micro", help=micro.HELP, epilog=micro.EPILOG)
     from dlscale.cli import data, dataset
 
     app.add_typer(dataset.app, name="dataset")

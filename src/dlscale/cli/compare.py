@@ -76,7 +76,7 @@ def _s(v) -> str:
 
 
 def _num(v) -> str:
-    from dlscale.cli.render import fmt_num
+    from dlscale.format import fmt_num
 
     return fmt_num(v)
 

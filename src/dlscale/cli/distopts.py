@@ -1,9 +1,10 @@
-"""Options shared by every distributed command (train, scale, micro collectives), and the glue
-that runs a data-parallel short test from ``dlscale train``. No torch at import time."""
+"""Options shared by every command that runs several processes (train, tta, scale, micro
+collectives), declared once, and the one function that turns them into a ``Layout``.
+No torch at import time."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,43 +21,16 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds a rank may
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="CPU threads per rank (default: cores / ranks on this machine).", show_default=False)]
 
 
-def run_train(cfg, opts, db, fmt) -> bool:
-    """Run ``dlscale train`` data-parallel when asked (or when a launcher started us); False otherwise.
+def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+           master_port: int | None = None, backend: str | None = None, emulate_nodes: int | None = None,
+           link_bandwidth: str | None = None, link_latency: str | None = None, timeout: float = 300.0,
+           threads_per_rank: int | None = None, default_nproc: int = 1) -> Any:
+    """The options above as the one Layout (validated there). ``--nproc-per-node`` given at all,
+    even 1, runs the job through the launcher (the ladder's one-rank DDP baseline)."""
+    from dlscale.layout import Layout
 
-    Under an external launcher (torchrun, srun, mpirun) this process is one rank: it runs the
-    worker in place and rank 0 prints. Otherwise, with ``--nproc-per-node`` given, several nodes
-    or emulated nodes, it launches the ranks with torchrun and prints rank 0's record.
-    """
-    from dlscale.distributed.env import detect
-    from dlscale.errors import UsageError
-
-    env = detect(master_addr=opts.master_addr, master_port=opts.master_port)
-    if env is not None:
-        if opts.emulate_nodes:
-            raise UsageError("--emulate-nodes starts its own ranks; do not combine it with torchrun, srun or mpirun")
-        asked = opts.world_size if (opts.force or opts.nnodes > 1) else None
-        from dlscale.distributed.worker import WorkerSpec, run
-
-        spec = WorkerSpec(config=cfg.to_dict(), db=db, backend=opts.backend, timeout_s=opts.timeout_s, report=True,
-                          fmt=fmt.value, threads_per_rank=opts.threads_per_rank, expected_world_size=asked)
-        if asked is not None and asked != env.world_size:
-            raise UsageError(f"mismatched world size: {env.launcher} started {env.world_size} ranks but "
-                             f"--nproc-per-node x --nnodes is {asked}")
-        run(spec, env)
-        return True
-    if not opts.distributed:
-        return False
-    from dlscale.cli.common import info
-    from dlscale.cli.train import report
-    from dlscale.distributed.job import run_job
-
-    where = (f"{opts.emulate_nodes} emulated nodes" + (f" at {opts.link_bandwidth}" if opts.link_bandwidth else "")
-             if opts.emulate_nodes else f"{opts.nnodes} node(s)")
-    info(f"dlscale train {cfg.model}: {opts.world_size} ranks ({opts.nproc_per_node} per node, {where}), "
-         f"batch {cfg.batch_size} per rank")
-    rec = run_job(cfg, opts, db)
-    if rec is None:
-        info(f"node {opts.node_rank}: done (node 0 records and prints the run)")
-    else:
-        report(rec, fmt)
-    return True
+    return Layout(nproc_per_node=default_nproc if nproc_per_node is None else nproc_per_node,
+                  force=nproc_per_node is not None, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                  master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
+                  link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
+                  threads_per_rank=threads_per_rank)

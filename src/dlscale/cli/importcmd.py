@@ -64,11 +64,8 @@ def import_(
                                   devices_per_node=devices_per_node, precision=precision)
         rows = [r if r.system else imp.with_overrides([r], system=Path(file).stem)[0] for r in rows]
         recs = [imp.to_record(r, str(Path(file).resolve()), tag or "imported", i) for i, r in enumerate(rows)]
-    with Store.open(db) as store:
-        have = {r.config_hash for r in store.query(imported=True)}
-        new = [r for r in recs if r.config_hash not in have]
-        for r in new:
-            store.insert(r)
+    with Store.open(db) as store:  # checks and writes in one transaction: concurrent imports store one copy
+        new = store.insert_imports(recs)
     if len(new) < len(recs):
         info(f"{len(recs) - len(new)} of {len(recs)} runs were imported before; stored once")
     if fmt == Format.json:
@@ -76,7 +73,7 @@ def import_(
         return
     t = Table("run id", "system", "model", "devices", "throughput", "other", title=f"imported {len(new)} run(s) "
               f"(tag {recs[0].tag!r})", title_justify="left")
-    from dlscale.cli.render import fmt_num
+    from dlscale.format import fmt_num
 
     for r in new:
         m = r.metrics

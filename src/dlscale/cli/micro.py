@@ -1,24 +1,27 @@
-"""``dlscale micro KIND``: phase-1 microbenchmarks (gemm, conv, rnn, memory, p2p, collectives, all)."""
+"""``dlscale micro KIND``: phase-1 microbenchmarks, one subcommand per kind with its own options."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from typing import Annotated, Any, Optional
 
 import typer
 
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
-from dlscale.cli.distopts import BandwidthOpt, EmulateOpt, LatencyOpt
+from dlscale.cli import distopts as dopt
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
 
 HELP = """Run phase-1 microbenchmarks and record each as a `micro` run.
 
-KIND is gemm, conv, rnn (DeepBench training shapes: TFLOP/s and % of the dense peak; conv and
-rnn per pass: fwd, bwd_data, bwd_weights), memory (STREAM copy/scale/add/triad; H2D/D2H pinned
-and pageable and D2D on GPUs), p2p (GPU-GPU bandwidth and latency matrices; needs >= 2 GPUs),
-collectives (torch.distributed under torchrun: nccl-tests' columns, exact correctness check),
-or all. On CPUs the default sizes suit a small machine; --full runs every shape."""
+One subcommand per kind, each with its own options: gemm, conv, rnn (DeepBench training shapes:
+TFLOP/s and % of the dense peak; conv and rnn per pass: fwd, bwd_data, bwd_weights), memory
+(STREAM copy/scale/add/triad; H2D/D2H pinned and pageable and D2D on GPUs), p2p (GPU-GPU
+bandwidth and latency matrices with peer access; needs >= 2 GPUs), collectives (torch.distributed
+on every rank of a layout, one node or several: nccl-tests' columns, exact correctness check), or
+all. On CPUs the default sizes suit a small machine; --full runs every shape."""
+
+COLL_EPILOG = """Examples:\n\n
+  dlscale micro collectives --nproc-per-node 2 --sizes 8:16M --min-busbw 0.5\n\n
+  dlscale micro collectives --emulate-nodes 2 --link-bandwidth 1gbit --sizes 1M:4M\n\n
+  dlscale micro collectives --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8   # on each node"""
 
 EPILOG = """Examples:\n\n
   dlscale micro gemm --precision fp32,bf16\n\n
@@ -28,128 +31,123 @@ EPILOG = """Examples:\n\n
   dlscale micro collectives --emulate-nodes 2 --link-bandwidth 10gbit\n\n
   dlscale micro all --cpu-ghz 2.0"""
 
-KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "all")
-CPU_ALL_SIZES = "8:1M"  # collectives in `micro all` on a CPU: small sizes (--sizes for more)
+app = typer.Typer(help=HELP, epilog=EPILOG, no_args_is_help=True, rich_markup_mode="markdown")
+
+# Options declared once; each kind takes only those it reads (an option it does not read is an error).
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", "-p", help="Comma list of fp32, tf32, bf16, fp16.")]
+WarmupOpt = Annotated[Optional[int], typer.Option("--warmup", help="Uncounted calls first (default 2; collectives 5).", show_default=False)]
+ItersOpt = Annotated[Optional[int], typer.Option("--iters", "--reps", help="Timed calls (default 10; collectives 20).", show_default=False)]
+FullOpt = Annotated[bool, typer.Option("--full", help="Every shape at full rep counts, however long it takes on this device.")]
+MaxGflopOpt = Annotated[Optional[float], typer.Option("--max-gflop", help="Skip shapes above this many GFLOP per call (CPU default 1, rnn 2).", show_default=False)]
+ShapesOpt = Annotated[Optional[str], typer.Option("--shapes", help="Your own shape file (CSV as dlscale/data/deepbench/*.csv).", show_default=False)]
+ChannelsLastOpt = Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Layout (default NHWC on CPU and reduced precision).", show_default=False)]
+MemMibOpt = Annotated[Optional[int], typer.Option("--mem-mib", help="Buffer size in MiB (default: STREAM's 4x last-level cache; 256 MiB GPU copies).", show_default=False)]
+CpuGhzOpt = Annotated[Optional[float], typer.Option("--cpu-ghz", help="CPU clock for the ISA peak where the model name has none.", show_default=False)]
+CaseBudgetOpt = Annotated[Optional[float], typer.Option("--case-budget", help="CPU: seconds of timed reps per case before reps are cut (>= 3). Default 0.5.", show_default=False)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for the random operands.")]
+SizesOpt = Annotated[Optional[str], typer.Option("--sizes", help="MIN:MAX[:FACTOR] or a comma list, bytes (8, 64K, 128M). Default 8:128M (`all` on CPU: 8:1M).", show_default=False)]
+OpsOpt = Annotated[Optional[str], typer.Option("--ops", help="Comma list of collectives (default all of them).", show_default=False)]
+BudgetOpt = Annotated[float, typer.Option("--budget", help="Seconds per (op, size, mode); fewer iterations where slow.")]
+MinBusbwOpt = Annotated[Optional[float], typer.Option("--min-busbw", help="Fail (exit 1) when a collective's average busbw (GB/s) is lower; names which.", show_default=False)]
+PlantOpt = Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, help="Test hook: corrupt one result element of this collective.")]
 
 
-def micro(
-    kind: Annotated[str, typer.Argument(help="gemm | conv | rnn | memory | p2p | collectives | all.", show_default=False)],
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
-    precision: Annotated[str, typer.Option("--precision", "-p", help="Comma list of fp32, tf32, bf16, fp16 (gemm, conv, rnn).")] = "fp32",
-    warmup: Annotated[Optional[int], typer.Option("--warmup", help="Uncounted calls first (default 2; collectives 5).", show_default=False)] = None,
-    iters: Annotated[Optional[int], typer.Option("--iters", "--reps", help="Timed calls (default 10; collectives 20).", show_default=False)] = None,
-    full: Annotated[bool, typer.Option("--full", help="Every shape at full rep counts, however long it takes on this device.")] = False,
-    max_gflop: Annotated[Optional[float], typer.Option("--max-gflop", help="Skip shapes above this many GFLOP per call (CPU default 1, rnn 2).", show_default=False)] = None,
-    shapes: Annotated[Optional[str], typer.Option("--shapes", help="Your own shape file (CSV as dlscale/data/deepbench/*.csv).", show_default=False)] = None,
-    channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="conv layout (default NHWC on CPU and reduced precision).", show_default=False)] = None,
-    mem_mib: Annotated[Optional[int], typer.Option("--mem-mib", help="memory/p2p buffer size in MiB (default: STREAM's 4x last-level cache; 256 MiB GPU copies).", show_default=False)] = None,
-    cpu_ghz: Annotated[Optional[float], typer.Option("--cpu-ghz", help="CPU clock for the ISA peak where the model name has none.", show_default=False)] = None,
-    case_budget: Annotated[Optional[float], typer.Option("--case-budget", help="CPU: seconds of timed reps per case before reps are cut (>= 3). Default 0.5.", show_default=False)] = None,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="collectives: MIN:MAX[:FACTOR] or a comma list, bytes (8, 64K, 128M). Default 8:128M (`all` on CPU: 8:1M).", show_default=False)] = None,
-    ops: Annotated[Optional[str], typer.Option("--ops", help="collectives: comma list (default all of them).", show_default=False)] = None,
-    budget: Annotated[float, typer.Option("--budget", help="collectives: seconds per (op, size, mode); fewer iterations where slow.")] = 0.5,
-    min_busbw: Annotated[Optional[float], typer.Option("--min-busbw", help="collectives: fail (exit 1) when the average busbw (GB/s) is lower.", show_default=False)] = None,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="collectives: ranks on this node.")] = 2,
-    emulate_nodes: EmulateOpt = None,
-    link_bandwidth: BandwidthOpt = None,
-    link_latency: LatencyOpt = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="collectives: seconds before the job is ended.")] = 900.0,
-    plant_wrong: Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, help="Test hook: corrupt one result element of this collective.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for the random operands.")] = 0,
-    tag: TagOpt = None,
-    db: DbOpt = None,
-    fmt: FormatOpt = Format.human,
+def _kernel(kind: str, **kw: Any) -> None:
+    db, fmt = kw.pop("db"), kw.pop("fmt")
+    _run(kind, {k: v for k, v in kw.items() if v is not None}, None, db, fmt)
+
+
+def _gemm_like(kind: str, help: str) -> None:
+    """gemm and rnn read the same options: one command body for both."""
+
+    def command(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
+                iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
+                cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None,
+                db: DbOpt = None, fmt: FormatOpt = Format.human) -> None:
+        _kernel(kind, device=device, precisions=precision, warmup=warmup, reps=iters, full=full,
+                max_gflop=max_gflop, shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag,
+                db=db, fmt=fmt)
+
+    command.__name__ = kind
+    app.command(kind, help=help)(command)
+
+
+_gemm_like("gemm", "GEMM on DeepBench training shapes: TFLOP/s and % of the dense peak.")
+_gemm_like("rnn", "Recurrent layers (LSTM/GRU/vanilla) on DeepBench training shapes, per pass.")
+
+
+@app.command("conv", help="Convolutions on DeepBench training shapes, per pass (fwd, bwd_data, bwd_weights).")
+def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+         full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
+         channels_last: ChannelsLastOpt = None, cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None,
+         seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human) -> None:
+    _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+            shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed,
+            tag=tag, db=db, fmt=fmt)
+
+
+@app.command("memory", help="STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
+def memory(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+           case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+           fmt: FormatOpt = Format.human) -> None:
+    _kernel("memory", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
+            seed=seed, tag=tag, db=db, fmt=fmt)
+
+
+@app.command("p2p", help="GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
+def p2p(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+        case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+        fmt: FormatOpt = Format.human) -> None:
+    _kernel("p2p", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
+            seed=seed, tag=tag, db=db, fmt=fmt)
+
+
+@app.command("collectives", help="torch.distributed collectives on every rank of a layout: nccl-tests' columns, "
+             "exact correctness check, busbw per collective.", epilog=COLL_EPILOG)
+def collectives(
+    sizes: SizesOpt = None, ops: OpsOpt = None, warmup: WarmupOpt = None, iters: ItersOpt = None,
+    budget: BudgetOpt = 0.5, min_busbw: MinBusbwOpt = None, plant_wrong: PlantOpt = None,
+    device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+    nproc_per_node: dopt.NprocOpt = None, nnodes: dopt.NnodesOpt = 1, node_rank: dopt.NodeRankOpt = 0,
+    master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
+    backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
+    link_latency: dopt.LatencyOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
 ) -> None:
-    from dlscale.errors import RunFailure, UsageError
-    from dlscale.micro.base import MicroOptions
-    from dlscale.micro.collectives import DEFAULT_SIZES, CollectiveOptions
-    from dlscale.store import Store
-
-    if kind not in KINDS:
-        raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(KINDS)}")
-    opts = MicroOptions(device=device, precisions=tuple(p.strip() for p in precision.split(",") if p.strip()),
-                        warmup=2 if warmup is None else warmup, reps=10 if iters is None else iters, full=full,
-                        max_gflop=max_gflop, shapes=shapes, channels_last=channels_last, mem_mib=mem_mib,
-                        cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag)
-    kinds = ["gemm", "conv", "rnn", "memory", "p2p", "collectives"] if kind == "all" else [kind]
-    coll = None
-    if "collectives" in kinds:
-        if sizes is None:
-            sizes = CPU_ALL_SIZES if kind == "all" and device != "cuda" and not _has_cuda() else DEFAULT_SIZES
-        coll = CollectiveOptions(sizes=sizes, ops=ops, warmup=5 if warmup is None else warmup,
-                                 iters=20 if iters is None else iters, budget=budget, min_busbw=min_busbw,
-                                 nproc_per_node=nproc_per_node, emulate_nodes=emulate_nodes,
-                                 link_bandwidth=link_bandwidth, link_latency=link_latency, timeout=timeout,
-                                 plant_wrong=plant_wrong, device=device, tag=tag)
-    if kinds != ["collectives"]:  # a precision the device cannot run stops here, before any work
-        from dlscale.harness import device as dev
-
-        target = dev.select_device(opts.device)
-        for p in opts.precisions:
-            dev.check_precision(p, target)
-    store = Store.open(db)  # an unwritable database is a usage error before any work
-    docs, failures = [], []
-    for k in kinds:
-        try:
-            rec = run_collectives(coll, store) if k == "collectives" else run_kernel(k, opts, store)
-        except RunFailure as e:  # recorded as failed: show what it has, go on with the next kind
-            failures.append(str(e))
-            rec = store.get(e.run_id) if e.run_id else None
-        else:
-            if rec is not None and rec.status != "ok":
-                failures.append(f"run {rec.run_id} failed: {rec.error}")
-        if rec is not None:
-            docs.append(report(rec, fmt))
-    if fmt == Format.json:
-        print_json(docs[0] if kind != "all" and docs else docs)
-    if failures:
-        raise RunFailure("; ".join(failures), run_id=None)
+    layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
+                         link_bandwidth, link_latency, timeout, threads_per_rank)
+    options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, budget=budget, min_busbw=min_busbw,
+                   plant_wrong=plant_wrong, device=device, tag=tag)
+    _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt)
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def run_kernel(kind: str, opts, store) -> Any:
-    """gemm, conv, rnn, memory, p2p: one recorded run through the microbenchmark harness."""
-    from dlscale import micro
-    from dlscale.micro.harness import run_recorded
-
-    bench = micro.get(kind)
-    if kind == "p2p":
-        why = bench.unavailable()
-        if why:
-            info(why)  # not a failure: nothing is recorded
-            return None
-    info(f"dlscale micro {kind}: {bench.title}")
-    return run_recorded(bench, opts, store)
+@app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
+def all_(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
+         iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, cpu_ghz: CpuGhzOpt = None,
+         case_budget: CaseBudgetOpt = None, mem_mib: MemMibOpt = None, sizes: SizesOpt = None,
+         min_busbw: MinBusbwOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+         fmt: FormatOpt = Format.human) -> None:
+    options = dict(device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+                   cpu_ghz=cpu_ghz, case_budget_s=case_budget, mem_mib=mem_mib, sizes=sizes, min_busbw=min_busbw,
+                   seed=seed, tag=tag)
+    _run("all", {k: v for k, v in options.items() if v is not None}, None, db, fmt)
 
 
-def run_collectives(c, store) -> Any:
-    """Launch one worker per rank with torchrun; rank 0 records the run; read it back from the store."""
-    from dlscale.distributed.launch import run_torchrun
+def _run(kind: str, options: dict[str, Any], layout: Any, db: str | None, fmt: Format) -> None:
+    """Run through the API, print every record (failed ones too), then exit 1 if any failed."""
+    from dlscale import api
     from dlscale.errors import RunFailure
 
-    fd, result = tempfile.mkstemp(prefix="dlscale-micro-", suffix=".json")
-    os.close(fd)
-    os.unlink(result)  # rank 0 creates it once the run is recorded
-    info(f"dlscale micro collectives: {c.nproc_per_node * (c.emulate_nodes or 1)} ranks, sizes {c.sizes}")
+    failure = None
     try:
-        rc = run_torchrun("dlscale.micro.coll_worker", c.worker_args(str(store.path), result),
-                          nproc_per_node=c.nproc_per_node, emulate_nodes=c.emulate_nodes,
-                          link_bandwidth=c.link_bandwidth, link_latency=c.link_latency, timeout_s=c.timeout)
-        try:
-            with open(result) as f:
-                outcome = json.load(f)
-        except (OSError, ValueError):
-            raise RunFailure(f"collectives: the ranks ended (exit code {rc}) before rank 0 recorded a result; "
-                             "their output is above") from None
-    finally:
-        if os.path.exists(result):
-            os.unlink(result)
-    return store.get(outcome["run_id"])
+        recs = api.micro(kind, layout=layout, db=db, **options)
+    except RunFailure as e:
+        recs, failure = e.records, e
+    docs = [report(r, fmt) for r in recs]
+    if fmt == Format.json:
+        print_json(docs if kind == "all" else (docs[0] if docs else None))
+    if failure is not None:
+        raise failure
 
 
 def report(rec, fmt: Format | None) -> dict[str, Any]:

@@ -13,7 +13,9 @@ import typer
 from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json
-from dlscale.cli.render import fmt_num, format_metric, train_summary_table
+from dlscale.cli.render import train_summary_table
+from dlscale.format import fmt_num, format_metric
+from dlscale.record import flatten
 
 app = typer.Typer(help="List, show and export recorded runs.", no_args_is_help=True)
 
@@ -109,9 +111,9 @@ def show(
     for k, v in rec.metrics.items():
         mt.add_row(k, format_metric(k, v, rec.units.get(k)), rec.units.get(k, ""))
     out.print(mt)
-    out.print(_kv_table("system", _flatten(rec.system)))
+    out.print(_kv_table("system", flatten(rec.system)))
     rt = Table("series", "length", "first values", title="raw data", title_justify="left")
-    for k, v in _flatten(rec.raw).items():  # nested series (e.g. the monitor's columns) as dotted names
+    for k, v in flatten(rec.raw).items():  # nested series (e.g. the monitor's columns) as dotted names
         flat = [x for row in v for x in (row if isinstance(row, list) else [row])] if isinstance(v, list) else [v]
         rt.add_row(k, str(len(flat)), ", ".join(fmt_num(x) for x in flat[:6]) + (" ..." if len(flat) > 6 else ""))
     out.print(rt)
@@ -124,17 +126,6 @@ def _kv_table(title: str, d: dict[str, Any]) -> Table:
     for k, v in d.items():
         t.add_row(k, json.dumps(v, default=str) if isinstance(v, (list, dict)) else fmt_num(v))
     return t
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            flat.update(_flatten(v, key + "."))
-        else:
-            flat[key] = v
-    return flat
 
 
 class ExportFormat(str, Enum):
@@ -173,17 +164,8 @@ def export(
 def export_text(recs, fmt: str) -> str:
     if fmt == "json":
         return json.dumps([r.to_dict() for r in recs], indent=2, default=str) + "\n"
-    rows = []
-    for r in recs:
-        row = {k: getattr(r, k) for k in ("run_id", "created_at", "finished_at", "kind", "workload", "status",
-                                          "tag", "imported", "error", "dlscale_version")}
-        row["hostname"] = r.hostname
-        row["config_hash"] = r.config_hash
-        for k, v in _flatten(r.config).items():
-            row[f"config.{k}"] = json.dumps(v) if isinstance(v, list) else v
-        for k, v in r.metrics.items():
-            row[f"metrics.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
-        rows.append(row)
+    # the record's flat row; lists (and dicts among the metrics) as JSON text in their cell
+    rows = [{k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.flat().items()} for r in recs]
     cols: list[str] = []
     for row in rows:
         cols.extend(k for k in row if k not in cols)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import re
-from datetime import datetime, timezone
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
 from dlscale.cli import distopts as dopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, info, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json, warn
 from dlscale.cli.render import fmt_num, fmt_pct
 from dlscale.errors import RunFailure, UsageError
 
@@ -29,35 +26,6 @@ EPILOG = """Examples:\n\n
   dlscale scale resnet18 --image-size 64 --devices 1,2 --layouts 1x2,2x1 --emulate-nodes 2 --link-bandwidth 1gbit\n\n
   dlscale scale resnet50 --devices 1,2,4,8 --layouts 1x8,2x4 --tag c4140\n\n
   dlscale scale --from-store --tag c4140"""
-
-
-def parse_devices(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--devices {text!r}: give device counts like 1,2,4,8") from None
-    if not vals or any(v < 1 for v in vals):
-        raise UsageError(f"--devices {text!r}: give device counts >= 1 like 1,2,4,8")
-    return sorted(set(vals))
-
-
-def parse_layouts(text: str | None) -> list[tuple[int, int]]:
-    out = []
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", part)
-        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise UsageError(f"--layouts: {part!r} is not NODESxDEVICES_PER_NODE (e.g. 2x4)")
-        out.append((int(m.group(1)), int(m.group(2))))
-    return out
-
-
-def plan(devices: list[int], layouts: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The layouts to run: 1x1 (the baseline), the given layouts, and 1xN for a count no layout covers."""
-    covered = {n * g for n, g in layouts}
-    todo = {(1, 1), *layouts, *((1, d) for d in devices if d not in covered)}
-    return sorted(todo, key=lambda ng: (ng[0] * ng[1], ng[0]))
 
 
 def scale(
@@ -94,92 +62,21 @@ def scale(
         return
     if not model:
         raise UsageError("give a MODEL to run the ladder, or --from-store --tag T to analyse recorded runs")
-    todo = plan(parse_devices(devices), parse_layouts(layouts))
-    cfg, opts = _configs(model, todo, batch_size, image_size, precision, warmup_steps, steps, device, backend,
-                         emulate_nodes, link_bandwidth, link_latency, timeout, threads_per_rank, tag)
-    Store.open(db).close()  # an unwritable database is a usage error before any run
-    tag = cfg[0].tag
-    run_ids, failed = [], []
-    for (n, g), c, o in zip(todo, cfg, opts):
-        info(f"dlscale scale {model}: layout {n}x{g} ({n * g} device(s))"
-             + (f" on {n} emulated nodes" if o.emulate_nodes else ""))
-        from dlscale.distributed.job import run_job
+    from dlscale import api
+    from dlscale.distributed.ladder import parse_devices, parse_layouts
 
-        try:
-            rec = run_job(c, o, db)
-            run_ids.append(rec.run_id)
-        except RunFailure as e:
-            warn(f"layout {n}x{g}: {e}")
-            failed.append(f"{n}x{g}")
-    with Store.open(db) as s:
-        recs = s.query(run_ids=run_ids) if run_ids else []
-        if recs:
-            s.insert(summary_record(model, tag, todo, opts[-1], recs))
-    if recs:
-        _print(recs, tag, fmt)
-    info(f"runs tagged {tag!r}; analyse again with: dlscale scale --from-store --tag {tag}")
-    if failed:
-        raise RunFailure(f"layouts {', '.join(failed)} failed (recorded as failed); the tables leave them out")
-
-
-def _configs(model, todo, batch_size, image_size, precision, warmup_steps, steps, device, backend, emulate_nodes,
-             link_bandwidth, link_latency, timeout, threads_per_rank, tag) -> tuple[list[Any], list[Any]]:
-    """One validated (TrainConfig, DistOptions) per layout; everything checked before the first run."""
-    from dataclasses import replace
-
-    from dlscale.config import TrainConfig
-    from dlscale.distributed.job import DistOptions
-
-    most_nodes = max(n for n, _ in todo)
-    if most_nodes > 1 and not emulate_nodes:
-        raise UsageError(f"layout with {most_nodes} nodes: dlscale scale runs multi-node layouts on emulated nodes "
-                         f"here (--emulate-nodes {most_nodes}); on a real cluster run `dlscale train --nnodes ...` on "
-                         "each node with one --tag and analyse with `dlscale scale --from-store --tag T`")
-    if emulate_nodes is not None and emulate_nodes < most_nodes:
-        raise UsageError(f"--emulate-nodes {emulate_nodes} is fewer than the {most_nodes} nodes of the largest layout")
-    if (link_bandwidth or link_latency) and not emulate_nodes:
-        raise UsageError("--link-bandwidth/--link-latency shape emulated links; add --emulate-nodes K")
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // max(n * g for n, g in todo))
-    tag = tag or f"scale-{model}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
-    base = TrainConfig(model=model, batch_size=batch_size, image_size=image_size, precision=precision,
-                       warmup_steps=warmup_steps, steps=steps, device=device, tag=tag)
-    cfgs, opts = [], []
-    for n, g in todo:
-        cfgs.append(replace(base))
-        emulated = n > 1
-        opts.append(DistOptions(nproc_per_node=g, backend=backend, emulate_nodes=n if emulated else None,
-                                link_bandwidth=link_bandwidth if emulated else None,
-                                link_latency=link_latency if emulated else None, timeout_s=timeout,
-                                threads_per_rank=threads))
-    return cfgs, opts
-
-
-def summary_record(model: str, tag: str, todo: list[tuple[int, int]], opts: Any, recs: list[Any]) -> Any:
-    """A ``scale`` record of the ladder: its analysis as metrics (per layout), the rungs' run ids."""
-    from dlscale.analysis.scaling import analyse
-    from dlscale.record import RunRecord, utc_now
-    from dlscale.system import collect_cached
-
-    result = analyse(recs)
-    metrics: dict[str, Any] = {}
-    units: dict[str, str] = {}
-    for lad in result["ladders"]:
-        suffix = f"@{lad['link']}" if lad["link"] and len(result["ladders"]) > 1 else ""
-        for r in lad["efficiency"]:
-            for k in ("throughput", "efficiency", "intra_node_efficiency", "inter_node_efficiency", "comm_fraction"):
-                metrics[f"{k}_{r['layout']}{suffix}"] = r[k]
-                units[f"{k}_{r['layout']}{suffix}"] = "samples/s" if k == "throughput" else "fraction"
-    for comp in result["comparisons"]:
-        for r in comp["rows"]:
-            key = f"pct_difference_{r['scale_up']}_vs_{r['scale_out']}" + (f"@{r['link']}" if r["link"] else "")
-            metrics[key], units[key] = r["pct_difference"], "fraction"
-    config = {"layouts": [f"{n}x{g}" for n, g in todo], "emulated_nodes": bool(opts.emulate_nodes),
-              "link_bandwidth": opts.link_bandwidth, "link_latency": opts.link_latency,
-              "threads_per_rank": opts.threads_per_rank, **{k: recs[0].config.get(k) for k in (
-                  "batch_size", "image_size", "precision", "device", "backend")}}
-    rec = RunRecord(kind="scale", workload=model, config=config, system=collect_cached(), metrics=metrics, units=units, raw={"ladders": result, "run_ids": [r.run_id for r in recs]}, tag=tag)
-    rec.finished_at = utc_now()
-    return rec
+    recs = api.scale(model, devices=parse_devices(devices), layouts=parse_layouts(layouts),
+                     emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth, link_latency=link_latency,
+                     backend=backend, timeout_s=timeout, threads_per_rank=threads_per_rank, db=db,
+                     batch_size=batch_size, image_size=image_size, precision=precision, warmup_steps=warmup_steps,
+                     steps=steps, device=device, tag=tag)
+    rungs = [r for r in recs if r.kind == "train"]
+    ok = [r for r in rungs if r.status == "ok"]
+    if ok:
+        _print(ok, ok[0].tag, fmt)
+    failed = [f"{r.config.get('nodes')}x{r.config.get('devices_per_node')}" for r in rungs if r.status != "ok"]
+    if failed or not ok:
+        raise RunFailure(f"layouts {', '.join(failed) or 'all'} failed (recorded as failed); the tables leave them out")
 
 
 def _print(recs: list[Any], tag: str | None, fmt: Format) -> None:

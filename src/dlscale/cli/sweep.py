@@ -31,31 +31,28 @@ def sweep(
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
-    from dataclasses import replace
-
-    from dlscale.errors import RunFailure, UsageError
+    from dlscale import api
+    from dlscale.errors import RunFailure
     from dlscale.store import Store
     from dlscale.sweep import run as sweep_run
     from dlscale.sweep import spec
 
-    sw = spec.load(file)
-    if timeout_per_run is not None:
-        if timeout_per_run <= 0:
-            raise UsageError(f"--timeout-per-run must be > 0, got {timeout_per_run}")
-        sw.points = [replace(p, timeout_s=timeout_per_run) for p in sw.points]
-    store = Store.open(db)
-    done = sweep_run.finished_points(store, sw)
+    sw = spec.load(file)  # a bad file stops here (file:line), before anything runs
+    with Store.open(db) as store:
+        done = sweep_run.finished_points(store, sw)
+        where = store.path
     if dry_run:
         _dry_run(sw, done, fmt)
         return
     if done and not resume:
-        info(f"note: {len(done)} of {len(sw.points)} points are already in {store.path}; "
+        info(f"note: {len(done)} of {len(sw.points)} points are already in {where}; "
              "they run again (pass --resume to skip them)")
     todo = [p for p in sw.points if not (resume and p.hash in done)]
     info(f"dlscale sweep {sw.name}: {len(sw.points)} points ({sw.excluded} excluded), {len(todo)} to run, "
-         f"tag {sw.tag!r}, database {store.path}")
+         f"tag {sw.tag!r}, database {where}")
     with _Progress(len(todo), fmt) as progress:
-        results = sweep_run.run_sweep(sw, store, resume, on_start=progress.start, on_done=progress.done)
+        results = api.sweep(file, db=db, resume=resume, timeout_per_run=timeout_per_run,
+                            on_start=progress.start, on_done=progress.done)
     _summary(results, fmt)
     failed = [r for r in results if r.status == "failed"]
     if failed:

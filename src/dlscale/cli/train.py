@@ -61,8 +61,8 @@ def train(
     timeout: dopt.TimeoutOpt = 300.0,
     threads_per_rank: dopt.ThreadsOpt = None,
 ) -> None:
+    from dlscale import api
     from dlscale.config import TrainConfig
-    from dlscale.store import Store
 
     cfg = TrainConfig(
         model=model, batch_size=batch_size, image_size=image_size, precision=precision,
@@ -71,45 +71,35 @@ def train(
         data=data, workers=workers, strict=strict, monitor_interval=monitor_interval,
         breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps,
     )
-    from dlscale.distributed.job import DistOptions
-
-    dist = DistOptions(nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
-                       force=nproc_per_node is not None, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                       master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
-                       link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
-                       threads_per_rank=threads_per_rank)
-    if dopt.run_train(cfg, dist, db, fmt):  # data-parallel (dlscale.distributed); else the local path below
-        return
-    store = Store.open(db)  # an unwritable database is a usage error before any work
-    run_local(cfg, store, fmt)
+    layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
+                         link_bandwidth, link_latency, timeout, threads_per_rank)
+    with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
+        rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step)
+    if rec is None:
+        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+    else:
+        report(rec, fmt)
 
 
-def run_local(cfg, store, fmt: Format) -> None:
-    """Single-process short test: resolve for the device, run through the harness, print."""
-    from dlscale.errors import RunFailure
-    from dlscale.harness import device as dev
-    from dlscale.harness.runner import execute
-    from dlscale.system import collect_cached
-    from dlscale.train.shorttest import run_short_test
+class failed_as_json:
+    """With --format json, a run that failed still prints its (failed) record on stdout."""
 
-    device = dev.select_device(cfg.device)
-    resolved = cfg.resolve(device.type)
-    dev.check_precision(resolved.precision, device)
-    system = collect_cached()
-    info(f"dlscale train {resolved.model}: batch {resolved.batch_size}, {resolved.image_size}px, "
-         f"{resolved.precision}, {'channels_last' if resolved.channels_last else 'NCHW'}, on {device}")
-    with _progress(fmt, resolved) as on_step:
-        try:
-            rec = execute(
-                kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                store=store, system=system,
-                body=lambda _rec: run_short_test(resolved, device, system, on_step=on_step),
-            )
-        except RunFailure as e:
-            if fmt == Format.json and e.run_id:
-                print_json(store.get(e.run_id).to_dict())
-            raise
-    report(rec, fmt)
+    def __init__(self, fmt: Format, db: str | None) -> None:
+        self.fmt, self.db = fmt, db
+
+    def __enter__(self) -> "failed_as_json":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        from dlscale.errors import RunFailure
+
+        if self.fmt == Format.json and isinstance(exc, RunFailure) and exc.run_id:
+            from dlscale.store import Store
+
+            with Store.open(self.db) as s:
+                rec = s.get(exc.run_id)
+            if rec is not None:
+                print_json(rec.to_dict())
 
 
 def report(rec, fmt: Format) -> None:
@@ -130,8 +120,8 @@ def report(rec, fmt: Format) -> None:
 class _progress:
     """A Rich progress bar over warm-up and measured steps, on stderr, for terminals only."""
 
-    def __init__(self, fmt: Format, cfg) -> None:
-        self.enabled = interactive() and fmt == Format.human
+    def __init__(self, fmt: Format, cfg, enabled: bool = True) -> None:
+        self.enabled = enabled and interactive() and fmt == Format.human
         self.total = (cfg.warmup_steps + cfg.steps) * cfg.repeat
         self.bar = None
 

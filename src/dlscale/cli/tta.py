@@ -6,6 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
 
 HELP = """Long test: train MODEL to a target accuracy and record the time to reach it.
@@ -53,25 +54,26 @@ def tta(
     mlperf_log: Annotated[Optional[str], typer.Option("--mlperf-log", help="Write MLPerf :::MLLOG lines here (rank 0; resnet, closed division).", show_default=False)] = None,
     checkpoint_dir: Annotated[Optional[str], typer.Option("--checkpoint-dir", help="Write an atomic checkpoint here after every epoch.", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from --checkpoint-dir's last checkpoint.")] = False,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="Data-parallel ranks per node (torchrun; gloo on CPU).")] = 1,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes in the job.")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (0 is the master).")] = 0,
-    master_addr: Annotated[str, typer.Option("--master-addr", help="Address of node 0.")] = "127.0.0.1",
-    master_port: Annotated[Optional[int], typer.Option("--master-port", help="Port on node 0 (default: a free one).", show_default=False)] = None,
-    emulate_nodes: Annotated[Optional[int], typer.Option("--emulate-nodes", help="Run this many nodes on this machine in network namespaces (root).", show_default=False)] = None,
-    link_bandwidth: Annotated[Optional[str], typer.Option("--link-bandwidth", help="Emulated inter-node link rate, e.g. 10gbit.", show_default=False)] = None,
-    link_latency: Annotated[Optional[str], typer.Option("--link-latency", help="Emulated inter-node latency, e.g. 1ms.", show_default=False)] = None,
+    nproc_per_node: dopt.NprocOpt = None,
+    nnodes: dopt.NnodesOpt = 1,
+    node_rank: dopt.NodeRankOpt = 0,
+    master_addr: dopt.MasterAddrOpt = "127.0.0.1",
+    master_port: dopt.MasterPortOpt = None,
+    backend: dopt.BackendOpt = None,
+    emulate_nodes: dopt.EmulateOpt = None,
+    link_bandwidth: dopt.BandwidthOpt = None,
+    link_latency: dopt.LatencyOpt = None,
+    timeout: dopt.TimeoutOpt = 300.0,
     tag: TagOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
-    from dataclasses import replace
-    from pathlib import Path
-
-    from dlscale.errors import RunFailure, UsageError
+    from dlscale import api
+    from dlscale.cli.train import failed_as_json
     from dlscale.longtest.config import TTAConfig
-    from dlscale.store import Store
 
+    layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
+                         link_bandwidth, link_latency, timeout)
     cfg = TTAConfig(
         model=model, data=data, target_top1=target_top1, target_top5=target_top5, max_epochs=max_epochs,
         eval_every=eval_every, batch_size=batch_size, image_size=image_size, optimizer=optimizer, lr=lr,
@@ -79,174 +81,23 @@ def tta(
         poly_power=poly_power, momentum=momentum, weight_decay=weight_decay, lars_eta=lars_eta,
         label_smoothing=label_smoothing, precision=precision, device=device, workers=workers, threads=threads,
         seed=seed, runs=runs, mlperf_log=mlperf_log, checkpoint_dir=checkpoint_dir, resume=resume,
-        nproc_per_node=nproc_per_node, nnodes=nnodes, emulate_nodes=emulate_nodes, tag=tag,
+        world_size=layout.world_size, tag=tag,
     )
-    store = Store.open(db)  # an unwritable database is a usage error before any work
-    _check_data(data)
-    if resume:
-        from dlscale.longtest.checkpoint import checkpoint_path
-
-        if not checkpoint_path(checkpoint_dir).is_file():
-            raise UsageError(f"--resume: no checkpoint at {checkpoint_path(checkpoint_dir)}; "
-                             "run without --resume to start from scratch")
-    dist = dict(node_rank=node_rank, master_addr=master_addr, master_port=master_port,
-                link_bandwidth=link_bandwidth, link_latency=link_latency)
-    recs = []
-    for i in range(runs):
-        run_cfg = cfg if runs == 1 else replace(
-            cfg, seed=seed + i,
-            mlperf_log=_nth(mlperf_log, i),
-            checkpoint_dir=str(Path(checkpoint_dir) / f"run{i}") if checkpoint_dir else None,
-        )
-        if runs > 1:
-            info(f"run {i + 1} of {runs} (seed {run_cfg.seed})")
-        try:
-            rec = run_one(run_cfg, store, dist)
-        except RunFailure as e:
-            if fmt == Format.json and e.run_id:
-                print_json(store.get(e.run_id).to_dict())
-            raise
-        if rec is not None:
-            recs.append(rec)
-            report(rec, fmt if runs == 1 else Format.human, quiet=fmt == Format.json and runs > 1)
-    if runs > 1 and recs:
-        summary = olympic_record(cfg, recs, store)
-        if fmt == Format.json:
-            print_json({"runs": [r.to_dict() for r in recs], "olympic": summary.to_dict()})
-        else:
-            out.print(_olympic_table(summary))
-
-
-def _check_data(root: str) -> None:
-    """Both splits exist with the same class folders, before any process starts (else a UsageError)."""
-    from pathlib import Path
-
-    from dlscale.errors import UsageError
-
-    classes = []
-    for split in ("train", "val"):
-        base = Path(root) / split
-        if not base.is_dir():
-            raise UsageError(f"{base} is not a directory; expected the ImageNet layout ROOT/{split}/<class>/*.jpg "
-                             "(`dlscale dataset digits ROOT` makes a small real one)")
-        classes.append(sorted(d.name for d in base.iterdir() if d.is_dir()))
-    if not classes[0] or classes[0] != classes[1]:
-        raise UsageError(f"{root}: train/ and val/ must hold the same, non-empty set of class folders")
-
-
-def _nth(path: str | None, i: int) -> str | None:
-    if not path:
-        return None
-    from pathlib import Path
-
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}_{i}{p.suffix}"))
-
-
-def device_name(device: Any, world: int = 1) -> str:
-    from dlscale.train.shorttest import _device_name
-
-    return f"{world}x{_device_name(device)}"
-
-
-def add_reference(out: Any, config: dict[str, Any], store: Any) -> None:
-    """Speed-up over the single-node run of the same config, split into throughput and epochs."""
-    from dlscale.longtest.aggregate import find_reference, speedup_split
-
-    m = out.metrics
-    if config.get("world_size", 1) == 1 or m.get("time_to_target") is None:
+    with failed_as_json(fmt, db):
+        recs = api.tta(config=cfg, layout=layout, db=db)
+    if not recs:
+        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
         return
-    ref = find_reference(store, config)
-    if ref is None:
-        out.warnings.append("no single-node tta run of the same config in the store: speed-up not computed "
-                            "(run it with --nproc-per-node/--nnodes 1 first)")
+    if runs == 1:
+        report(recs[0], fmt)
         return
-    r = ref.metrics
-    m.update(speedup_split(r["time_to_target"], r["throughput"], r["epochs_to_target"],
-                           m["time_to_target"], m["throughput"], m["epochs_to_target"]))
-    m["reference_run_id"] = ref.run_id
-    out.units.update({"speedup": "x", "throughput_speedup": "x", "epochs_ratio": "x", "train_time_speedup": "x"})
-
-
-def run_one(cfg: Any, store: Any, dist: dict[str, Any]) -> Any:
-    """One run, in this process or through torchrun; returns rank 0's record (None off node 0)."""
-    from dlscale.harness import device as dev
-    from dlscale.harness.runner import execute
-    from dlscale.system import collect_cached
-
-    if cfg.world_size > 1 or cfg.emulate_nodes:
-        return _run_distributed(cfg, store, dist)
-    device = dev.select_device(cfg.device)
-    resolved = cfg.resolve(device.type)
-    dev.check_precision(resolved.precision, device)
-    info(f"dlscale tta {resolved.model}: target top-1 {resolved.target_top1}, batch {resolved.batch_size}, "
-         f"{resolved.image_size}px, up to {resolved.max_epochs} epochs, on {device}")
-
-    def body(_rec: Any) -> Any:
-        from dlscale.longtest.tta import run_tta
-
-        return run_tta(resolved, device, platform=device_name(device), on_epoch=epoch_line)
-
-    return execute(kind="tta", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                   store=store, system=collect_cached(), body=body)
-
-
-def _run_distributed(cfg: Any, store: Any, dist: dict[str, Any]) -> Any:
-    import shutil
-    import tempfile
-    from dataclasses import asdict
-
-    from dlscale.distributed import faults
-    from dlscale.distributed.launch import run_torchrun
-    from dlscale.errors import RunFailure, UsageError
-    from dlscale.longtest.worker import MODULE, worker_args
-
-    job_dir = tempfile.mkdtemp(prefix="dlscale-tta-")
-    info(f"dlscale tta {cfg.model}: {cfg.world_size} ranks ({cfg.nodes} node(s) x {cfg.nproc_per_node}), "
-         f"global batch {cfg.global_batch}, target top-1 {cfg.target_top1}")
-    try:
-        code = run_torchrun(MODULE, worker_args(asdict(cfg), str(store.path), job_dir),
-                            nproc_per_node=cfg.nproc_per_node, nnodes=cfg.nnodes, node_rank=dist["node_rank"],
-                            master_addr=dist["master_addr"], master_port=dist["master_port"],
-                            emulate_nodes=cfg.emulate_nodes, link_bandwidth=dist["link_bandwidth"],
-                            link_latency=dist["link_latency"])
-        run_id = faults.read_run_id(job_dir)
-        failures = faults.read_failures(job_dir)
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
-    if code == 0:
-        return store.get(run_id) if run_id else None
-    causes = [f"rank {f['rank']}: {f['cause']}" for f in failures if f.get("kind") == "error"] or \
-             [f"rank {f['rank']}: {f['cause']}" for f in failures] or [f"torchrun exited with code {code}"]
-    if code == 2 and not run_id:
-        raise UsageError(causes[0].split(": ", 1)[-1])
-    raise RunFailure(f"run {run_id or '(not recorded)'} failed: {causes[0]}", run_id=run_id)
-
-
-def epoch_line(p: dict[str, Any]) -> None:
-    acc = "" if p["top1"] is None else f", top-1 {p['top1']:.4f}, top-5 {p['top5']:.4f}, val loss {p['loss']:.4f}"
-    info(f"epoch {p['epoch']}: {p['wall_s']:.2f} s since start, train loss {p['train_loss']:.4f}, "
-         f"{p['throughput']:.1f} samples/s{acc}")
-
-
-def olympic_record(cfg: Any, recs: list[Any], store: Any) -> Any:
-    """MLPerf's aggregate over --runs: drop the fastest and slowest time to target, average the rest."""
-    from dlscale.harness.runner import Outcome, execute
-    from dlscale.longtest.aggregate import olympic_mean
-
-    times = [r.metrics.get("time_to_target") for r in recs]
-
-    def body(_rec: Any) -> Any:
-        m: dict[str, Any] = {"runs": len(recs), "runs_reached": sum(t is not None for t in times),
-                             "olympic_time_to_target": olympic_mean(times) if len(recs) >= 3 else None}
-        warnings = [] if len(recs) >= 3 else ["the olympic mean needs at least 3 runs"]
-        if len(recs) >= 3 and m["olympic_time_to_target"] is None:
-            warnings.append("two or more runs did not reach the target: no olympic mean")
-        return Outcome(metrics=m, units={"runs": "runs", "runs_reached": "runs", "olympic_time_to_target": "s"},
-                       raw={"run_ids": [r.run_id for r in recs], "times_to_target": times,
-                            "seeds": [r.config.get("seed") for r in recs]}, warnings=warnings)
-
-    return execute(kind="tta_olympic", workload=cfg.model, config=cfg.to_dict(), tag=cfg.tag, store=store, body=body)
+    *each, summary = recs
+    for rec in each:
+        report(rec, Format.human, quiet=fmt == Format.json)
+    if fmt == Format.json:
+        print_json({"runs": [r.to_dict() for r in each], "olympic": summary.to_dict()})
+    else:
+        out.print(_olympic_table(summary))
 
 
 def report(rec: Any, fmt: Format, quiet: bool = False) -> None:

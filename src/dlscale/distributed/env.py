@@ -26,6 +26,9 @@ from typing import Any
 from dlscale.errors import UsageError
 
 DEFAULT_PORT = 29500
+# Set by dlscale's launcher on emulated nodes, which share one host's devices: the host-local index
+# of the node's first rank (node k of g ranks per node: k x g).
+DEVICE_OFFSET_ENV = "DLSCALE_DEVICE_OFFSET"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,20 @@ def export(env: DistEnv) -> None:
     })
 
 
+def host_rank(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
+    """This rank's index among the ranks on this host: the local rank, shifted by the emulated node's
+    offset where several emulated nodes share the host (``DEVICE_OFFSET_ENV``)."""
+    e = os.environ if environ is None else environ
+    return _int(e, DEVICE_OFFSET_ENV, default=0) + env.local_rank
+
+
+def device_index(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
+    """The CUDA device this rank owns: its host rank modulo the visible devices."""
+    import torch
+
+    return host_rank(env, environ) % max(1, torch.cuda.device_count())
+
+
 def default_backend(device_type: str) -> str:
     """nccl on CUDA devices, gloo on CPUs."""
     return "nccl" if device_type == "cuda" else "gloo"
@@ -143,8 +160,8 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
         raise UsageError(f"unknown --backend {backend!r}; choose gloo, nccl or mpi")
     if backend == "nccl" and not torch.cuda.is_available():
         raise UsageError("--backend nccl needs CUDA devices; use gloo on CPU")
-    if backend == "nccl":
-        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    if device_type == "cuda" and torch.cuda.is_available():  # every rank owns its device, whatever the backend
+        torch.cuda.set_device(device_index(env))
     export(env)
     dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s))

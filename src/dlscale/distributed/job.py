@@ -1,129 +1,161 @@
-"""A data-parallel short test as one job: launch the ranks, then read or record its outcome.
+"""The one launcher of every multi-process job: start the ranks, collect the outcome, record failures.
 
-``run_job`` is what ``dlscale train --nproc-per-node N`` and ``dlscale scale`` call on the
-launching machine. It launches ``worker`` on every rank through ``launch.launch`` (torchrun),
-and afterwards returns the record rank 0 stored; when the job failed it writes the failure into
-that record (or a new one, when rank 0 never got to record) with one line naming the rank and
-the cause, and raises ``RunFailure``.
+A *family* (``train``, ``tta``, ``collectives``, ...) says what one rank runs: a module with
+``run_rank(spec: RankSpec, env: DistEnv) -> RunRecord | None`` (rank 0 returns the record it
+stored, the others None). ``run_job`` runs it on every rank of a ``Layout``:
+
+- started by an external launcher (torchrun, Slurm ``srun``, OpenMPI ``mpirun``): in place, this
+  process being one rank;
+- otherwise through torchrun (``launch.launch``): one node, several nodes with ``--nnodes``
+  (static rendezvous at the master), or emulated nodes in network namespaces. Every rank runs
+  ``python -m dlscale.distributed.rank --spec JSON``, whose failure handler is the same for
+  every family.
+
+Afterwards the record rank 0 stored is read back. A failed job is written into that record (or a
+new one, when rank 0 never got to record) with one line naming the rank and the cause
+(``faults.diagnose``); Ctrl-C or SIGTERM leaves an ``interrupted`` record. Either way
+``RunFailure`` follows. Bad input found by the ranks before the run is a ``UsageError``.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlscale.distributed import faults
-from dlscale.distributed.launch import launch, validate
-from dlscale.distributed.worker import MODULE, WorkerSpec
 from dlscale.errors import RunFailure, UsageError
+from dlscale.layout import Layout
 
-DEFAULT_TIMEOUT_S = 300.0
+RANK_MODULE = "dlscale.distributed.rank"
+
+# family -> (module with run_rank, record kind, config key naming the workload)
+FAMILIES: dict[str, tuple[str, str, str | None]] = {
+    "train": ("dlscale.distributed.worker", "train", "model"),
+    "tta": ("dlscale.longtest.worker", "tta", "model"),
+    "collectives": ("dlscale.micro.coll_worker", "micro", None),
+}
 
 
-@dataclass(frozen=True)
-class DistOptions:
-    """How the ranks are laid out and started; validated at construction."""
+@dataclass
+class RankSpec:
+    """What every rank runs: the family, its config (a typed config's fields), the layout, where to record."""
 
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    backend: str | None = None
-    emulate_nodes: int | None = None
-    link_bandwidth: str | None = None
-    link_latency: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    threads_per_rank: int | None = None
-    force: bool = False  # run through torchrun even with one rank (e.g. --nproc-per-node 1)
+    family: str
+    config: dict[str, Any]
+    layout: dict[str, Any] = field(default_factory=dict)
+    db: str | None = None
+    job_dir: str | None = None  # where ranks report failures and rank 0 the run id
 
     def __post_init__(self) -> None:
-        validate(nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank,
-                 master_port=self.master_port, emulate_nodes=self.emulate_nodes,
-                 link_bandwidth=self.link_bandwidth, link_latency=self.link_latency, timeout_s=self.timeout_s)
-        if self.backend not in (None, "gloo", "nccl", "mpi"):
-            raise UsageError(f"unknown --backend {self.backend!r}; choose gloo, nccl or mpi")
-        if self.threads_per_rank is not None and self.threads_per_rank < 1:
-            raise UsageError(f"--threads-per-rank must be >= 1, got {self.threads_per_rank}")
-        if self.link_bandwidth:
-            from dlscale.distributed.netns import parse_rate
-
-            parse_rate(self.link_bandwidth)
-        if self.link_latency:
-            from dlscale.distributed.netns import parse_latency
-
-            parse_latency(self.link_latency)
+        if self.family not in FAMILIES:
+            raise UsageError(f"unknown job family {self.family!r}; known: {', '.join(FAMILIES)}")
 
     @property
-    def nodes(self) -> int:
-        return self.emulate_nodes or self.nnodes
+    def layout_config(self) -> Layout:
+        return Layout(**self.layout)
 
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.nproc_per_node
+    def to_args(self) -> list[str]:
+        return ["--spec", json.dumps(asdict(self), default=str)]
 
-    @property
-    def distributed(self) -> bool:
-        return self.force or self.world_size > 1 or self.emulate_nodes is not None
-
-    def link(self) -> dict[str, Any]:
-        if not self.emulate_nodes:
-            return {}
-        return {"emulated": True, "nodes": self.emulate_nodes, "link_bandwidth": self.link_bandwidth,
-                "link_latency": self.link_latency}
+    @classmethod
+    def from_json(cls, text: str) -> "RankSpec":
+        return cls(**json.loads(text))
 
 
-def run_job(cfg: Any, opts: DistOptions, db: str | None) -> Any:
-    """Launch the job; return rank 0's record (None on a node other than 0); RunFailure if it failed."""
+def rank_function(family: str) -> Any:
+    """The family's ``run_rank``."""
+    return importlib.import_module(FAMILIES[family][0]).run_rank
+
+
+def workload_of(family: str, config: dict[str, Any]) -> str:
+    key = FAMILIES[family][2]
+    return str(config.get(key)) if key else family
+
+
+def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None) -> Any:
+    """Run ``family`` on every rank of ``layout``; rank 0's record (None on a node other than 0).
+
+    Raises ``RunFailure`` (recorded as failed or interrupted) when the job failed, ``UsageError``
+    when the ranks refused their input before the run started.
+    """
+    from dlscale.distributed.env import detect
+
+    env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
+    if env is not None:
+        return run_in_place(family, config, layout, db, env)
     from dlscale.store import Store
 
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
-    # Emulated nodes share one host: gloo over the shaped link (nccl would take P2P/shared memory).
-    backend = opts.backend or ("gloo" if opts.emulate_nodes else None)
-    spec = WorkerSpec(config=cfg.to_dict(), db=str(Store.open(db).path), backend=backend,
-                      timeout_s=opts.timeout_s, job_dir=job_dir, threads_per_rank=opts.threads_per_rank,
-                      expected_world_size=opts.world_size, link=opts.link())
+    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=str(Store.open(db).path),
+                    job_dir=job_dir)
     try:
-        res = launch(MODULE, spec.to_args(), nproc_per_node=opts.nproc_per_node, nnodes=opts.nnodes,
-                     node_rank=opts.node_rank, master_addr=opts.master_addr, master_port=opts.master_port,
-                     emulate_nodes=opts.emulate_nodes, link_bandwidth=opts.link_bandwidth,
-                     link_latency=opts.link_latency, timeout_s=None,
-                     threads_per_rank=opts.threads_per_rank, rdzv_timeout_s=opts.timeout_s)
-        run_id = faults.read_run_id(job_dir)
-        failures = faults.read_failures(job_dir)
+        res = _launch(spec, layout)
+        run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
-        if opts.node_rank == 0 or opts.emulate_nodes:
-            with Store.open(db) as store:
-                rec = _failed_record(cfg, opts)
-                rec.fail("interrupted (Ctrl-C or SIGTERM) before the run finished")
-                store.insert(rec)
+        if layout.node_rank == 0:
+            _record_failure(family, config, layout, db, None, "interrupted (Ctrl-C or SIGTERM) before the run finished")
         raise
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     usage = [f for f in failures if f["kind"] == "usage"]
     if usage and not run_id:  # bad input found by the ranks before the run started: nothing to record
         raise UsageError(usage[0]["cause"])
-    with Store.open(db) as store:
-        if res.returncode == 0:
-            return store.get(run_id) if run_id else None
-        msg = faults.diagnose(failures, opts.world_size, res.failures)
-        if opts.node_rank != 0 and not opts.emulate_nodes:
-            raise RunFailure(f"node {opts.node_rank}: {msg}")
-        rec = store.get(run_id) if run_id else _failed_record(cfg, opts)
-        rec.fail(msg)
-        store.insert(rec)
+    if res.returncode == 0:
+        if run_id:
+            with Store.open(db) as store:
+                return store.get(run_id)
+        return None
+    msg = faults.diagnose(failures, layout.world_size, res.failures, timed_out=res.timed_out,
+                          timeout_s=layout.timeout_s)
+    if layout.node_rank != 0:
+        raise RunFailure(f"node {layout.node_rank}: {msg}")
+    rec = _record_failure(family, config, layout, db, run_id, msg, log_tail=res.log_tail)
     raise RunFailure(f"run {rec.run_id} failed: {msg}", run_id=rec.run_id)
 
 
-def _failed_record(cfg: Any, opts: DistOptions) -> Any:
-    from dlscale.record import RunRecord
+def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any) -> Any:
+    """This process is one rank of a job an external launcher started: run it here."""
+    if layout.emulate_nodes:
+        raise UsageError("--emulate-nodes starts its own ranks; do not combine it with torchrun, srun or mpirun")
+    asked = layout.world_size if (layout.force or layout.nnodes > 1 or layout.nproc_per_node > 1) else None
+    if asked is not None and asked != env.world_size:
+        raise UsageError(f"mismatched world size: {env.launcher} started {env.world_size} ranks but "
+                         f"--nproc-per-node x --nnodes is {asked}")
+    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db)
+    return rank_function(family)(spec, env)
+
+
+def _launch(spec: RankSpec, layout: Layout) -> Any:
+    from dlscale.distributed.launch import launch
+
+    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None)
+
+
+def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, run_id: str | None,
+                    msg: str, log_tail: list[str] | None = None) -> Any:
+    """Write the failure into rank 0's record, or a new one when rank 0 never recorded."""
+    from dlscale.record import RunRecord, utc_now
+    from dlscale.store import Store
     from dlscale.system import collect_cached
 
-    config = {**cfg.to_dict(), "world_size": opts.world_size, "nodes": opts.nodes,
-              "devices_per_node": opts.nproc_per_node, "backend": opts.backend,
-              "launcher": "torchrun", "emulated_nodes": bool(opts.emulate_nodes),
-              "link_bandwidth": opts.link_bandwidth, "link_latency": opts.link_latency,
-              "threads_per_rank": opts.threads_per_rank, "dist_timeout_s": opts.timeout_s}
-    return RunRecord(kind="train", workload=cfg.model, config=config, system=collect_cached(), tag=cfg.tag)
+    with Store.open(db) as store:
+        rec = store.get(run_id) if run_id else None
+        if rec is None:
+            rec = RunRecord(kind=FAMILIES[family][1], workload=workload_of(family, config),
+                            config={**config, **layout.config()}, system=collect_cached(), tag=config.get("tag"))
+        rec.fail(msg)
+        if log_tail:
+            rec.raw["launcher_log"] = log_tail[-200:]
+        rec.finished_at = rec.finished_at or utc_now()
+        store.insert(rec)
+    return rec
+
+
+def threads_here(layout: Layout) -> int:
+    """CPU threads per rank: as given, else this machine's cores shared by its ranks."""
+    return layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here)

@@ -24,8 +24,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from dlscale.distributed.env import DEFAULT_PORT
+from dlscale.distributed.env import DEFAULT_PORT, DEVICE_OFFSET_ENV
 from dlscale.errors import UsageError
+from dlscale.layout import Layout
 
 GRACE_S = 5.0
 RDZV_TIMEOUT_S = 300
@@ -51,90 +52,64 @@ class LaunchResult:
     log_tail: list[str] = field(default_factory=list)
 
 
-def run_torchrun(module: str, module_args: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                 master_addr: str = "127.0.0.1", master_port: int | None = None, emulate_nodes: int | None = None,
-                 link_bandwidth: str | None = None, link_latency: str | None = None,
-                 timeout_s: float | None = None) -> int:
-    """Run ``python -m module *module_args`` on every rank with torchrun; return the exit code.
+def run_torchrun(module: str, module_args: list[str], layout: Layout, *, timeout_s: float | None = None) -> int:
+    """Run ``python -m module *module_args`` on every rank of ``layout`` with torchrun; the exit code.
 
-    ``nproc_per_node`` ranks on this node, ``nnodes`` nodes, this one being ``node_rank``; the
-    ranks meet at ``master_addr:master_port`` (static rendezvous; ``master_port`` None takes a
-    free port on a single node and 29500 across nodes). ``emulate_nodes=K`` runs K nodes on this
-    machine, each in its own network namespace with links shaped to ``link_bandwidth`` (e.g.
-    '10gbit') and ``link_latency`` (netem, where the kernel has it); it needs root and iproute2.
-    ``timeout_s`` bounds the whole job: past it every process of the job is ended and the exit
-    code is 124. Bad values, a busy port, an unreachable master or missing emulation support
-    raise a one-line ``UsageError`` before anything starts.
+    ``layout.nproc_per_node`` ranks on this node, ``layout.nnodes`` nodes, this one being
+    ``layout.node_rank``; the ranks meet at the master (static rendezvous; no port given takes a
+    free one on a single node and 29500 across nodes). ``layout.emulate_nodes=K`` runs K nodes on
+    this machine, each in its own network namespace with links shaped to the layout's link rate
+    (and delay, where the kernel has netem); it needs root and iproute2. ``timeout_s`` bounds the
+    whole job: past it every process of the job is ended and the exit code is 124. A busy port,
+    an unreachable master or missing emulation support is a one-line ``UsageError`` before
+    anything starts.
     """
-    return launch(module, module_args, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                  master_addr=master_addr, master_port=master_port, emulate_nodes=emulate_nodes,
-                  link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout_s).returncode
+    return launch(module, module_args, layout, timeout_s=timeout_s).returncode
 
 
-def validate(*, nproc_per_node: int, nnodes: int, node_rank: int, master_port: int | None,
-             emulate_nodes: int | None, link_bandwidth: str | None, link_latency: str | None,
-             timeout_s: float | None) -> None:
-    """One-line UsageErrors for values that cannot work, before anything starts."""
-    if nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
-    if nnodes < 1:
-        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
-    if not 0 <= node_rank < nnodes:
-        raise UsageError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise UsageError(f"--master-port must be in 1..65535, got {master_port}")
-    if timeout_s is not None and timeout_s <= 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {timeout_s}")
-    if emulate_nodes is None:
-        if link_bandwidth or link_latency:
-            raise UsageError("--link-bandwidth/--link-latency shape emulated links; add --emulate-nodes K")
-        return
-    if emulate_nodes < 1:
-        raise UsageError(f"--emulate-nodes must be >= 1, got {emulate_nodes}")
-    if nnodes not in (1, emulate_nodes) or node_rank != 0:
-        raise UsageError(f"--emulate-nodes {emulate_nodes} runs every node here; leave out --nnodes/--node-rank "
-                         f"(or give --nnodes {emulate_nodes})")
-
-
-def launch(module: str, module_args: list[str], *, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-           master_addr: str = "127.0.0.1", master_port: int | None = None, emulate_nodes: int | None = None,
-           link_bandwidth: str | None = None, link_latency: str | None = None, timeout_s: float | None = None,
-           threads_per_rank: int | None = None, extra_env: dict[str, str] | None = None,
-           rdzv_timeout_s: float | None = None) -> LaunchResult:
-    """``run_torchrun`` with the failure details: see there. ``threads_per_rank`` sets OMP_NUM_THREADS;
-    ``rdzv_timeout_s`` bounds the rendezvous and the wait for an unreachable master (default: the
-    smaller of ``timeout_s`` and 300 s)."""
-    validate(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_port=master_port,
-             emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout_s)
-    local_ranks = nproc_per_node * (emulate_nodes or 1)
+def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: float | None = None,
+           extra_env: dict[str, str] | None = None) -> LaunchResult:
+    """``run_torchrun`` with the failure details: see there. The layout's ``threads_per_rank`` sets
+    OMP_NUM_THREADS (default: cores / ranks here); its ``timeout_s`` bounds the rendezvous and the
+    wait for an unreachable master (at most 300 s)."""
     env = dict(os.environ)
     env.update(extra_env or {})
-    if threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, (os.cpu_count() or 1) // local_ranks))
+    if layout.threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    limit = rdzv_timeout_s or timeout_s
-    rdzv_timeout = max(1, int(min(limit, RDZV_TIMEOUT_S))) if limit else RDZV_TIMEOUT_S
-    if emulate_nodes:
-        from dlscale.distributed.netns import IFNAME, EmulatedNodes
-
-        en = EmulatedNodes(emulate_nodes, link_bandwidth, link_latency)
-        port = master_port or DEFAULT_PORT
-        with en:
-            env.setdefault("GLOO_SOCKET_IFNAME", IFNAME)
-            cmds = [en.exec_prefix(k) + _torchrun_cmd(module, module_args, nproc_per_node, emulate_nodes, k,
-                                                      en.address(0), port, rdzv_timeout)
-                    for k in range(emulate_nodes)]
-            return _supervise(cmds, env, timeout_s)
-    if nnodes > 1 and master_port is None:
+    rdzv_timeout = max(1, int(min(layout.timeout_s, RDZV_TIMEOUT_S)))
+    if layout.emulate_nodes:
+        return _launch_emulated(module, module_args, layout, env, rdzv_timeout, timeout_s)
+    master_port = layout.master_port
+    if layout.nnodes > 1 and master_port is None:
         master_port = DEFAULT_PORT  # every node must agree on it; a single node takes a free one
-    if node_rank == 0:
-        master_port = _check_master_port(master_addr, master_port)
+    if layout.node_rank == 0:
+        master_port = _check_master_port(layout.master_addr, master_port)
     else:
-        _check_master_reachable(master_addr, master_port, float(rdzv_timeout))
-    if nnodes == 1 and _is_loopback(master_addr):
+        _check_master_reachable(layout.master_addr, master_port, float(rdzv_timeout))
+    if layout.nnodes == 1 and _is_loopback(layout.master_addr):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    cmd = _torchrun_cmd(module, module_args, nproc_per_node, nnodes, node_rank, master_addr, master_port, rdzv_timeout)
+    cmd = _torchrun_cmd(module, module_args, layout.nproc_per_node, layout.nnodes, layout.node_rank,
+                        layout.master_addr, master_port, rdzv_timeout)
     return _supervise([cmd], env, timeout_s)
+
+
+def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: dict[str, str], rdzv_timeout: int,
+                     timeout_s: float | None) -> LaunchResult:
+    """Every emulated node's torchrun, each in its namespace. The nodes share this host's devices:
+    node k's ranks take device indices k x nproc_per_node + local rank (``DEVICE_OFFSET_ENV``)."""
+    from dlscale.distributed.netns import IFNAME, EmulatedNodes
+
+    k_nodes = layout.emulate_nodes
+    en = EmulatedNodes(k_nodes, layout.link_bandwidth, layout.link_latency)
+    port = layout.master_port or DEFAULT_PORT
+    with en:
+        env.setdefault("GLOO_SOCKET_IFNAME", IFNAME)
+        cmds = [en.exec_prefix(k) + ["env", f"{DEVICE_OFFSET_ENV}={k * layout.nproc_per_node}"]
+                + _torchrun_cmd(module, module_args, layout.nproc_per_node, k_nodes, k, en.address(0), port,
+                                rdzv_timeout)
+                for k in range(k_nodes)]
+        return _supervise(cmds, env, timeout_s)
 
 
 def _torchrun_cmd(module: str, module_args: list[str], nproc: int, nnodes: int, node_rank: int,
@@ -239,12 +214,62 @@ def _supervise(cmds: list[list[str]], env: dict[str, str], timeout_s: float | No
 
 
 def _pump(stream, tail: deque, teardown: list[float]) -> None:
+    shown = LauncherFilter(debug=bool(os.environ.get("DLSCALE_DEBUG")))
     for line in stream:
         tail.append(line.rstrip("\n"))
         if "closing signal SIGTERM" in line and not teardown:
             teardown.append(time.monotonic())
-        sys.stderr.write(line)
+        for out in shown(line):
+            sys.stderr.write(out)
     sys.stderr.flush()
+
+
+# torchrun's own log lines (glog style: 'E1123 14:02:03.123000 4242 torch/distributed/...] ...').
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+
+
+class LauncherFilter:
+    """Which launcher output lines reach stderr: the ranks' own output, not torchrun's failure banner.
+
+    A failed job makes torchrun print its log lines, a Python traceback ending in
+    ``ChildFailedError`` and a summary framed by '=' rules. dlscale names the failed rank in one
+    line of its own, and the launcher's output is kept in the failed record (``raw.launcher_log``),
+    so the banner is held back unless ``DLSCALE_DEBUG`` is set. Any other traceback is shown whole.
+    Calling the filter with a line returns the lines to show now (possibly held-back ones).
+    """
+
+    def __init__(self, debug: bool = False) -> None:
+        self.debug = debug
+        self.held: list[str] | None = None  # a traceback whose end is not seen yet
+        self.rules = -1  # '=' rules seen in torchrun's summary; -1: not in it
+
+    def __call__(self, line: str) -> list[str]:
+        text = line.rstrip("\n")
+        if self.debug:
+            return [line]
+        if self.rules >= 0:  # inside torchrun's summary: up to its second rule
+            self.rules += text.startswith("=" * 20)
+            if self.rules >= 2:
+                self.rules = -1
+            return []
+        if _GLOG.match(text):
+            return []
+        if self.held is not None:
+            return self._traceback_line(line, text)
+        if text.startswith("Traceback (most recent call last):"):
+            self.held = [line]
+            return []
+        return [line]
+
+    def _traceback_line(self, line: str, text: str) -> list[str]:
+        if "ChildFailedError" in text:  # torchrun's own: drop it, and its summary that follows
+            self.held, self.rules = None, 0
+            return []
+        if text.startswith((" ", "\t")) or not text:
+            self.held.append(line)
+            return []
+        shown, self.held = [*self.held, line], None  # the last line of somebody else's traceback
+        return shown
 
 
 def _install_sigterm():

@@ -21,6 +21,12 @@ def select_device(requested: str, local_rank: int = 0) -> Any:
     return torch.device("cpu")
 
 
+def default_channels_last(device_type: str, precision: str) -> bool:
+    """The memory format when none is asked for: NHWC (channels_last) is the fast layout for
+    convolutions on CPUs (oneDNN) and on tensor cores (reduced precision); NCHW for fp32 on GPUs."""
+    return device_type == "cpu" or precision != "fp32"
+
+
 def check_precision(precision: str, device: Any) -> None:
     """Refuse a precision the device cannot run, with what to use instead."""
     import torch
@@ -60,3 +66,14 @@ def synchronize(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: Any) -> str:
+    """What the record calls the device: the GPU's name as the driver reports it, else the CPU model."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    from dlscale.system import cpu_info
+
+    return cpu_info().get("model") or "cpu"

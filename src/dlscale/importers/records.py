@@ -3,7 +3,8 @@
 An imported record has kind ``train`` (throughput, time to accuracy: what a short or long test
 measures), ``imported`` true, the system it came from in ``config["system"]`` and where it came
 from in ``config["source"]``. Its ``system`` inventory holds only ``{"name": ..., "imported": true}``:
-nothing about this machine is attached to a number made elsewhere.
+nothing about this machine is attached to a number made elsewhere. Storing a file's records once
+(however many processes import it at once) is the store's job: ``Store.insert_imports``.
 """
 
 from __future__ import annotations

@@ -47,6 +47,13 @@ def speedup_split(t_1: float, x_1: float, e_1: float, t_n: float, x_n: float, e_
     }
 
 
+def _nodes(config: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, ranks per node) of a tta record's config (the layout keys; older records' own fields)."""
+    nodes = config.get("nodes") or config.get("emulate_nodes") or config.get("nnodes") or 1
+    per_node = config.get("devices_per_node") or config.get("nproc_per_node") or 1
+    return int(nodes), int(per_node)
+
+
 def find_reference(store: Any, config: dict[str, Any]) -> Any | None:
     """The newest ok tta record of the same config on one node (the speed-up's reference).
 
@@ -57,13 +64,13 @@ def find_reference(store: Any, config: dict[str, Any]) -> Any | None:
     from dlscale.longtest.config import same_config_key
 
     key = same_config_key(config, with_seed=False)
-    nodes = config.get("emulate_nodes") or config.get("nnodes", 1)
+    nodes, per_node = _nodes(config)
     for rec in store.query(kind="tta", workload=config["model"], status="ok"):
         c = rec.config
         if same_config_key(c, with_seed=False) != key or rec.metrics.get("time_to_target") is None:
             continue
-        r_nodes = c.get("emulate_nodes") or c.get("nnodes", 1)
-        if nodes > 1 and r_nodes == 1 and c.get("nproc_per_node") == config.get("nproc_per_node"):
+        r_nodes, r_per_node = _nodes(c)
+        if nodes > 1 and r_nodes == 1 and r_per_node == per_node:
             return rec
         if nodes == 1 and config.get("world_size", 1) > 1 and c.get("world_size", 1) == 1:
             return rec

@@ -16,7 +16,8 @@ DEVICES = ("auto", "cpu", "cuda")
 # only in these are "the same config" (the reference for speed-up and for --resume checks).
 EXECUTION_FIELDS = frozenset({
     "tag", "mlperf_log", "checkpoint_dir", "resume", "runs", "workers", "nproc_per_node", "nnodes",
-    "emulate_nodes", "world_size", "device_name", "threads",
+    "emulate_nodes", "world_size", "nodes", "devices_per_node", "backend", "launcher", "emulated_nodes",
+    "link_bandwidth", "link_latency", "threads_per_rank", "dist_timeout_s", "device_name", "threads",
 })
 
 
@@ -50,9 +51,7 @@ class TTAConfig:
     mlperf_log: str | None = None
     checkpoint_dir: str | None = None
     resume: bool = False
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    emulate_nodes: int | None = None
+    world_size: int = 1  # ranks of the job: set from its Layout (dlscale.layout) by api.tta
     tag: str | None = None
 
     def __post_init__(self) -> None:
@@ -63,13 +62,9 @@ class TTAConfig:
             if v is not None and not 0 < v <= 1:
                 raise UsageError(f"{opt} is a fraction in (0, 1] (0.759 for 75.9%), got {v}")
         for opt, v in (("--max-epochs", self.max_epochs), ("--eval-every", self.eval_every),
-                       ("--batch-size", self.batch_size), ("--runs", self.runs),
-                       ("--nproc-per-node", self.nproc_per_node), ("--nnodes", self.nnodes)):
+                       ("--batch-size", self.batch_size), ("--runs", self.runs), ("world_size", self.world_size)):
             if v <= 0:
                 raise UsageError(f"{opt} must be > 0, got {v}")
-        if self.emulate_nodes is not None and (self.emulate_nodes <= 0 or self.nnodes > 1):
-            raise UsageError(f"--emulate-nodes must be > 0 and runs on one machine (no --nnodes), "
-                             f"got {self.emulate_nodes}")
         if self.image_size is not None:
             check_image_size(w, self.image_size)
         check_choice("--optimizer", self.optimizer, OPTIMIZERS)
@@ -90,14 +85,6 @@ class TTAConfig:
         self.schedule()  # validates the schedule options
 
     @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nodes
-
-    @property
-    def nodes(self) -> int:
-        return self.emulate_nodes or self.nnodes
-
-    @property
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
@@ -106,6 +93,17 @@ class TTAConfig:
 
         return build_schedule(self.lr_schedule, self.lr, self.global_batch, self.lr_scaling, self.max_epochs,
                               self.warmup_epochs, self.end_lr, self.poly_power)
+
+    @property
+    def peak_lr(self) -> float:
+        """The LR the schedule peaks at, after --lr-scaling (what the optimizer starts from)."""
+        return self.schedule().peak
+
+    def lr_rule(self) -> str:
+        """How ``peak_lr`` follows from --lr, --lr-scaling and the global batch, with the numbers."""
+        from dlscale.longtest.schedules import lr_rule
+
+        return lr_rule(self.lr_schedule, self.lr, self.global_batch, self.lr_scaling)
 
     def resolve(self, device_type: str) -> "TTAConfig":
         from dlscale import workloads
@@ -117,7 +115,6 @@ class TTAConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["world_size"] = self.world_size
         d["global_batch"] = self.global_batch
         return d
 

@@ -35,6 +35,26 @@ def scaled_lr(base_lr: float, global_batch: int, scaling: str = "linear") -> flo
     return base_lr * global_batch / REFERENCE_BATCH
 
 
+def lr_rule(spec: str, base_lr: float, global_batch: int, scaling: str = "linear") -> str:
+    """How the peak LR follows from the options, with the numbers: what a run prints when it starts.
+
+    Linear scaling, a named schedule, ``--lr 0.1`` on global batch 32: ``peak lr = --lr 0.1 x global
+    batch 32 / 256 = 0.0125``. A piecewise schedule peaks at its first value, and every value is
+    scaled alike (``--lr`` is then not used).
+    """
+    factor = scaled_lr(1.0, global_batch, scaling)
+    if is_piecewise(spec):
+        base = parse_piecewise(spec).values[0]
+        source, given = f"the --lr-schedule's first value {base:g}", "the --lr-schedule values"
+    else:
+        base, source, given = base_lr, f"--lr {base_lr:g}", "--lr"
+    if scaling == "none":
+        return (f"no scaling: peak lr = {source}, as given "
+                f"(--lr-scaling linear to scale it by global batch / {REFERENCE_BATCH})")
+    return (f"linear scaling: peak lr = {source} x global batch {global_batch} / {REFERENCE_BATCH} = "
+            f"{base * factor:g} (--lr-scaling none to use {given} as given)")
+
+
 @dataclass(frozen=True)
 class Piecewise:
     values: tuple[float, ...]  # len(boundaries) + 1 values

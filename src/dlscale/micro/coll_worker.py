@@ -14,15 +14,13 @@ expected values; #wrong is the sum over ranks. Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from typing import Any
 
-from dlscale.micro.collectives import COLLECTIVES, ELEMENT, MODES, Buffers, count_for, parse_sizes
+from dlscale.micro.collectives import COLLECTIVES, ELEMENT, MODES, Buffers, CollectiveOptions, count_for, parse_sizes
 
-UNITS = {"avg_busbw": "GB/s", "max_busbw": "GB/s", "wrong": "elements", "world_size": "ranks", "rows": "rows"}
+UNITS = {"avg_busbw": "GB/s", "max_busbw": "GB/s", "wrong": "elements", "world_size": "ranks", "rows": "rows",
+         **{f"{stat}_busbw_{op}": "GB/s" for op in COLLECTIVES for stat in ("avg", "max")}}
 
 
 class WrongResults(RuntimeError):
@@ -31,24 +29,6 @@ class WrongResults(RuntimeError):
 
 class BelowMinBusBw(RuntimeError):
     pass
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dlscale.micro.coll_worker")
-    p.add_argument("--ops", default=",".join(COLLECTIVES))
-    p.add_argument("--sizes", default="8:128M")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--budget", type=float, default=0.5, help="seconds per (collective, size, mode)")
-    p.add_argument("--min-busbw", type=float, default=None, help="GB/s: fail when the average busbw is lower")
-    p.add_argument("--plant-wrong", default=None, help="corrupt one element of this collective's result (a test)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--db", default=None)
-    p.add_argument("--tag", default=None)
-    p.add_argument("--result", default=None, help="rank 0 writes {run_id, status} here")
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--launch", default="{}", help="JSON: how the job was launched (recorded in the config)")
-    return p.parse_args(argv)
 
 
 def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, reduce_max) -> tuple[float, int]:
@@ -73,7 +53,7 @@ def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, re
     return (time.perf_counter() - t0) / n_iters, n_iters
 
 
-def sweep(args: argparse.Namespace, rank: int, n: int, device: Any, record: Any | None = None) -> dict[str, Any]:
+def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any | None = None) -> dict[str, Any]:
     """Every (collective, size): a row with out-of-place and in-place figures and #wrong."""
     import torch
     import torch.distributed as dist
@@ -90,14 +70,13 @@ def sweep(args: argparse.Namespace, rank: int, n: int, device: Any, record: Any 
     def reduce_max(x: float) -> float:
         return reduce([x], dist.ReduceOp.MAX)[0]
 
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     rows: list[dict[str, Any]] = []
     if record is not None:
         record.raw["rows"] = rows  # kept on the record if the sweep fails part-way
     elem = ELEMENT["float"]
-    for name in ops:
+    for name in opts.op_list:
         coll = COLLECTIVES[name]
-        for size in parse_sizes(args.sizes):
+        for size in parse_sizes(opts.sizes):
             count = count_for(coll, size, n, elem)
             if count == 0 or (coll.sharded and count < n):
                 continue
@@ -108,11 +87,11 @@ def sweep(args: argparse.Namespace, rank: int, n: int, device: Any, record: Any 
                     row[mode] = None
                     continue
                 b = Buffers(coll, count, mode, rank, n, device)
-                t, iters = time_collective(b, args.warmup, args.iters, args.budget, sync, reduce_max)
+                t, iters = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max)
                 b.reset()
                 b.call()
                 sync()
-                if args.plant_wrong == name and rank == (0 if coll.rooted else n - 1):
+                if opts.plant_wrong == name and rank == (0 if coll.rooted else n - 1):
                     b.result().view(-1)[0] += 1  # a planted wrong element: the check must catch it
                 t_sum, wrong = reduce([t, float(b.wrong())], dist.ReduceOp.SUM)
                 t_mean = t_sum / n
@@ -125,94 +104,127 @@ def sweep(args: argparse.Namespace, rank: int, n: int, device: Any, record: Any 
 
 
 def summarize(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    """nccl-tests' footer: the average busbw over every measured (size, mode); total #wrong."""
+    """nccl-tests' footer, per collective: the average and largest busbw over its measured cells.
+
+    ``avg_busbw_<op>`` is the mean over that collective's measured (size, mode) cells and
+    ``max_busbw_<op>`` the largest; ``avg_busbw``/``max_busbw`` are kept only when a single
+    collective ran (None otherwise: busbw of different collectives does not average to a figure
+    of anything). ``wrong`` is the total #wrong.
+    """
+    by_op: dict[str, list[float]] = {}
+    for row in rows:
+        by_op.setdefault(row["op"], []).extend(row[m]["busbw"] for m in MODES if row.get(m))
+    per_op: dict[str, Any] = {}
+    for op, busbws in by_op.items():
+        per_op[f"avg_busbw_{op}"] = sum(busbws) / len(busbws) if busbws else None
+        per_op[f"max_busbw_{op}"] = max(busbws) if busbws else None
+    only = next(iter(by_op)) if len(by_op) == 1 else None
     cells = [row[m] for row in rows for m in MODES if row.get(m)]
-    busbws = [c["busbw"] for c in cells]
     return {
-        "avg_busbw": sum(busbws) / len(busbws) if busbws else None,
-        "max_busbw": max(busbws) if busbws else None,
+        "avg_busbw": per_op[f"avg_busbw_{only}"] if only else None,
+        "max_busbw": per_op[f"max_busbw_{only}"] if only else None,
+        **per_op,
         "wrong": sum(c["wrong"] for c in cells),
         "world_size": n,
         "rows": len(rows),
     }
 
 
-def body(args: argparse.Namespace, rank: int, n: int, device: Any, backend: str):
+def below_min_busbw(metrics: dict[str, Any], ops: list[str], min_busbw: float) -> list[str]:
+    """One phrase per collective of ``ops`` whose average busbw is below ``min_busbw`` (GB/s)."""
+    if not ops:
+        return [f"no collective was measured, so none reaches --min-busbw {min_busbw:g} GB/s"]
+    out = []
+    for op in ops:
+        avg = metrics.get(f"avg_busbw_{op}")
+        if avg is None or avg < min_busbw:
+            shown = "N/A" if avg is None else f"{avg:.3f}"
+            out.append(f"{op} average busbw {shown} GB/s is below --min-busbw {min_busbw:g} GB/s")
+    return out
+
+
+def body(opts: CollectiveOptions, rank: int, n: int, device: Any, backend: str):
     from dlscale.harness.runner import Outcome
 
     def run(rec) -> Outcome:
-        metrics = sweep(args, rank, n, device, rec)
+        metrics = sweep(opts, rank, n, device, rec)
+        units = {k: u for k, u in UNITS.items() if k in metrics}
         rec.metrics.update(metrics)
-        rec.units.update(UNITS)
+        rec.units.update(units)
         rows = rec.raw["rows"]
         if metrics["wrong"]:
             bad = sorted({r["op"] for r in rows for m in MODES if r.get(m) and r[m]["wrong"]})
             raise WrongResults(f"{metrics['wrong']} wrong element(s) in {', '.join(bad)}: the collective "
                                "returned values that differ from the exact expected result")
-        if args.min_busbw is not None and (metrics["avg_busbw"] or 0) < args.min_busbw:
-            raise BelowMinBusBw(f"average busbw {metrics['avg_busbw']:.3f} GB/s is below --min-busbw "
-                                f"{args.min_busbw:g} GB/s")
-        return Outcome(metrics=metrics, units=UNITS, raw={"rows": rows},
+        if opts.min_busbw is not None:  # gated per collective, as nccl-tests gates each test binary
+            below = below_min_busbw(metrics, list(dict.fromkeys(r["op"] for r in rows)), opts.min_busbw)
+            if below:
+                raise BelowMinBusBw("; ".join(below))
+        return Outcome(metrics=metrics, units=units, raw={"rows": rows},
                        config={"backend": backend, "world_size": n, "device": device.type})
 
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
+def link_figures(metrics: dict[str, Any], link_bandwidth: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The emulated link's rate (GB/s) and each collective's average busbw as a fraction of it.
+
+    busbw is defined to be comparable with the bandwidth of one link (nccl-tests), so on nodes
+    joined by one shaped link the fraction says how much of that link a collective used.
+    """
+    if not link_bandwidth:
+        return {}, {}
+    from dlscale.distributed.netns import parse_rate
+
+    rate = parse_rate(link_bandwidth) / 8 / 1e9
+    out: dict[str, Any] = {"link_rate": rate}
+    units = {"link_rate": "GB/s"}
+    for key, value in metrics.items():
+        if key.startswith("avg_busbw_") and value is not None:
+            out[f"link_utilisation_{key.removeprefix('avg_busbw_')}"] = value / rate
+            units[f"link_utilisation_{key.removeprefix('avg_busbw_')}"] = "fraction"
+    return out, units
+
+
+def run_rank(spec: Any, env: Any) -> Any:
+    """This rank's sweep; rank 0 records the run and returns the record (the others None)."""
     import torch
-    import torch.distributed as dist
 
     from dlscale.distributed import env as dist_env
-    from dlscale.errors import DlscaleError
-
-    args = parse_args(argv)
-    env = dist_env.detect()
-    if env is None:
-        print("error: dlscale.micro.coll_worker runs under torchrun (RANK/WORLD_SIZE are not set); "
-              "use `dlscale micro collectives`", file=sys.stderr)
-        return 2
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    backend = dist_env.init_process_group(env, device_type="cuda" if use_cuda else "cpu", timeout_s=args.timeout)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    rank, n = env.rank, env.world_size
-    try:
-        if rank != 0:
-            sweep(args, rank, n, device)
-            return 0
-        return _rank0(args, n, device, backend)
-    except DlscaleError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    finally:
-        dist.destroy_process_group()
-
-
-def _rank0(args: argparse.Namespace, n: int, device: Any, backend: str) -> int:
-    from dlscale.errors import RunFailure
+    from dlscale.distributed.worker import rank_layout_config
     from dlscale.harness.runner import execute
+    from dlscale.micro.collectives import CollectiveOptions
     from dlscale.store import Store
 
-    config = {"ops": args.ops, "sizes": args.sizes, "warmup": args.warmup, "iters": args.iters,
-              "budget_s": args.budget, "min_busbw": args.min_busbw, "type": "float", "backend": backend,
-              "world_size": n, "device": device.type, "launch": json.loads(args.launch)}
-    if args.plant_wrong:
-        config["plant_wrong"] = args.plant_wrong
-    store = Store.open(args.db) if args.db else None
+    opts, layout = CollectiveOptions(**spec.config), spec.layout_config
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        from dlscale.errors import UsageError
+
+        raise UsageError("--device cuda: no CUDA device is visible here; use --device cpu or auto")
+    backend = dist_env.init_process_group(env, layout.launch_backend, "cuda" if use_cuda else "cpu", layout.timeout_s)
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    if env.rank != 0:
+        sweep(opts, env.rank, env.world_size, device)
+        return None
+    config = {"ops": ",".join(opts.op_list), "sizes": opts.sizes, "warmup": opts.warmup, "iters": opts.iters,
+              "budget_s": opts.budget, "min_busbw": opts.min_busbw, "type": "float", "device": device.type,
+              **rank_layout_config(env, backend, layout)}
+    if opts.plant_wrong:
+        config["plant_wrong"] = opts.plant_wrong
+    store = Store.open(spec.db) if spec.db else None
     try:
-        rec = execute(kind="micro", workload="collectives", config=config, tag=args.tag, store=store,
-                      body=body(args, 0, n, device, backend))
-        run_id, status = rec.run_id, rec.status
-    except RunFailure as e:
-        run_id, status = e.run_id, "failed"
+        run = body(opts, 0, env.world_size, device, backend)
+
+        def run_and_link(rec: Any) -> Any:
+            out = run(rec)
+            extra, units = link_figures(out.metrics, layout.link_bandwidth)
+            out.metrics.update(extra)
+            out.units.update(units)
+            return out
+
+        return execute(kind="micro", workload="collectives", config=config, tag=opts.tag, store=store,
+                       body=run_and_link)
     finally:
         if store is not None:
             store.close()
-    if args.result:  # the parent reads the outcome from here (and exits 1 on a failed run)
-        with open(args.result, "w") as f:
-            json.dump({"run_id": run_id, "status": status}, f)
-        return 0
-    return 0 if status == "ok" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -64,22 +64,18 @@ MODES = ("out-of-place", "in-place")
 DEFAULT_SIZES = "8:128M"
 
 
-@dataclass
+@dataclass(frozen=True)
 class CollectiveOptions:
-    """What ``dlscale micro collectives`` runs and how it is launched (validated at construction)."""
+    """What ``dlscale micro collectives`` measures (validated at construction). How its ranks are
+    laid out and started is the job's ``Layout`` (``dlscale.layout``), as for every family."""
 
     sizes: str = DEFAULT_SIZES
     ops: str | None = None  # comma list; None: every collective
     warmup: int = 5
     iters: int = 20
     budget: float = 0.5  # seconds per (collective, size, mode)
-    min_busbw: float | None = None
-    nproc_per_node: int = 2
-    emulate_nodes: int | None = None
-    link_bandwidth: str | None = None
-    link_latency: str | None = None
-    timeout: float = 900.0
-    plant_wrong: str | None = None
+    min_busbw: float | None = None  # GB/s, per collective
+    plant_wrong: str | None = None  # a test hook: corrupt one element of this collective's result
     device: str = "auto"
     tag: str | None = None
 
@@ -94,31 +90,19 @@ class CollectiveOptions:
             raise UsageError(f"--plant-wrong names no collective: {self.plant_wrong!r}")
         if self.iters < 1 or self.warmup < 0 or self.budget <= 0:
             raise UsageError("collectives need --iters >= 1, --warmup >= 0 and --budget > 0")
-        from dlscale.distributed.launch import validate
+        if self.min_busbw is not None and self.min_busbw < 0:
+            raise UsageError(f"--min-busbw must be >= 0 GB/s, got {self.min_busbw}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UsageError(f"unknown --device {self.device!r}; choose one of auto, cpu, cuda")
 
-        validate(nproc_per_node=self.nproc_per_node, nnodes=1, node_rank=0, master_port=None,
-                 emulate_nodes=self.emulate_nodes, link_bandwidth=self.link_bandwidth,
-                 link_latency=self.link_latency, timeout_s=self.timeout)
-        if self.device == "cuda":
-            import torch
+    @property
+    def op_list(self) -> list[str]:
+        return [o.strip() for o in (self.ops or ",".join(COLLECTIVES)).split(",") if o.strip()]
 
-            if not torch.cuda.is_available():
-                raise UsageError("--device cuda: no CUDA device is visible here; use --device cpu or auto")
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
 
-    def worker_args(self, db: str, result: str) -> list[str]:
-        """The command line of ``dlscale.micro.coll_worker`` on every rank."""
-        import json
-
-        args = ["--sizes", self.sizes, "--warmup", str(self.warmup), "--iters", str(self.iters),
-                "--budget", str(self.budget), "--device", self.device, "--db", db, "--result", result,
-                "--timeout", str(self.timeout),
-                "--launch", json.dumps({"nproc_per_node": self.nproc_per_node, "emulate_nodes": self.emulate_nodes,
-                                        "link_bandwidth": self.link_bandwidth, "link_latency": self.link_latency})]
-        for flag, v in (("--ops", self.ops), ("--min-busbw", self.min_busbw), ("--plant-wrong", self.plant_wrong),
-                        ("--tag", self.tag)):
-            if v is not None:
-                args += [flag, str(v)]
-        return args
+        return asdict(self)
 
 
 def count_for(coll: Collective, size: int, n: int, elem: int = 4) -> int:
@@ -141,6 +125,7 @@ class Buffers:
         in_len = {"all_gather": c}.get(coll.name, count)
         self.recv = torch.empty(out_len if mode == "out-of-place" else max(out_len, in_len),
                                 dtype=torch.float32, device=device)
+        self.whole = self.recv  # the whole receive allocation, whatever slot of it ``recv`` becomes
         if mode == "in-place":
             # nccl-tests' in-place layouts: all_gather sends from its own slot of the output,
             # reduce_scatter receives into its own slot of the input.
@@ -155,9 +140,16 @@ class Buffers:
         self.reset()
 
     def reset(self) -> None:
-        """Fill the send buffer with this rank's values (and clear a separate receive buffer)."""
-        if self.send.data_ptr() != self.recv.data_ptr():
-            self.recv.fill_(-1)  # a stale or missing result cannot pass the check
+        """Poison every element a result is read from (-1), then write this rank's input over it.
+
+        In-place all_gather sends from this rank's slot of the output, so only that slot gets
+        values: the other slots stay -1 and a call that does not fill them fails the check
+        instead of finding the previous call's (correct) result there. A broadcast's non-root
+        buffer is only received into, so it stays -1 as well.
+        """
+        self.whole.fill_(-1)
+        if self.coll.name == "broadcast" and self.rank != self.root:
+            return
         self.send.copy_(values(self.rank, 0, self.send.numel(), self.device))
 
     def call(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlscale.harness.device import default_channels_last
 from dlscale.micro.base import Case, MicroOptions, Plan, size_filter
 from dlscale.micro.gemm import dtype_of, pass_summary
 from dlscale.micro.shapes import load
@@ -55,8 +56,8 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
     out = Plan()
     for prec in opts.precisions:
         cl = opts.channels_last
-        if cl is None:  # NHWC is the fast layout on CPUs (oneDNN) and on tensor cores
-            cl = device.type == "cpu" or prec != "fp32"
+        if cl is None:
+            cl = default_channels_last(device.type, prec)
         for sh in load("conv", SHAPE_COLUMNS, opts.shapes):
             fl = conv_flops(sh["n"], sh["c"], sh["h"], sh["w"], sh["k"], sh["r"], sh["s"], sh["pad_h"],
                             sh["pad_w"], sh["stride_h"], sh["stride_w"])

@@ -17,7 +17,8 @@ from typing import Any
 from dlscale import stats
 from dlscale.harness.runner import Outcome, execute
 from dlscale.micro.base import MIN_REPS, Microbench, MicroOptions, case_budget
-from dlscale.peaks import Peak
+from dlscale.harness.device import device_name
+from dlscale.peaks import Peak, resolve_peak
 
 ROW_UNITS = {"time_us": "us", "time_us_best": "us", "cv": "fraction", "tflops": "TFLOP/s",
              "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction"}
@@ -96,58 +97,10 @@ def rates(times: list[float], flops: float | None, nbytes: float | None, peak: f
     return row
 
 
-def cpu_clock(system: dict[str, Any], override: float | None) -> tuple[float | None, str]:
-    """The CPU clock (GHz) for the ISA peak and where it came from, or None and why not."""
-    cpu = system.get("cpu", {})
-    if override:
-        return override, f"--cpu-ghz {override:g}"
-    if cpu.get("nominal_ghz"):
-        return cpu["nominal_ghz"], "the CPU model name"
-    mhz = _proc_cpuinfo_mhz()
-    seen = f"; /proc/cpuinfo reports {mhz:g} MHz (under a hypervisor often the TSC rate, not the core clock)" if mhz else ""
-    return None, (f"the CPU model name {cpu.get('model')!r} carries no clock, so the ISA peak is unknown{seen}; "
-                  "pass --cpu-ghz to compute it")
-
-
-def _proc_cpuinfo_mhz() -> float | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return float(line.split(":", 1)[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def device_peak(device: Any, precision: str, system: dict[str, Any], cpu_ghz: float | None) -> tuple[Peak | None, str]:
     """The device's dense peak for a precision (datasheet on GPUs, ISA x clock on CPUs) or why none."""
-    from dlscale import peaks
-
-    if getattr(device, "type", "cpu") == "cuda":
-        import torch
-
-        name = torch.cuda.get_device_name(device)
-        p = peaks.gpu_peak(name, precision)
-        return p, (p.source if p else f"no known {precision} peak for {name!r}: % of peak left empty")
-    if precision != "fp32":
-        return None, f"no CPU ISA peak for {precision} (only fp32 is derived): % of peak left empty"
-    ghz, why = cpu_clock(system, cpu_ghz)
-    cpu = system.get("cpu", {})
-    p = peaks.cpu_isa_peak(cpu.get("isa", {}), cpu.get("physical_cores"), ghz)
-    if p is None:
-        return None, why if ghz is None else "no AVX-512/AVX2+FMA in this CPU's ISA flags: ISA peak unknown"
-    return p, f"{p.source}; clock from {why}"
-
-
-def device_name(device: Any) -> str:
-    if getattr(device, "type", "cpu") == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(device)
-    from dlscale.system import cpu_info
-
-    return cpu_info().get("model") or "cpu"
+    r = resolve_peak(device, precision, system, cpu_ghz=cpu_ghz, measure=False)
+    return r.peak, r.source
 
 
 def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any) -> Outcome:

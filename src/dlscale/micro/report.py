@@ -1,8 +1,10 @@
 """Human rendering of microbenchmark records (reads records only; no torch).
 
 Kernel runs print one row per case (their label columns, time, rate, % of peak) and the peak
-each % refers to; memory prints GB/s; p2p prints p2pBandwidthLatencyTest's matrices; collectives
-print nccl-tests' columns per collective and its footer (average busbw, #wrong).
+each % refers to; memory prints GB/s; p2p prints p2pBandwidthLatencyTest's connectivity
+(peer-access) matrix and its bandwidth and latency matrices, host-staged pairs marked;
+collectives print nccl-tests' columns per collective and its footer (#wrong, then the average
+busbw of each collective: busbw of different collectives is never averaged together).
 """
 
 from __future__ import annotations
@@ -11,16 +13,15 @@ from typing import Any
 
 from rich.table import Table
 
-from dlscale.cli.render import fmt_num, fmt_pct
+from dlscale.format import fmt_fixed, fmt_num, fmt_pct
 from dlscale.record import RunRecord
 
 MODES = ("out-of-place", "in-place")
 
 
 def _f(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "N/A"
-    return f"{x:,.{digits}f}"
+    """nccl-tests' convention: fixed decimals, N/A where there is no value."""
+    return fmt_fixed(x, digits, missing="N/A")
 
 
 def header(rec: RunRecord) -> str:
@@ -70,8 +71,24 @@ def memory_table(rec: RunRecord) -> Table:
     return t
 
 
+def p2p_connectivity_table(rec: RunRecord) -> Table:
+    """p2pBandwidthLatencyTest's "P2P Connectivity Matrix": 1 where the pair has peer access."""
+    from dlscale.micro.p2p import peer_access_from_rows
+
+    m = rec.metrics.get("peer_access") or peer_access_from_rows(rec.raw.get("rows", []))
+    t = Table("D\\D", *(str(j) for j in range(len(m))), title="P2P Connectivity Matrix",
+              title_justify="left")
+    for i, row in enumerate(m):
+        t.add_row(str(i), *("?" if x is None else str(int(x)) for x in row))
+    return t
+
+
 def p2p_tables(rec: RunRecord) -> list[Table]:
-    """p2pBandwidthLatencyTest's six matrices: {uni, bi} bandwidth (GB/s) and latency (us), P2P on/off."""
+    """p2pBandwidthLatencyTest's six matrices: {uni, bi} bandwidth (GB/s) and latency (us), P2P on/off.
+
+    In the P2P=Enabled matrices a pair without peer access is marked ``*``: its copy was staged
+    through host memory by the driver, so the figure is not a P2P one.
+    """
     from dlscale.micro.p2p import matrix
 
     rows = rec.raw.get("rows", [])
@@ -79,11 +96,15 @@ def p2p_tables(rec: RunRecord) -> list[Table]:
     for test, field, unit in (("unidirectional", "gbps", "GB/s"), ("bidirectional", "gbps", "GB/s"),
                               ("latency", "time_us", "us")):
         for peer in ("disabled", "enabled"):
-            m = matrix(rows, test, peer, field)
+            m, paths = matrix(rows, test, peer, field), matrix(rows, test, peer, "path")
+            staged = [[peer == "enabled" and p == "host-staged" for p in row] for row in paths]
             title = f"{test.capitalize()} P2P={peer.capitalize()} {'Latency' if test == 'latency' else 'Bandwidth'} Matrix ({unit})"
-            t = Table("D\\D", *(str(j) for j in range(len(m))), title=title, title_justify="left")
+            caption = ("* host-staged: no peer access between these GPUs; the driver copied through host memory"
+                       if any(map(any, staged)) else None)
+            t = Table("D\\D", *(str(j) for j in range(len(m))), title=title, title_justify="left",
+                      caption=caption, caption_justify="left")
             for i, row in enumerate(m):
-                t.add_row(str(i), *(_f(v) for v in row))
+                t.add_row(str(i), *(_f(v) + ("*" if staged[i][j] else "") for j, v in enumerate(row)))
             tables.append(t)
     return tables
 
@@ -115,12 +136,22 @@ def collectives_tables(rec: RunRecord) -> list[Table]:
 
 
 def collectives_footer(rec: RunRecord) -> list[str]:
+    """nccl-tests' footer: #wrong, then the average busbw of each collective (one line per op)."""
     m = rec.metrics
     wrong = m.get("wrong")
-    lines = [f"Out of bounds values (#wrong) : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
-             f"Avg bus bandwidth             : {_f(m.get('avg_busbw'), 3)} GB/s"]
-    if rec.config.get("min_busbw") is not None:
-        lines.append(f"--min-busbw                   : {rec.config['min_busbw']:g} GB/s")
+    floor = rec.config.get("min_busbw")
+    lines = [f"Out of bounds values (#wrong) : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    for op in dict.fromkeys(r["op"] for r in rec.raw.get("rows", [])):
+        avg = m.get(f"avg_busbw_{op}")
+        low = "  below --min-busbw" if floor is not None and (avg is None or avg < floor) else ""
+        lines.append(f"{op + ' avg busbw':<30}: {_f(avg, 3)} GB/s{low}")
+    if floor is not None:
+        lines.append(f"--min-busbw (per collective)  : {floor:g} GB/s")
+    if m.get("link_rate"):
+        used = ", ".join(f"{k.removeprefix('link_utilisation_')} {v * 100:.0f}%" for k, v in m.items()
+                         if k.startswith("link_utilisation_") and v is not None)
+        lines.append(f"{'link (' + str(rec.config.get('link_bandwidth')) + ')':<30}: {_f(m['link_rate'], 3)} GB/s; "
+                     f"avg busbw / link: {used}")
     return lines
 
 
@@ -137,6 +168,7 @@ def print_record(rec: RunRecord, console: Any) -> None:
         console.print(memory_table(rec))
     elif name == "p2p":
         console.print(header(rec))
+        console.print(p2p_connectivity_table(rec))
         for t in p2p_tables(rec):
             console.print(t)
     elif name == "collectives":

@@ -10,21 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from dlscale.analysis.compare import key_value, system_label
+from dlscale.format import fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots, sections_extra
 from dlscale.report.model import Figure, Report, Section, TableData
-
-
-def fmt(x, digits: int = 1) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:,.{digits}f}"
-    return str(x)
-
-
-def pct(x) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
 
 
 def build(records: Sequence[RunRecord], title: str, filters: str, db: str) -> Report:
@@ -42,7 +31,7 @@ def build(records: Sequence[RunRecord], title: str, filters: str, db: str) -> Re
     best = max((r for r in ok if r.kind == "train" and not r.imported and isinstance(r.metrics.get("throughput"), (int, float))),
                key=lambda r: r.metrics["throughput"], default=None)
     if best is not None:
-        summary.append(("highest measured throughput", f"{fmt(best.metrics['throughput'])} {_unit(best)}/s "
+        summary.append(("highest measured throughput", f"{fmt_fixed(best.metrics['throughput'])} {_unit(best)}/s "
                                                        f"({_config_label(best)})"))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     span = f"measured {min(when)[:16].replace('T', ' ')} to {max(when)[:16].replace('T', ' ')} UTC" if measured else "no measured runs"
@@ -115,9 +104,9 @@ def throughput_section(train: Sequence[RunRecord], title: str) -> Section:
         ci = tuple(ci) if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci) else None
         cvs = [r.metrics.get("cv") for r in recs if isinstance(r.metrics.get("cv"), (int, float))]
         mfus = [r.metrics.get("mfu") for r in recs if isinstance(r.metrics.get("mfu"), (int, float))]
-        rows.append([label, system + (" (imported)" if imported else ""), fmt(mean),
-                     f"{fmt(ci[0])} - {fmt(ci[1])}" if ci else "-", pct(max(cvs)) if cvs else "-",
-                     pct(sum(mfus) / len(mfus)) if mfus else "-", str(len(recs))])
+        rows.append([label, system + (" (imported)" if imported else ""), fmt_fixed(mean),
+                     f"{fmt_fixed(ci[0])} - {fmt_fixed(ci[1])}" if ci else "-", fmt_pct(max(cvs), 1) if cvs else "-",
+                     fmt_pct(sum(mfus) / len(mfus), 1) if mfus else "-", str(len(recs))])
         labels.append(label if len(systems) == 1 else f"{label} @ {system}"[:70])
         values.append(mean)
         errors.append(ci)

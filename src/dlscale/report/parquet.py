@@ -1,9 +1,9 @@
 """``dlscale results export --format parquet``: one row a run, every record kind (pyarrow).
 
-Columns: the CSV export's (identity, ``config.*`` and ``metrics.*`` flattened), plus every part
-of the record as JSON text (``config_json``, ``metrics_json``, ``units_json``, ``raw_json``,
-``system_json``, ``warnings_json``), so nothing a record holds is lost whatever its kind. A
-column whose values mix types across kinds is stored as JSON text.
+Columns: the CSV export's (``RunRecord.flat()``: identity, ``config.*`` flattened, ``metrics.*``),
+plus every part of the record as JSON text (``config_json``, ``metrics_json``, ``units_json``,
+``raw_json``, ``system_json``, ``warnings_json``), so nothing a record holds is lost whatever its
+kind. A column whose values mix types across kinds is stored as JSON text.
 """
 
 from __future__ import annotations
@@ -19,18 +19,9 @@ JSON_PARTS = ("config", "metrics", "units", "raw", "system", "warnings")
 
 
 def rows(recs: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    from dlscale.cli.results import _flatten
-
     out = []
     for r in recs:
-        row: dict[str, Any] = {k: getattr(r, k) for k in ("run_id", "created_at", "finished_at", "kind", "workload",
-                                                          "status", "tag", "imported", "error", "dlscale_version")}
-        row["hostname"] = r.hostname
-        row["config_hash"] = r.config_hash
-        for k, v in _flatten(r.config).items():
-            row[f"config.{k}"] = v
-        for k, v in r.metrics.items():
-            row[f"metrics.{k}"] = v
+        row: dict[str, Any] = r.flat()
         for part in JSON_PARTS:
             row[f"{part}_json"] = json.dumps(getattr(r, part), default=str)
         out.append(row)

@@ -12,17 +12,10 @@ from collections.abc import Sequence
 
 from dlscale.analysis.compare import system_label
 from dlscale.analysis.formulas import ideal_throughput
+from dlscale.format import fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots
 from dlscale.report.model import Figure, Section, TableData
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
-
-
-def _num(x) -> str:
-    return "-" if x is None else f"{x:,.1f}"
 
 
 def _by_system(records: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
@@ -48,9 +41,9 @@ def scaling_section(records: Sequence[RunRecord]) -> Section | None:
                 continue
             name = lad["label"] if f" on {system}" in lad["label"] else f"{lad['label']} on {system}"
             x1 = next(e["throughput"] for e in eff if e["devices"] == 1)
-            rows = [[_layout(e["layout"]), str(e["devices"]), _num(e["throughput"]),
-                     _num(ideal_throughput(x1, e["devices"])), f"{e['speedup']:.2f}x", _pct(e["efficiency"]),
-                     _pct(e["intra_node_efficiency"]), _pct(e["inter_node_efficiency"])] for e in eff]
+            rows = [[_layout(e["layout"]), str(e["devices"]), fmt_fixed(e["throughput"]),
+                     fmt_fixed(ideal_throughput(x1, e["devices"])), f"{e['speedup']:.2f}x", fmt_pct(e["efficiency"], 1),
+                     fmt_pct(e["intra_node_efficiency"], 1), fmt_pct(e["inter_node_efficiency"], 1)] for e in eff]
             tables.append(TableData(["nodes x devices", "devices", "samples/s", "ideal", "speed-up", "efficiency",
                                      "intra-node", "inter-node"], rows, caption=name))
             best: dict[int, float] = {}
@@ -81,8 +74,8 @@ def layouts_section(records: Sequence[RunRecord]) -> Section | None:
         for r in comp["rows"]:
             up = _layout(r["scale_up"]) + (f" ({r['scale_up_system']})" if r.get("scale_up_system") else "")
             out = _layout(r["scale_out"]) + (f" ({r['scale_out_system']})" if r.get("scale_out_system") else "")
-            rows.append([comp["label"], str(r["devices"]), up, _num(r["scale_up_throughput"]), out,
-                         _num(r["scale_out_throughput"]), f"{r['pct_difference'] * 100:+.1f}%"])
+            rows.append([comp["label"], str(r["devices"]), up, fmt_fixed(r["scale_up_throughput"]), out,
+                         fmt_fixed(r["scale_out_throughput"]), fmt_pct(r["pct_difference"], 1, signed=True)])
     if not rows:
         return None
     return Section(
@@ -106,9 +99,9 @@ def tta_section(records: Sequence[RunRecord]) -> Section | None:
         if pts:
             series[label] = ([c["wall_s"] for c in pts], [c["top1"] * 100 for c in pts])
         m = r.metrics
-        rows.append([r.run_id, r.workload, str(m.get("world_size") or 1), _pct(m.get("target_top1")),
-                     "yes" if m.get("reached_target") else "no", _num(m.get("time_to_target")),
-                     str(m.get("epochs_to_target") or "-"), _pct(m.get("best_top1"))])
+        rows.append([r.run_id, r.workload, str(m.get("world_size") or 1), fmt_pct(m.get("target_top1"), 1),
+                     "yes" if m.get("reached_target") else "no", fmt_fixed(m.get("time_to_target")),
+                     str(m.get("epochs_to_target") or "-"), fmt_pct(m.get("best_top1"), 1)])
     fig = Figure("tta", plots.lines(series, "wall-clock time (s)", "top-1 accuracy (%)",
                                     "Accuracy against training time"), "accuracy against time") if series else None
     return Section("Time to accuracy", "Validation top-1 accuracy against wall-clock time; time to target "
@@ -130,7 +123,7 @@ def monitoring_section(records: Sequence[RunRecord]) -> Section | None:
     rows = []
     for k in names:
         vals = [v for v in cols[k] if isinstance(v, (int, float))]
-        show = (lambda x: f"{x / 2**20:,.0f} MiB") if k.endswith("_bytes") else _num
+        show = (lambda x: f"{x / 2**20:,.0f} MiB") if k.endswith("_bytes") else fmt_fixed
         rows.append([k, str(len(vals)), show(sum(vals) / len(vals)) if vals else "-", show(max(vals)) if vals else "-"])
     return Section(
         "Monitoring during the run",

@@ -1,7 +1,8 @@
 """Run a sweep's points, each in its own process with a timeout, and record every outcome.
 
-Each point is ``python -m dlscale.cli.app COMMAND ... --format json --db DB`` in a new session
-(so Ctrl-C reaches the sweep, which then kills the point), with ``DLSCALE_SWEEP_POINT`` set to
+Each point is the command line a user would type (``dlscale train MODEL ...``, ``dlscale micro
+KIND ...``) plus ``--format json --db DB``, run by this Python in a new session (so Ctrl-C
+reaches the sweep, which then kills the point), with ``DLSCALE_SWEEP_POINT`` set to
 the point's hash: the harness stores it in the record, in the same transaction as the result,
 so a finished point is known by the store alone. A point that dies without writing its record
 (timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
@@ -37,6 +38,7 @@ class PointResult:
     seconds: float = 0.0
     throughput: float | None = None
     unit: str | None = None
+    record: RunRecord | None = None  # the point's record, read back by api.sweep
 
 
 def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:
@@ -83,9 +85,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+def dlscale_command() -> list[str]:
+    """The ``dlscale`` program as this Python runs it (``python -m dlscale``): a point runs what a user
+    types, in its own interpreter."""
+    return [sys.executable, "-m", "dlscale"]
+
+
 def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
     """Run one point in its own process; make sure the store holds its outcome."""
-    cmd = [sys.executable, "-m", "dlscale.cli.app", *point.argv, "--format", "json", "--db", str(store.path)]
+    cmd = [*dlscale_command(), *point.argv, "--format", "json", "--db", str(store.path)]
     env = {**os.environ, SWEEP_POINT_ENV: point.hash}
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

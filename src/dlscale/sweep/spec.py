@@ -15,21 +15,29 @@ A sweep is a matrix of runs of one command (``train`` or ``micro``)::
     include:                    # extra points (merged over ``fixed``)
       - {model: resnet18, batch_size: 4, precision: bf16}
 
-Point fields are the command's own options, spelled as in ``--help`` with ``_`` for ``-``
-(``batch_size`` for ``--batch-size``) plus its argument (``model`` for train, ``kind`` for
-micro); they are checked against the command itself, so a new option of train or micro is a
-sweep field at once. ``timeout_per_run`` may also be set per point.
+Point fields are the command's options, spelled as in ``--help`` with ``_`` for ``-``
+(``batch_size`` for ``--batch-size``, ``timeout`` for ``--timeout``) plus its argument (``model``
+for train, ``kind`` for micro: ``micro gemm``, ``micro collectives``, ``micro all``). ``TRAIN``
+and ``MICRO`` below list them: each field's typed config (``TrainConfig``, ``Layout``,
+``MicroOptions``/``CollectiveOptions``), the config field it sets and its flag. Every point is
+checked by building those configs, the same validation the command runs, so a bad value is a
+one-line error at the point's ``file:line`` before anything runs; a micro kind takes only the
+fields it reads (``micro.run.READS``). A point runs as the command line a user would type
+(``to_argv``). ``timeout_per_run`` may also be set per point.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
 from dlscale.record import config_hash
+from dlscale.sweep.fields import (COMMANDS, MICRO, Opt, build_configs, field_type, micro_fields, text, to_argv,
+                                  type_problem)
 
 TOP_LEVEL = ("name", "description", "command", "tag", "timeout_per_run", "fixed", "matrix", "exclude", "include")
 SWEEP_ONLY = ("timeout_per_run",)  # point fields the sweep consumes instead of passing on
@@ -125,6 +133,29 @@ def load(path: str | Path) -> Sweep:
 
 
 def check(doc: Any, lines: _Lines) -> Sweep:
+    """Check a parsed sweep file and expand it into points; the first problem is a UsageError naming its line."""
+    parts = _check_fields(doc, lines)
+    _check_point_values(parts, lines)
+    return _expand(parts, lines)
+
+
+@dataclass
+class _Parts:
+    """A sweep file's fields once their shapes are checked."""
+
+    name: str
+    command: str
+    table: dict[str, Opt]  # the command's sweep fields (TRAIN or MICRO)
+    tag: str
+    timeout: float
+    fixed: dict[str, Any]
+    matrix: dict[str, list[Any]]
+    exclude: list[dict[str, Any]]
+    include: list[dict[str, Any]]
+
+
+def _check_fields(doc: Any, lines: _Lines) -> _Parts:
+    """The top-level fields: known names, the right shapes, something to run."""
     if not isinstance(doc, dict):
         raise lines.fail((), "the sweep file must be a mapping (name:, matrix:, ...)")
     for k in doc:
@@ -134,7 +165,7 @@ def check(doc: Any, lines: _Lines) -> Sweep:
     if not isinstance(name, str):
         raise lines.fail(("name",), "must be a string")
     command = doc.get("command", "train")
-    params = command_params(command, lines)
+    table = command_table(command, lines)
     tag = doc.get("tag", name)
     if not isinstance(tag, str):
         raise lines.fail(("tag",), "must be a string")
@@ -154,42 +185,66 @@ def check(doc: Any, lines: _Lines) -> Sweep:
             raise lines.fail((section,), "must be a list of mappings (option: value)")
     if not matrix and not doc.get("include"):
         raise lines.fail((), "nothing to run: give `matrix:` or `include:`")
-    for k, v in fixed.items():
-        _check_value(params, k, v, lines, ("fixed", k))
-    for k, vals in matrix.items():
-        for i, v in enumerate(vals):
-            _check_value(params, k, v, lines, ("matrix", k, i))
-    for section in ("exclude", "include"):
-        for i, entry in enumerate(doc.get(section) or []):
-            for k, v in entry.items():
-                _check_value(params, k, v, lines, (section, i, k))
+    return _Parts(name=name, command=command, table=table, tag=tag, timeout=timeout, fixed=fixed, matrix=matrix,
+                  exclude=doc.get("exclude") or [], include=doc.get("include") or [])
 
-    combos = [dict(zip(matrix, vals)) for vals in itertools.product(*matrix.values())] if matrix else []
-    excludes = doc.get("exclude") or []
-    kept = [c for c in combos if not any(all(c.get(k) == v for k, v in e.items()) for e in excludes)]
-    raw_points = [{**fixed, **c} for c in kept] + [{**fixed, **e} for e in doc.get("include") or []]
-    sweep = Sweep(name=name, command=command, tag=tag, timeout_s=timeout, excluded=len(combos) - len(kept),
+
+def _check_point_values(parts: _Parts, lines: _Lines) -> None:
+    """Every value in fixed:, matrix:, exclude: and include: on its own: a field of the command, of its type."""
+    for k, v in parts.fixed.items():
+        check_value(parts.table, k, v, lines, ("fixed", k))
+    for k, vals in parts.matrix.items():
+        for i, v in enumerate(vals):
+            check_value(parts.table, k, v, lines, ("matrix", k, i))
+    for section, entries in (("exclude", parts.exclude), ("include", parts.include)):
+        for i, entry in enumerate(entries):
+            for k, v in entry.items():
+                check_value(parts.table, k, v, lines, (section, i, k))
+
+
+def _expand(parts: _Parts, lines: _Lines) -> Sweep:
+    """The matrix's combinations less the excluded, then the included; a repeated point runs once.
+    Each point's typed configs are built here (``check_point``), so a bad point stops the sweep."""
+    command = parts.command
+    raw_points, excluded = _raw_points(parts)
+    sweep = Sweep(name=parts.name, command=command, tag=parts.tag, timeout_s=parts.timeout, excluded=excluded,
                   source=lines.source)
     seen: set[str] = set()
-    positional = [p for p in params.values() if p.param_type_name == "argument"]
-    for opts in raw_points:
-        for arg in positional:
-            if arg.name not in opts:
-                raise lines.fail((), f"every point needs `{arg.name}` (the argument of `dlscale {command}`): "
-                                     "set it in fixed:, matrix: or include:")
-        point_timeout = _timeout(opts.pop("timeout_per_run", timeout), lines, ("timeout_per_run",))
-        opts.setdefault("tag", tag)
+    for opts, origin in raw_points:
+        point_timeout = _timeout(opts.pop("timeout_per_run", parts.timeout), lines, ("timeout_per_run",))
+        opts.setdefault("tag", parts.tag)
         h = point_hash(command, opts)
         if h in seen:  # the same point twice (e.g. an include repeating a matrix point): run it once
             continue
         seen.add(h)
-        sweep.points.append(Point(index=len(sweep.points), command=command, options=opts,
-                                  timeout_s=point_timeout, hash=h, argv=tuple(to_argv(command, opts, params))))
-    varying = [k for k in dict.fromkeys(k for p in sweep.points for k in p.options)
-               if len({repr(p.options.get(k)) for p in sweep.points}) > 1]
-    sweep.points = [replace(p, label=" ".join(f"{k}={p.options[k]}" for k in varying if k in p.options) or p.hash)
-                    for p in sweep.points]
+        check_point(command, opts, origin, lines)
+        sweep.points.append(Point(index=len(sweep.points), command=command, options=opts, timeout_s=point_timeout,
+                                  hash=h, argv=tuple(to_argv(command, opts))))
+    sweep.points = _labelled(sweep.points)
     return sweep
+
+
+def _raw_points(parts: _Parts) -> tuple[list[tuple[dict[str, Any], dict[str, tuple]]], int]:
+    """Every point's fields with the path in the file each came from, and how many exclude: dropped."""
+    matrix, from_fixed = parts.matrix, {k: ("fixed", k) for k in parts.fixed}
+    points, excluded = [], 0
+    for idx in itertools.product(*(range(len(v)) for v in matrix.values())) if matrix else ():
+        combo = {k: matrix[k][i] for k, i in zip(matrix, idx)}
+        if any(all(combo.get(k) == v for k, v in e.items()) for e in parts.exclude):
+            excluded += 1
+            continue
+        points.append(({**parts.fixed, **combo}, {**from_fixed, **{k: ("matrix", k, i) for k, i in zip(matrix, idx)}}))
+    for n, entry in enumerate(parts.include):
+        points.append(({**parts.fixed, **entry}, {**from_fixed, **{k: ("include", n, k) for k in entry}}))
+    return points, excluded
+
+
+def _labelled(points: list[Point]) -> list[Point]:
+    """Each point labelled by the options that differ between the sweep's points (its hash if none do)."""
+    varying = [k for k in dict.fromkeys(k for p in points for k in p.options)
+               if len({repr(p.options.get(k)) for p in points}) > 1]
+    return [replace(p, label=" ".join(f"{k}={p.options[k]}" for k in varying if k in p.options) or p.hash)
+            for p in points]
 
 
 def point_hash(command: str, options: dict[str, Any]) -> str:
@@ -197,73 +252,31 @@ def point_hash(command: str, options: dict[str, Any]) -> str:
     return config_hash({"command": command, **options})
 
 
-def command_params(command: str, lines: _Lines | None = None) -> dict[str, Any]:
-    """The click parameters of ``dlscale COMMAND``, keyed by sweep field name."""
-    import typer
-
-    from dlscale.cli.app import app
-
-    root = typer.main.get_command(app)
-    cmd = root.commands.get(command) if hasattr(root, "commands") else None
-    sweepable = [n for n in ("train", "micro") if n in getattr(root, "commands", {})]
-    if cmd is None or command not in ("train", "micro"):
-        msg = f"unknown command {command!r}; a sweep runs one of: {', '.join(sweepable)}"
-        if lines is None:
-            raise UsageError(msg)
-        raise lines.fail(("command",), msg)
-    out = {}
-    for p in cmd.params:
-        longs = [o for o in p.opts if o.startswith("--")]
-        name = longs[0][2:].replace("-", "_") if longs else p.name
-        if name not in RESERVED and p.name not in ("fmt", "db"):
-            out[name] = p
-    return out
+def command_table(command: Any, lines: _Lines) -> dict[str, Opt]:
+    """The sweep fields of ``dlscale COMMAND`` (``TRAIN`` or ``MICRO``)."""
+    if not isinstance(command, str) or command not in COMMANDS:
+        raise lines.fail(("command",), f"unknown command {command!r}; a sweep runs one of: {', '.join(COMMANDS)}")
+    return COMMANDS[command]
 
 
-def _check_value(params: dict[str, Any], key: str, value: Any, lines: _Lines, path: tuple) -> None:
+def check_value(table: dict[str, Opt], key: str, value: Any, lines: _Lines, path: tuple) -> None:
+    """One value where the file gives it: a known field, of its type (a point's configs come later)."""
     if key in SWEEP_ONLY:
         _timeout(value, lines, path)
         return
     value_path, path = path, (path[:-1] if isinstance(path[-1], int) else path)
     if key in RESERVED:
         raise lines.fail(path, f"{key!r} is set by the sweep for every point (use `dlscale sweep --db` for the database)")
-    if key not in params:
-        raise lines.fail(path, f"unknown field {key!r}; options of this command: {', '.join(sorted(params) + list(SWEEP_ONLY))}")
-    p = params[key]
-    if isinstance(value, (dict, list)) and not getattr(p, "multiple", False):
-        raise lines.fail(value_path, f"expected one value, got {type(value).__name__}")
-    if getattr(p, "is_flag", False):
-        if not isinstance(value, bool):
-            raise lines.fail(value_path, f"expected true or false, got {value!r}")
-        if value is False and not p.secondary_opts and p.default is not False:
-            raise lines.fail(value_path, f"{p.opts[0]} cannot be turned off")
-        return
-    ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
-    base = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
-    for v in value if isinstance(value, list) else [value]:
-        problem = _type_problem(base, v)
-        if problem:
-            raise lines.fail(value_path, problem)
-    if key == "model" and p.param_type_name == "argument":
-        from dlscale import workloads
+    if key not in table:
+        raise lines.fail(path, f"unknown field {key!r}; options of this command: {', '.join(sorted(table) + list(SWEEP_ONLY))}")
+    problem = type_problem(table[key], value)
+    if problem:
+        raise lines.fail(value_path, problem)
+    if table is MICRO and key == "kind":
+        from dlscale.micro.run import READS
 
-        if value not in workloads.names():
-            raise lines.fail(value_path, f"unknown model {value!r}; known: {', '.join(workloads.names())}")
-
-
-def _type_problem(base: Any, v: Any) -> str | None:
-    """Why ``v`` is not a value of the option's type (None when it is)."""
-    from enum import Enum
-
-    if v is None:
-        return "expected a value, got nothing"
-    if base is int and (isinstance(v, bool) or not isinstance(v, int)):
-        return f"expected an integer, got {v!r}"
-    if base is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-        return f"expected a number, got {v!r}"
-    if isinstance(base, type) and issubclass(base, Enum) and str(v) not in [e.value for e in base]:
-        return f"expected one of {', '.join(e.value for e in base)}, got {v!r}"
-    return None
+        if value not in (*READS, "all"):
+            raise lines.fail(value_path, f"unknown microbenchmark {value!r}; choose one of {', '.join(READS)}, all")
 
 
 def _timeout(value: Any, lines: _Lines, path: tuple) -> float:
@@ -272,24 +285,42 @@ def _timeout(value: Any, lines: _Lines, path: tuple) -> float:
     return float(value)
 
 
-def to_argv(command: str, options: dict[str, Any], params: dict[str, Any]) -> list[str]:
-    """The point as command-line words: the argument first, then the options as flags."""
-    args = [command]
-    flags: list[str] = []
+def check_point(command: str, options: dict[str, Any], origin: dict[str, tuple], lines: _Lines) -> list[Any]:
+    """Build the point's typed configs (each validates itself, as when the command runs); a problem
+    is a UsageError at the line of the field it names (else of the point's first matrix value)."""
+    table = COMMANDS[command]
+    arg = next(k for k, opt in table.items() if opt.form == "arg")
+    if arg not in options:
+        raise lines.fail((), f"every point needs `{arg}` (the argument of `dlscale {command}`): "
+                             "set it in fixed:, matrix: or include:")
+    if command == "micro":
+        kind, reads = options[arg], micro_fields(options[arg])
+        for key in options:
+            if key not in reads:
+                raise lines.fail(origin.get(key, ()), f"micro {kind} does not read {key}; it reads "
+                                                      f"{', '.join(k for k in reads if k != arg)}")
+    fields: dict[str, dict[str, Any]] = {"train": {}, "layout": {}, "micro": {}}
     for key, value in options.items():
-        p = params[key]
-        if p.param_type_name == "argument":
-            args.append(str(value))
-        elif getattr(p, "is_flag", False):
-            if value:
-                flags.append(_long(p))
-            elif p.secondary_opts:
-                flags.append(p.secondary_opts[0])
-        else:
-            for v in value if isinstance(value, list) else [value]:
-                flags += [_long(p), str(v)]
-    return args + flags
+        opt = table[key]
+        fields[opt.config][opt.field] = text(value) if opt.form == "list" or field_type(opt) is str else value
+    try:
+        return build_configs(command, options[arg], fields)
+    except UsageError as e:
+        raise lines.fail(_culprit(str(e), options, origin, table), str(e)) from None
 
 
-def _long(p: Any) -> str:
-    return next((o for o in p.opts if o.startswith("--")), p.opts[0])
+def _culprit(message: str, options: dict[str, Any], origin: dict[str, tuple], table: dict[str, Opt]) -> tuple:
+    """The path of the field a config's error is about: the one whose flag it names first, else the
+    one whose value it quotes, else the point's first matrix or include field."""
+    named = []
+    for key in options:
+        opt = table[key]
+        for flag in filter(None, (opt.flag, "--" + opt.field.replace("_", "-"))):
+            m = re.search(re.escape(flag) + r"(?![\w-])", message)
+            if m:
+                named.append((m.start(), key))
+    quoted = [k for k, v in options.items() if isinstance(v, str) and repr(v) in message]
+    keys = [k for _, k in sorted(named)] + quoted + [k for k, p in origin.items() if p[0] != "fixed"] + list(origin)
+    return next((origin[k] for k in keys if k in origin), ())
+
+

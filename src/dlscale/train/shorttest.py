@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import resource
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale import workloads
 from dlscale.config import TrainConfig
 from dlscale.harness import device as dev
+from dlscale.harness.device import device_name
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.harness.timing import StepCallback, timed_loop
+from dlscale.peaks import resolve_peak
 from dlscale.train.observe import RunObserver
+
+UNITS = {  # the short test's figures besides the step statistics (STEP_UNITS)
+    "flops_per_sample": "FLOP", "flops_per_sample_forward": "FLOP", "achieved_flops": "FLOP/s",
+    "peak_flops": "FLOP/s", "peak_flops_isa_estimate": "FLOP/s", "mfu": "fraction",
+    "peak_memory_bytes": "bytes", "loss_first": "nats", "loss_last": "nats", "world_size": "ranks",
+}
 
 
 @dataclass
@@ -35,31 +43,34 @@ class TrainingSetup:
     optimizer_step: Callable[[], None] | None = None
 
 
+@dataclass
+class Measured:
+    """What the measured windows of all repeats produced."""
+
+    step_times: list[list[float]] = field(default_factory=list)  # seconds, one list per repeat
+    losses: list[list[float]] = field(default_factory=list)  # the measured steps' losses, per repeat
+    peak_memory: int = 0  # bytes, the largest over the repeats
+    peak_memory_kind: str = ""
+
+
 def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[Any], Any] | None = None,
                 feed: Any = None) -> TrainingSetup:
-    """``feed`` (data.feed.DeviceFeed) supplies real batches; None: one synthetic device-resident batch."""
+    """``feed`` (data.feed.DeviceFeed) supplies real batches; None: one synthetic device-resident batch.
+
+    ``step`` is made of the same parts the instrumented steps time one by one.
+    """
     import torch
 
     w = workloads.get(cfg.model)
     torch.manual_seed(seed)
-    model = w.build().to(device)
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
+    model = w.build().to(device).to(memory_format=memory_format)
     model.train()
     if wrap_model is not None:
         model = wrap_model(model)
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = _optimizer(cfg, model)
     fwd = torch.compile(model) if cfg.compile else model
-    if feed is None:
-        x, y = w.make_batch(cfg.batch_size, cfg.image_size, device, seed=seed)
-        x = x.contiguous(memory_format=memory_format)
-        fetch, to_device = (lambda: (x, y)), (lambda a, b: (a, b))
-        next_batch = fetch
-    else:
-        fetch, to_device, next_batch = feed.fetch, feed.to_device, feed
+    fetch, to_device, next_batch = _batches(w, cfg, device, seed, memory_format, feed)
     amp_dtype = dev.autocast_dtype(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     loss_fn = w.loss
@@ -80,20 +91,32 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
 
     def step() -> Any:
         opt.zero_grad(set_to_none=True)
-        xb, yb = next_batch()
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = loss_fn(fwd(xb), yb)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        loss = forward_loss(*next_batch())
+        backward(loss)
+        optimizer_step()
         return loss.detach()
 
     return TrainingSetup(model=model, optimizer=opt, step=step, fetch=fetch, to_device=to_device,
                          forward_loss=forward_loss, backward=backward, optimizer_step=optimizer_step)
+
+
+def _optimizer(cfg: TrainConfig, model: Any) -> Any:
+    import torch
+
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _batches(w: Any, cfg: TrainConfig, device: Any, seed: int, memory_format: Any,
+             feed: Any) -> tuple[Callable[[], Any], Callable[[Any, Any], Any], Callable[[], Any]]:
+    """(fetch a host batch, move it to the device, the next device batch): the feed's, or one synthetic batch."""
+    if feed is not None:
+        return feed.fetch, feed.to_device, feed
+    x, y = w.make_batch(cfg.batch_size, cfg.image_size, device, seed=seed)
+    x = x.contiguous(memory_format=memory_format)
+    fetch = lambda: (x, y)  # noqa: E731 - already on the device: the same batch every step
+    return fetch, (lambda a, b: (a, b)), fetch
 
 
 def _peak_memory(device: Any) -> tuple[int, str]:
@@ -102,24 +125,6 @@ def _peak_memory(device: Any) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_peak_rss"
-
-
-def _peak_flops(device: Any, precision: str, system: dict[str, Any]) -> tuple[float | None, str, float | None]:
-    """(peak FLOP/s, its source, ISA estimate) for MFU; (None, reason, None) when unknown."""
-    from dlscale import peaks
-
-    if device.type == "cuda":
-        import torch
-
-        name = torch.cuda.get_device_name(device)
-        p = peaks.gpu_peak(name, precision)
-        if p is None:
-            return None, f"no known {precision} peak for {name!r}: MFU left empty", None
-        return p.flops, p.source, None
-    p = peaks.measured_cpu_gemm_peak(precision)
-    cpu = system.get("cpu", {})
-    isa = peaks.cpu_isa_peak(cpu.get("isa", {}), cpu.get("physical_cores"), cpu.get("nominal_ghz"))
-    return p.flops, p.source, (isa.flops if isa and precision == "fp32" else None)
 
 
 def run_short_test(
@@ -136,65 +141,23 @@ def run_short_test(
     Samples per step are ``batch_size * world_size`` (per-device batch times data-parallel
     ranks); a distributed caller passes per-rank step times through its own aggregation.
     """
-    import torch
-
-    from dlscale.flops import workload_flops
-
     dev.set_matmul_precision(cfg.precision, device)
-    repeats: list[list[float]] = []
-    losses: list[list[float]] = []
-    peak_mem, peak_kind = 0, ""
     obs = RunObserver(cfg, device, world_size)  # monitor + real-data feed; closed whatever happens
     try:
-        for r in range(cfg.repeat):
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model, feed=obs.feed)
-            times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync)
-            obs.end_window(times)
-            step_losses = torch.stack(outs).float().cpu()
-            if not torch.isfinite(step_losses).all():
-                bad = int((~torch.isfinite(step_losses)).nonzero()[0])
-                raise NonFiniteLoss(f"loss became {step_losses[bad].item()} at measured step {bad + 1} of repeat {r + 1}")
-            repeats.append(times)
-            losses.append(step_losses.tolist())
-            mem, peak_kind = _peak_memory(device)
-            peak_mem = max(peak_mem, mem)
-            if r == cfg.repeat - 1:
-                obs.explain(setup)  # phase breakdown, loader rate, verdict, profile: after the window
-            del setup
+        done = _measure(cfg, device, obs, on_step, wrap_model, sync)
     finally:
         obs.close()
 
-    metrics, warnings = summarize_steps(cfg.batch_size * world_size, repeats)
-    units = dict(STEP_UNITS)
-    w = workloads.get(cfg.model)
-    fl = workload_flops(w, cfg.image_size)
-    achieved = fl["train"] * metrics["throughput"]
-    peak, peak_source, isa_peak = _peak_flops(device, cfg.precision, system)
-    metrics.update({
-        "flops_per_sample": fl["train"],
-        "flops_per_sample_forward": fl["forward"],
-        "achieved_flops": achieved,
-        "peak_flops": peak,
-        "peak_flops_source": peak_source,
-        "peak_flops_isa_estimate": isa_peak,
-        "mfu": mfu(achieved / world_size, peak),
-        "peak_memory_bytes": peak_mem,
-        "peak_memory_kind": peak_kind,
-        "loss_first": losses[0][0],
-        "loss_last": losses[-1][-1],
-        "world_size": world_size,
-    })
-    units.update({
-        "flops_per_sample": "FLOP", "flops_per_sample_forward": "FLOP", "achieved_flops": "FLOP/s",
-        "peak_flops": "FLOP/s", "peak_flops_isa_estimate": "FLOP/s", "mfu": "fraction",
-        "peak_memory_bytes": "bytes", "loss_first": "nats", "loss_last": "nats", "world_size": "ranks",
-    })
+    metrics, warnings = summarize_steps(cfg.batch_size * world_size, done.step_times)
+    units = {**STEP_UNITS, **UNITS}
+    flops, peak_note = _flops_figures(cfg, device, system, metrics["throughput"], world_size)
+    metrics.update(flops)
+    metrics.update({"peak_memory_bytes": done.peak_memory, "peak_memory_kind": done.peak_memory_kind,
+                    "loss_first": done.losses[0][0], "loss_last": done.losses[-1][-1], "world_size": world_size})
     if cfg.compile and cfg.warmup_steps == 0:
         warnings.append("--compile with --warmup-steps 0: compilation time is inside the measured window")
-    if metrics["mfu"] is None and peak is None:
-        warnings.append(peak_source)
+    if peak_note:
+        warnings.append(peak_note)
     x_metrics, x_units, x_raw, x_warnings = obs.outcome()
     metrics.update(x_metrics)
     units.update(x_units)
@@ -202,18 +165,64 @@ def run_short_test(
     return Outcome(
         metrics=metrics,
         units=units,
-        raw={"step_times_s": repeats, "loss": losses, **x_raw},
+        raw={"step_times_s": done.step_times, "loss": done.losses, **x_raw},
         warnings=warnings,
-        config={"device_name": _device_name(device), "sample_unit": w.sample_unit,
+        config={"device_name": device_name(device), "sample_unit": workloads.get(cfg.model).sample_unit,
                 "data_source": cfg.data or "synthetic"},
     )
 
 
-def _device_name(device: Any) -> str:
+def _measure(cfg: TrainConfig, device: Any, obs: RunObserver, on_step: StepCallback | None,
+             wrap_model: Callable[[Any], Any] | None, sync: Callable[[], None] | None) -> Measured:
+    """Each repeat: a fresh setup seeded ``seed + r``, warm-up then measured steps; the last is explained."""
     import torch
 
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    from dlscale.system import cpu_info
+    done = Measured()
+    for r in range(cfg.repeat):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model, feed=obs.feed)
+        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync)
+        obs.end_window(times)
+        losses = _finite_losses(outs, r)
+        done.step_times.append(times)
+        done.losses.append(losses)
+        mem, done.peak_memory_kind = _peak_memory(device)
+        done.peak_memory = max(done.peak_memory, mem)
+        if r == cfg.repeat - 1:
+            obs.explain(setup)  # phase breakdown, loader rate, verdict, profile: after the window
+        del setup
+    return done
 
-    return cpu_info().get("model") or "cpu"
+
+def _finite_losses(outs: list[Any], repeat: int) -> list[float]:
+    """The measured steps' losses as floats; a NonFiniteLoss naming the first bad step."""
+    import torch
+
+    step_losses = torch.stack(outs).float().cpu()
+    if not torch.isfinite(step_losses).all():
+        bad = int((~torch.isfinite(step_losses)).nonzero()[0])
+        raise NonFiniteLoss(f"loss became {step_losses[bad].item()} at measured step {bad + 1} of repeat {repeat + 1}")
+    return step_losses.tolist()
+
+
+def _flops_figures(cfg: TrainConfig, device: Any, system: dict[str, Any], throughput: float,
+                   world_size: int) -> tuple[dict[str, Any], str | None]:
+    """FLOPs per sample, achieved FLOP/s and MFU against the device's peak; the note when MFU is left empty."""
+    from dlscale.flops import workload_flops
+
+    fl = workload_flops(workloads.get(cfg.model), cfg.image_size)
+    achieved = fl["train"] * throughput
+    resolved = resolve_peak(device, cfg.precision, system)  # GPUs: datasheet; CPUs: measured GEMM
+    peak, peak_source, isa_peak = resolved.flops, resolved.source, resolved.isa_flops
+    metrics = {
+        "flops_per_sample": fl["train"],
+        "flops_per_sample_forward": fl["forward"],
+        "achieved_flops": achieved,
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "peak_kind": resolved.kind,
+        "peak_flops_isa_estimate": isa_peak,
+        "mfu": mfu(achieved / world_size, peak),
+    }
+    return metrics, (peak_source if metrics["mfu"] is None and peak is None else None)

@@ -1,0 +1,165 @@
+"""dlscale as a library: one function per command family, each returning run records.
+
+Every ``dlscale`` command is a thin shell over these functions: it parses its options into the
+same typed configs, calls the function and prints what comes back. From Python or a notebook::
+
+    from dlscale import api
+
+    rec = api.train(model="resnet18", image_size=64, steps=30)
+    rec.metrics["throughput"], rec.units["throughput"]          # samples/s
+    recs = api.micro("gemm", precisions=("fp32", "bf16"))
+    recs = api.micro("collectives", layout=Layout(emulate_nodes=2, link_bandwidth="1gbit"), sizes="1M:4M")
+    ladder = api.scale("resnet18", devices=[1, 2], image_size=64, steps=20)
+
+Options are a typed config (``config=TrainConfig(...)``) or its fields as keyword arguments;
+several processes are a ``Layout`` (``dlscale.layout``), launched by the one job module
+(``dlscale.distributed.job``: torchrun, in place under srun/mpirun, or emulated nodes). Every run
+is recorded in the results database (``db``: a path; default ``$DLSCALE_DB``, else
+``~/.local/share/dlscale/results.db``) whatever happens. Bad input raises ``UsageError`` before
+anything runs; a run that fails is recorded as failed and raises ``RunFailure`` naming its run id.
+Progress lines go to stderr (``dlscale.log``; ``DLSCALE_QUIET=1`` silences them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dlscale.errors import RunFailure, UsageError
+from dlscale.layout import Layout
+from dlscale.log import info
+
+__all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "MICRO_KINDS"]
+
+MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "all")
+
+
+def _launched() -> bool:
+    from dlscale.distributed.env import launcher_of
+
+    return launcher_of() is not None
+
+
+def train(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
+          on_step: Callable[[str, int, int], None] | None = None, **options: Any) -> Any:
+    """The training-throughput short test; the run's record (None on a node other than 0).
+
+    ``options`` are ``TrainConfig`` fields (batch_size, image_size, precision, steps, ...).
+    ``on_step(phase, done, total)`` is called after each step, outside the timed interval.
+    """
+    from dlscale.config import TrainConfig
+
+    cfg = config if config is not None else TrainConfig(model=model, **options)
+    layout = layout or Layout()
+    if layout.distributed or _launched():
+        from dlscale.distributed.job import run_job
+
+        if not _launched():
+            info(f"dlscale train {cfg.model}: {layout.world_size} ranks ({layout.nproc_per_node} per node, "
+                 f"{_where(layout)}), batch {cfg.batch_size} per rank")
+        return run_job("train", cfg.to_dict(), layout, db)
+    return _train_here(cfg, db, on_step)
+
+
+def _where(layout: Layout) -> str:
+    if layout.emulate_nodes:
+        return f"{layout.emulate_nodes} emulated nodes" + (f" at {layout.link_bandwidth}" if layout.link_bandwidth else "")
+    return f"{layout.nnodes} node(s)"
+
+
+def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
+    from dlscale.harness import device as dev
+    from dlscale.harness.runner import execute
+    from dlscale.store import Store
+    from dlscale.system import collect_cached
+    from dlscale.train.shorttest import run_short_test
+
+    store = Store.open(db)  # an unwritable database is a usage error before any work
+    device = dev.select_device(cfg.device)
+    resolved = cfg.resolve(device.type)
+    dev.check_precision(resolved.precision, device)
+    system = collect_cached()
+    info(f"dlscale train {resolved.model}: batch {resolved.batch_size}, {resolved.image_size}px, "
+         f"{resolved.precision}, {'channels_last' if resolved.channels_last else 'NCHW'}, on {device}")
+    with store:
+        return execute(kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
+                       store=store, system=system,
+                       body=lambda _rec: run_short_test(resolved, device, system, on_step=on_step))
+
+
+def tta(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
+        **options: Any) -> list[Any]:
+    """Train to a target accuracy (time to accuracy); the records of every run, and with ``runs`` > 1
+    the olympic aggregate last. ``options`` are ``TTAConfig`` fields (data, target_top1, ...)."""
+    from dataclasses import replace
+
+    from dlscale.longtest.config import TTAConfig
+    from dlscale.longtest.run import run_all
+    from dlscale.store import Store
+
+    layout = layout or Layout()
+    cfg = config if config is not None else TTAConfig(model=model, world_size=layout.world_size, **options)
+    if cfg.world_size != layout.world_size:
+        cfg = replace(cfg, world_size=layout.world_size)
+    with Store.open(db) as store:
+        return run_all(cfg, layout, store)
+
+
+def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, **options: Any) -> list[Any]:
+    """Phase-1 microbenchmarks: one record per kind run (``all``: every kind; p2p is left out,
+    with a line saying why, where fewer than two GPUs are visible).
+
+    ``options`` are the kind's own fields (``micro.options_of(kind)`` lists them): e.g. precisions,
+    shapes, full for gemm; mem_mib for memory; sizes, ops, min_busbw for collectives. A field the
+    kind does not read is a ``UsageError``. ``layout`` lays out the collectives' ranks.
+    """
+    from dlscale.micro.run import run_kinds
+
+    if kind not in MICRO_KINDS:
+        raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(MICRO_KINDS)}")
+    return run_kinds(kind, options, layout, db)
+
+
+def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tuple[int, int]] = (),
+          emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
+          backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
+          db: str | None = None, **options: Any) -> list[Any]:
+    """The scaling ladder: the short test at every layout (1x1, ``layouts`` as (nodes, devices per
+    node), 1xN for device counts no layout covers), then a ``scale`` summary record of the
+    efficiencies and the scale-up vs scale-out table. Returns every rung's record (failed rungs
+    too, status ``failed``) and the summary record last. ``options`` are ``TrainConfig`` fields."""
+    from dlscale.distributed.ladder import run_ladder
+
+    return run_ladder(model, list(devices), list(layouts), options, emulate_nodes=emulate_nodes,
+                      link_bandwidth=link_bandwidth, link_latency=link_latency, backend=backend,
+                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db)
+
+
+def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per_run: float | None = None,
+          on_start: Callable[[Any], None] | None = None, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+    """Run a sweep file's points, each in its own process; one ``PointResult`` per point, whose
+    ``record`` is the point's run record (points already in the store are skipped with ``resume``)."""
+    from dataclasses import replace
+
+    from dlscale.store import Store
+    from dlscale.sweep import run as sweep_run
+    from dlscale.sweep import spec
+
+    sw = spec.load(file)
+    if timeout_per_run is not None:
+        if timeout_per_run <= 0:
+            raise UsageError(f"--timeout-per-run must be > 0, got {timeout_per_run}")
+        sw.points = [replace(p, timeout_s=timeout_per_run) for p in sw.points]
+    with Store.open(db) as store:
+        results = sweep_run.run_sweep(sw, store, resume, on_start=on_start, on_done=on_done)
+        for r in results:
+            r.record = store.get(r.run_id) if r.run_id else None
+    return results
+
+
+def failed(records: Sequence[Any]) -> list[Any]:
+    """The failed ones among records (a helper for scripts: ``if api.failed(recs): ...``)."""
+    return [r for r in records if r is not None and r.status != "ok"]
+
+
+__all__ += ["failed", "RunFailure", "UsageError"]

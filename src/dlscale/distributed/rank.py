@@ -1,0 +1,81 @@
+"""The per-rank entry of every dlscale job: ``python -m dlscale.distributed.rank --spec JSON``.
+
+``distributed.job`` starts this module on every rank through torchrun. It finds the rank's
+place in the job, runs the family's ``run_rank`` and turns the outcome into an exit code. The one
+failure handler of every family lives here: a failing rank writes its one-line cause into the job
+directory (``faults``) so that the launcher can name it, rank 0 leaves the id of the record it
+stored, and the rank exits without a process-group teardown that could hang on a dead peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from dlscale.distributed import faults
+from dlscale.errors import RunFailure, UsageError
+
+
+def run(spec: Any, env: Any) -> int:
+    """Run one rank; 0 on success. Failures are reported to the job directory, then the rank exits."""
+    from dlscale.distributed.job import rank_function
+
+    try:
+        rec = rank_function(spec.family)(spec, env)
+    except BaseException as e:  # noqa: BLE001 - every rank's failure is reported, Ctrl-C included
+        _fail(spec, env, e)
+    if env.rank == 0 and rec is not None:
+        faults.write_run_id(spec.job_dir, rec.run_id)
+    _teardown()
+    return 0
+
+
+def _fail(spec: Any, env: Any, e: BaseException) -> None:
+    from dlscale.harness.runner import describe_failure
+
+    cause = describe_failure(e.__cause__) if isinstance(e, RunFailure) and e.__cause__ else str(e) or type(e).__name__
+    faults.write_failure(spec.job_dir, env.rank, env.node_rank, " ".join(cause.split()),
+                         usage=isinstance(e, UsageError))
+    if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
+        faults.write_run_id(spec.job_dir, e.run_id)
+    if os.environ.get("DLSCALE_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
+    if spec.job_dir is None:  # no launcher of dlscale's to name the rank: say it here
+        print(f"error: rank {env.rank}: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(e.exit_code if isinstance(e, (UsageError, RunFailure)) else 1)
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dlscale.distributed.env import detect
+    from dlscale.distributed.job import RankSpec
+
+    p = argparse.ArgumentParser(prog="dlscale.distributed.rank")
+    p.add_argument("--spec", required=True, help="the RankSpec as JSON")
+    spec = RankSpec.from_json(p.parse_args(sys.argv[1:] if argv is None else argv).spec)
+    try:
+        env = detect()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if env is None:
+        print("error: dlscale.distributed.rank is started by a launcher (torchrun, srun, mpirun); "
+              "use `dlscale train|tta|micro collectives --nproc-per-node N`", file=sys.stderr)
+        return 2
+    return run(spec, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Time-to-accuracy runs end to end: one run here or on every rank of a layout, ``--runs`` and the
+olympic aggregate, the speed-up over the single-node reference. ``api.tta`` calls ``run_all``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import UsageError
+from dlscale.log import info
+
+
+def check_data(root: str) -> None:
+    """Both splits exist with the same class folders, before any process starts (else a UsageError)."""
+    classes = []
+    for split in ("train", "val"):
+        base = Path(root) / split
+        if not base.is_dir():
+            raise UsageError(f"{base} is not a directory; expected the ImageNet layout ROOT/{split}/<class>/*.jpg "
+                             "(`dlscale dataset digits ROOT` makes a small real one)")
+        classes.append(sorted(d.name for d in base.iterdir() if d.is_dir()))
+    if not classes[0] or classes[0] != classes[1]:
+        raise UsageError(f"{root}: train/ and val/ must hold the same, non-empty set of class folders")
+
+
+def check_resume(cfg: Any) -> None:
+    if cfg.resume:
+        from dlscale.longtest.checkpoint import checkpoint_path
+
+        if not checkpoint_path(cfg.checkpoint_dir).is_file():
+            raise UsageError(f"--resume: no checkpoint at {checkpoint_path(cfg.checkpoint_dir)}; "
+                             "run without --resume to start from scratch")
+
+
+def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
+    """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
+    (rank 0's; an empty list off node 0)."""
+    check_data(cfg.data)
+    check_resume(cfg)
+    info(f"lr: {cfg.lr_rule()}")
+    recs = []
+    for i in range(cfg.runs):
+        run_cfg = cfg if cfg.runs == 1 else replace(
+            cfg, seed=cfg.seed + i, mlperf_log=_nth(cfg.mlperf_log, i),
+            checkpoint_dir=str(Path(cfg.checkpoint_dir) / f"run{i}") if cfg.checkpoint_dir else None)
+        if cfg.runs > 1:
+            info(f"run {i + 1} of {cfg.runs} (seed {run_cfg.seed})")
+        rec = run_one(run_cfg, layout, store)
+        if rec is not None:
+            recs.append(rec)
+    if cfg.runs > 1 and recs:
+        recs.append(olympic_record(cfg, recs, store))
+    return recs
+
+
+def run_one(cfg: Any, layout: Any, store: Any) -> Any:
+    """One run, in this process or on every rank of the layout; rank 0's record (None off node 0)."""
+    from dlscale.harness import device as dev
+    from dlscale.harness.runner import execute
+    from dlscale.system import collect_cached
+
+    if layout.distributed:
+        from dlscale.distributed.job import run_job
+
+        info(f"dlscale tta {cfg.model}: {layout.world_size} ranks ({layout.nodes} node(s) x {layout.nproc_per_node}), "
+             f"global batch {cfg.global_batch}, target top-1 {cfg.target_top1}")
+        return run_job("tta", asdict(cfg), layout, str(store.path))
+    device = dev.select_device(cfg.device)
+    resolved = cfg.resolve(device.type)
+    dev.check_precision(resolved.precision, device)
+    info(f"dlscale tta {resolved.model}: target top-1 {resolved.target_top1}, batch {resolved.batch_size}, "
+         f"{resolved.image_size}px, up to {resolved.max_epochs} epochs, on {device}")
+
+    def body(_rec: Any) -> Any:
+        from dlscale.longtest.tta import run_tta
+
+        return run_tta(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
+
+    return execute(kind="tta", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
+                   store=store, system=collect_cached(), body=body)
+
+
+def _nth(path: str | None, i: int) -> str | None:
+    if not path:
+        return None
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}_{i}{p.suffix}"))
+
+
+def platform_name(device: Any, world: int = 1) -> str:
+    """MLPerf's platform string: ranks x device name."""
+    from dlscale.harness.device import device_name
+
+    return f"{world}x{device_name(device)}"
+
+
+def add_reference(out: Any, config: dict[str, Any], store: Any) -> None:
+    """Speed-up over the single-node run of the same config, split into throughput and epochs."""
+    from dlscale.longtest.aggregate import find_reference, speedup_split
+
+    m = out.metrics
+    if config.get("world_size", 1) == 1 or m.get("time_to_target") is None:
+        return
+    ref = find_reference(store, config)
+    if ref is None:
+        out.warnings.append("no single-node tta run of the same config in the store: speed-up not computed "
+                            "(run it with --nproc-per-node/--nnodes 1 first)")
+        return
+    r = ref.metrics
+    m.update(speedup_split(r["time_to_target"], r["throughput"], r["epochs_to_target"],
+                           m["time_to_target"], m["throughput"], m["epochs_to_target"]))
+    m["reference_run_id"] = ref.run_id
+    out.units.update({"speedup": "x", "throughput_speedup": "x", "epochs_ratio": "x", "train_time_speedup": "x"})
+
+
+def epoch_line(p: dict[str, Any]) -> None:
+    acc = "" if p["top1"] is None else f", top-1 {p['top1']:.4f}, top-5 {p['top5']:.4f}, val loss {p['loss']:.4f}"
+    info(f"epoch {p['epoch']}: {p['wall_s']:.2f} s since start, train loss {p['train_loss']:.4f}, "
+         f"{p['throughput']:.1f} samples/s{acc}")
+
+
+def olympic_record(cfg: Any, recs: list[Any], store: Any) -> Any:
+    """MLPerf's aggregate over --runs: drop the fastest and slowest time to target, average the rest."""
+    from dlscale.harness.runner import Outcome, execute
+    from dlscale.longtest.aggregate import olympic_mean
+
+    times = [r.metrics.get("time_to_target") for r in recs]
+
+    def body(_rec: Any) -> Any:
+        m: dict[str, Any] = {"runs": len(recs), "runs_reached": sum(t is not None for t in times),
+                             "olympic_time_to_target": olympic_mean(times) if len(recs) >= 3 else None}
+        warnings = [] if len(recs) >= 3 else ["the olympic mean needs at least 3 runs"]
+        if len(recs) >= 3 and m["olympic_time_to_target"] is None:
+            warnings.append("two or more runs did not reach the target: no olympic mean")
+        return Outcome(metrics=m, units={"runs": "runs", "runs_reached": "runs", "olympic_time_to_target": "s"},
+                       raw={"run_ids": [r.run_id for r in recs], "times_to_target": times,
+                            "seeds": [r.config.get("seed") for r in recs]}, warnings=warnings)
+
+    return execute(kind="tta_olympic", workload=cfg.model, config=cfg.to_dict(), tag=cfg.tag, store=store, body=body)

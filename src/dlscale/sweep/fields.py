@@ -1,0 +1,199 @@
+"""The sweep's field tables: each field of a point, the typed config and field it sets, its flag.
+
+A sweep point is spelled as the command line (``batch_size`` for ``--batch-size``; ``model`` for
+train and ``kind`` for micro). ``TRAIN`` and ``MICRO`` map every such field to its typed config
+(``TrainConfig``, ``Layout``, ``MicroOptions``/``CollectiveOptions``) and config field, and to the
+command-line flag a point runs with (``to_argv``). ``build_configs`` builds those configs, so a
+point is validated by the same code as the command it runs. No torch at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How a sweep field reaches its command: the typed config and field it sets, and its flag.
+
+    ``form`` says how the command line writes it: ``arg`` (the command's argument), ``value``
+    (``--flag VALUE``), ``flag`` (``--flag`` when true; false is the default and writes nothing),
+    ``switch`` (``--flag`` / ``--no-flag``), ``list`` (``--flag a,b``; a YAML list or a comma string).
+    """
+
+    config: str  # train: TrainConfig | layout: Layout | micro: MicroOptions or CollectiveOptions
+    field: str
+    flag: str = ""
+    form: str = "value"
+
+
+LAYOUT = {  # dlscale.layout.Layout, for every command that runs ranks (cli/distopts.py)
+    "nproc_per_node": Opt("layout", "nproc_per_node", "--nproc-per-node"),
+    "nnodes": Opt("layout", "nnodes", "--nnodes"),
+    "node_rank": Opt("layout", "node_rank", "--node-rank"),
+    "master_addr": Opt("layout", "master_addr", "--master-addr"),
+    "master_port": Opt("layout", "master_port", "--master-port"),
+    "backend": Opt("layout", "backend", "--backend"),
+    "emulate_nodes": Opt("layout", "emulate_nodes", "--emulate-nodes"),
+    "link_bandwidth": Opt("layout", "link_bandwidth", "--link-bandwidth"),
+    "link_latency": Opt("layout", "link_latency", "--link-latency"),
+    "timeout": Opt("layout", "timeout_s", "--timeout"),
+    "threads_per_rank": Opt("layout", "threads_per_rank", "--threads-per-rank"),
+}
+
+TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig and the Layout
+    "model": Opt("train", "model", form="arg"),
+    "batch_size": Opt("train", "batch_size", "--batch-size"),
+    "image_size": Opt("train", "image_size", "--image-size"),
+    "precision": Opt("train", "precision", "--precision"),
+    "channels_last": Opt("train", "channels_last", "--channels-last", "switch"),
+    "compile": Opt("train", "compile", "--compile", "flag"),
+    "warmup_steps": Opt("train", "warmup_steps", "--warmup-steps"),
+    "steps": Opt("train", "steps", "--steps"),
+    "optimizer": Opt("train", "optimizer", "--optimizer"),
+    "lr": Opt("train", "lr", "--lr"),
+    "device": Opt("train", "device", "--device"),
+    "repeat": Opt("train", "repeat", "--repeat"),
+    "seed": Opt("train", "seed", "--seed"),
+    "data": Opt("train", "data", "--data"),
+    "workers": Opt("train", "workers", "--workers"),
+    "strict": Opt("train", "strict", "--strict", "flag"),
+    "monitor_interval": Opt("train", "monitor_interval", "--monitor-interval"),
+    "breakdown_steps": Opt("train", "breakdown_steps", "--breakdown-steps"),
+    "profile": Opt("train", "profile", "--profile"),
+    "profile_steps": Opt("train", "profile_steps", "--profile-steps"),
+    "tag": Opt("train", "tag", "--tag"),
+    **LAYOUT,
+}
+
+MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions or CollectiveOptions (+ Layout)
+    "kind": Opt("micro", "kind", form="arg"),
+    "device": Opt("micro", "device", "--device"),
+    "precision": Opt("micro", "precisions", "--precision", "list"),
+    "warmup": Opt("micro", "warmup", "--warmup"),
+    "iters": Opt("micro", "reps", "--iters"),  # CollectiveOptions calls it iters
+    "full": Opt("micro", "full", "--full", "flag"),
+    "max_gflop": Opt("micro", "max_gflop", "--max-gflop"),
+    "shapes": Opt("micro", "shapes", "--shapes"),
+    "channels_last": Opt("micro", "channels_last", "--channels-last", "switch"),
+    "mem_mib": Opt("micro", "mem_mib", "--mem-mib"),
+    "cpu_ghz": Opt("micro", "cpu_ghz", "--cpu-ghz"),
+    "case_budget": Opt("micro", "case_budget_s", "--case-budget"),
+    "seed": Opt("micro", "seed", "--seed"),
+    "tag": Opt("micro", "tag", "--tag"),
+    "sizes": Opt("micro", "sizes", "--sizes"),
+    "ops": Opt("micro", "ops", "--ops"),
+    "budget": Opt("micro", "budget", "--budget"),
+    "min_busbw": Opt("micro", "min_busbw", "--min-busbw"),
+    "plant_wrong": Opt("micro", "plant_wrong", "--plant-wrong"),
+    **LAYOUT,  # micro collectives only
+}
+
+COMMANDS = {"train": TRAIN, "micro": MICRO}
+
+
+
+def type_problem(opt: Opt, value: Any) -> str | None:
+    """Why ``value`` cannot be the field's value (None when it can); types from the config's annotations."""
+    if value is None:
+        return "expected a value, got nothing"
+    if isinstance(value, dict) or isinstance(value, list) and opt.form != "list":
+        return f"expected one value, got {type(value).__name__}"
+    if value == []:
+        return "expected at least one value"
+    base = field_type(opt)
+    for v in value if isinstance(value, list) else [value]:
+        if base is bool and not isinstance(v, bool):
+            return f"expected true or false, got {v!r}"
+        if base is int and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"expected an integer, got {v!r}"
+        if base is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"expected a number, got {v!r}"
+        if base is str and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+            return f"expected a string, got {v!r}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _annotations() -> dict[str, dict[str, Any]]:
+    """The field types of each config of the tables, by ``Opt.config``."""
+    from typing import get_type_hints
+
+    from dlscale.config import TrainConfig
+    from dlscale.layout import Layout
+    from dlscale.micro.base import MicroOptions
+    from dlscale.micro.collectives import CollectiveOptions
+
+    return {"train": get_type_hints(TrainConfig), "layout": get_type_hints(Layout),
+            "micro": {**get_type_hints(CollectiveOptions), **get_type_hints(MicroOptions)}}
+
+
+def field_type(opt: Opt) -> type:
+    """int, float, bool or str: the config field's annotation without ``None`` (``tuple[str, ...]``: str)."""
+    from typing import get_args
+
+    hint = _annotations()[opt.config].get(opt.field, str)  # the arguments (model, kind) are names
+    args = [a for a in get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    return base if base in (int, float, bool) else str
+
+
+
+def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> list[Any]:
+    """The typed configs ``dlscale COMMAND ARG`` builds from these config fields, by ``Opt.config``."""
+    from dlscale.layout import Layout
+
+    def layout() -> Layout:  # --nproc-per-node given at all runs through the launcher (cli/distopts.py)
+        return Layout(**fields["layout"], force="nproc_per_node" in fields["layout"])
+
+    if command == "train":
+        from dlscale.config import TrainConfig
+
+        return [TrainConfig(**fields["train"]), layout()]
+    from dlscale.micro import run as micro_run
+
+    configs = []
+    for kind in micro_run.ALL_ORDER if arg == "all" else (arg,):
+        if kind == "collectives":  # the kernels' reps is the collectives' iters
+            opts = {("iters" if k == "reps" else k): v for k, v in fields["micro"].items()}
+            configs.append(micro_run.collective_options(opts))
+        else:
+            configs.append(micro_run.kernel_options(kind, fields["micro"]))
+    return configs + ([layout()] if arg == "collectives" else [])
+
+
+def micro_fields(kind: str) -> list[str]:
+    """The sweep fields of ``micro KIND``: its argument, the fields it reads (``micro.run.READS``)
+    and, for collectives, the layout."""
+    from dlscale.micro.run import options_of
+
+    reads = set(options_of(kind))
+    if "iters" in reads:  # one sweep field, iters, for the kernels' reps and the collectives' iters
+        reads.add("reps")
+    return [k for k, opt in MICRO.items()
+            if opt.form == "arg" or (opt.field in reads if opt.config == "micro" else kind == "collectives")]
+
+
+
+def to_argv(command: str, options: dict[str, Any]) -> list[str]:
+    """The point as the command line a user would type: the argument first, then the options."""
+    table = COMMANDS[command]
+    args, flags = [command], []
+    for key, value in options.items():
+        opt = table[key]
+        if opt.form == "arg":
+            args.append(str(value))
+        elif opt.form in ("flag", "switch"):
+            if value or opt.form == "switch":  # a flag's false is its default: nothing to write
+                flags.append(opt.flag if value else "--no-" + opt.flag[2:])
+        else:
+            flags += [opt.flag, text(value)]
+    return args + flags
+
+
+def text(value: Any) -> str:
+    """A value as the command line writes it (a list as a comma list)."""
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
