@@ -202,3 +202,14 @@ def test_run_torchrun_ends_a_job_past_its_time_limit():
     assert time.monotonic() - t0 < 5 + 20
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert not left
+
+
+def test_one_launcher_failing_ends_the_others_whatever_their_order():
+    """Node 1's launcher exits non-zero while node 0's still runs: the job ends, it does not wait on node 0."""
+    from dlscale.distributed.launch import _supervise
+
+    t0 = time.monotonic()
+    res = _supervise([[sys.executable, "-c", "import time; time.sleep(60)"],
+                      [sys.executable, "-c", "import sys; sys.exit(3)"]], dict(os.environ), timeout_s=120)
+    assert res.returncode == 3 and not res.timed_out
+    assert time.monotonic() - t0 < 30

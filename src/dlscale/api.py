@@ -10,6 +10,7 @@ same typed configs, calls the function and prints what comes back. From Python o
     recs = api.micro("gemm", precisions=("fp32", "bf16"))
     recs = api.micro("collectives", layout=Layout(emulate_nodes=2, link_bandwidth="1gbit"), sizes="1M:4M")
     ladder = api.scale("resnet18", devices=[1, 2], image_size=64, steps=20)
+    preds = api.predict(rec.run_id, [(1, 8), (2, 4)], intra="nvlink4", inter="ib-ndr")
 
 Options are a typed config (``config=TrainConfig(...)``) or its fields as keyword arguments;
 several processes are a ``Layout`` (``dlscale.layout``), launched by the one job module
@@ -29,7 +30,7 @@ from dlscale.errors import RunFailure, UsageError
 from dlscale.layout import Layout
 from dlscale.log import info
 
-__all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "MICRO_KINDS"]
+__all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "predict", "MICRO_KINDS"]
 
 MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "all")
 
@@ -155,6 +156,19 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
         for r in results:
             r.record = store.get(r.run_id) if r.run_id else None
     return results
+
+
+def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
+            inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, tag: str | None = None,
+            db: str | None = None) -> list[Any]:
+    """Predict the data-parallel scaling of ``layouts`` ((nodes, devices per node) each) from the
+    one-device train run ``run`` and link parameters (``intra``/``inter``: a datasheet link name
+    such as "nvlink4", "ib-ndr", "pcie-gen4-x16" or a rate such as "1gbit"; default: fitted from the
+    newest ``micro collectives`` run of that level in the store). One ``prediction`` record per layout."""
+    from dlscale.predict.run import predict as run_predict
+
+    return run_predict(run, list(layouts), model=model, intra=intra, inter=inter, algorithm=algorithm,
+                       host_cost=host_cost, tag=tag, db=db)
 
 
 def failed(records: Sequence[Any]) -> list[Any]:

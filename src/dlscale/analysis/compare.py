@@ -18,7 +18,7 @@ from typing import Any
 from dlscale.analysis.formulas import pct_difference, relative_score
 from dlscale.record import RunRecord
 
-KEYS = ("model", "batch_size", "precision", "image_size", "world_size", "nodes", "system")
+KEYS = ("model", "batch_size", "precision", "image_size", "world_size", "nodes", "layout", "link", "system")
 LOWER_IS_BETTER_UNITS = ("s", "epochs")
 
 
@@ -33,6 +33,11 @@ def key_value(rec: RunRecord, key: str) -> Any:
         return c.get("nodes") or c.get("nnodes") or 1
     if key == "system":
         return system_label(rec)
+    if key in ("layout", "link"):
+        from dlscale.analysis.scaling import layout_of, link_of
+
+        nodes, per_node = layout_of(rec)
+        return f"{nodes}x{per_node}" if key == "layout" else (link_of(rec) if nodes > 1 else "-")
     return c.get(key)
 
 

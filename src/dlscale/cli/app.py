@@ -75,6 +75,9 @@ def _register() -> None:
     from dlscale.cli import tta
 
     app.command("tta", help=tta.HELP, epilog=tta.EPILOG)(tta.tta)
+    from dlscale.cli import predict
+
+    app.command("predict", help=predict.HELP, epilog=predict.EPILOG)(predict.predict)
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 

@@ -26,7 +26,7 @@ EPILOG = """Examples:\n\n
 def compare(
     a: Annotated[str, typer.Argument(help="Selection A (e.g. tag:after).", show_default=False)],
     b: Annotated[str, typer.Argument(help="Selection B, the baseline (e.g. tag:before).", show_default=False)],
-    by: Annotated[str, typer.Option("--by", help="Group by these fields (comma-separated): model, batch_size, precision, image_size, world_size, nodes, system.")] = "model",
+    by: Annotated[str, typer.Option("--by", help="Group by these fields (comma-separated): model, batch_size, precision, image_size, world_size, nodes, layout, link, system.")] = "model",
     metric: Annotated[str, typer.Option("--metric", help="The metric compared (a key of the runs' metrics).")] = "throughput",
     reference: Annotated[Optional[str], typer.Option("--reference", help="Also score A and B relative to this selection (MLPerf v0.5 style).", show_default=False)] = None,
     db: DbOpt = None,

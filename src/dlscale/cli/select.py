@@ -2,7 +2,8 @@
 
 A selector is filters joined by commas, all of which a run must pass:
 ``tag:NAME`` (a bare word is a tag), ``system:NAME`` (an imported system's name or a host name), ``model:NAME``, ``run:ID+ID`` (ids or unambiguous prefixes), ``ref:NAME`` (a
-shipped reference dataset, read from the package; nothing is written), ``imported:yes|no``.
+shipped reference dataset, read from the package; nothing is written), ``imported:yes|no``,
+``kind:KIND`` (train, prediction, micro, ...).
 Only runs with status ok are selected.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
-FILTERS = ("tag", "system", "model", "run", "ref", "imported")
+FILTERS = ("tag", "system", "model", "run", "ref", "imported", "kind")
 
 
 def parse(selector: str) -> list[tuple[str, str]]:
@@ -53,6 +54,8 @@ def select(store, selector: str) -> list[RunRecord]:
             recs = [r for r in recs if v in (system_label(r), (r.system or {}).get("hostname"), r.config.get("system"))]
         elif k == "model":
             recs = [r for r in recs if r.workload == v]
+        elif k == "kind":
+            recs = [r for r in recs if r.kind == v]
         elif k == "imported":
             want = v.lower() in ("yes", "true", "1")
             recs = [r for r in recs if r.imported == want]

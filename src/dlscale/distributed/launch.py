@@ -180,7 +180,7 @@ def _supervise(cmds: list[list[str]], env: dict[str, str], timeout_s: float | No
             t.start()
             threads.append(t)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # poll every launcher: any() would stop at the first alive one
             if deadline is not None and time.monotonic() > deadline:
                 result.timed_out = True
                 break

@@ -52,9 +52,12 @@ def _fail(spec: Any, env: Any, e: BaseException) -> None:
 
 
 def _teardown() -> None:
+    """Leave together: a barrier first, so that no rank tears its connections down while another
+    still uses them (rank 0 writing the record), then the process group is destroyed."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

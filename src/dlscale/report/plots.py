@@ -67,6 +67,22 @@ def scaling(series: dict[str, tuple[list[int], list[float], list[float]]], title
     return _png(fig)
 
 
+def predicted(points: list[tuple[str, float, float]], title: str) -> bytes:
+    """Predicted against measured (one point per layout, labelled), with the line of no error."""
+    fig, ax = _fig(6.5, 4.2)
+    top = max([1.0, *(max(m, p) for _, m, p in points)]) * 1.05
+    ax.plot([0, top], [0, top], "--", color="#888888", linewidth=1, label="prediction = measurement")
+    for i, (label, measured, pred) in enumerate(points):
+        ax.plot([measured], [pred], "o", color=PALETTE[i % len(PALETTE)], label=label)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured scaling efficiency")
+    ax.set_ylabel("predicted scaling efficiency")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(fontsize=6, loc="lower right")
+    return _png(fig)
+
+
 def lines(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str) -> bytes:
     """Plain x-y lines (time-to-accuracy curves, monitoring time series)."""
     fig, ax = _fig(6.5, 3.6)

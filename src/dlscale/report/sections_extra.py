@@ -149,4 +149,10 @@ def micro_section(records: Sequence[RunRecord]) -> Section | None:
                    tables=[TableData(["kind", "run id", "figure", "value", "unit"], rows)])
 
 
-BUILDERS = (scaling_section, layouts_section, micro_section, tta_section, monitoring_section)
+def _prediction_section(records: Sequence[RunRecord]) -> Section | None:
+    from dlscale.report.predictions import prediction_section
+
+    return prediction_section(records)
+
+
+BUILDERS = (scaling_section, layouts_section, _prediction_section, micro_section, tta_section, monitoring_section)
