@@ -73,3 +73,12 @@ def test_cli_option_a_kind_does_not_read_is_an_error(cli, db_path):
     assert r.code == 2 and "--sizes" in r.stderr
     r = cli("micro", "memory", "--precision", "bf16")
     assert r.code == 2
+
+
+def test_under_an_external_launcher_collectives_take_its_world(monkeypatch):
+    from dlscale.micro.run import default_collectives_layout
+
+    assert default_collectives_layout(Layout()).world_size >= 2  # dlscale's own launcher: two ranks here
+    for k, v in {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}.items():
+        monkeypatch.setenv(k, v)
+    assert default_collectives_layout(Layout()) == Layout()  # srun started the ranks: run in place, its world

@@ -61,7 +61,12 @@ def run_one(cfg: Any, layout: Any, store: Any) -> Any:
     from dlscale.harness.runner import execute
     from dlscale.system import collect_cached
 
-    if layout.distributed:
+    from dlscale.distributed.env import detect
+
+    env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
+    if env is not None and not layout.distributed and cfg.world_size != env.world_size:
+        cfg = replace(cfg, world_size=env.world_size)  # started by srun/mpirun/torchrun: the launcher's world
+    if layout.distributed or env is not None:
         from dlscale.distributed.job import run_job
 
         info(f"dlscale tta {cfg.model}: {layout.world_size} ranks ({layout.nodes} node(s) x {layout.nproc_per_node}), "

@@ -150,7 +150,12 @@ def run_collectives(cfg: Any, layout: Any, db: str | None) -> Any:
 
 
 def default_collectives_layout(layout: Any) -> Any:
-    """Collectives always run as ranks under the launcher (two ranks here when nothing says more)."""
+    """Collectives always run as ranks: under an external launcher (srun, mpirun, torchrun) its world,
+    else dlscale's launcher with the layout given (two ranks here, or one per GPU, when nothing says more)."""
+    from dlscale.distributed.env import launcher_of
+
+    if launcher_of() is not None:
+        return layout
     if layout.world_size == 1 and not layout.emulate_nodes and not layout.force:
         return layout.with_(nproc_per_node=_devices_here() or 2, force=True)
     return layout.with_(force=True)
