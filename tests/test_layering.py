@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dlscale"
-ENTRY_POINTS = {"__main__.py"}  # `python -m dlscale` is the CLI's own entry
+ENTRY_POINTS: set[str] = set()  # none: the console script and `python -m dlscale.cli.app` live in cli/
 
 
 def cli_imports(path: Path) -> list[str]:

@@ -87,20 +87,21 @@ def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: W
             tag=tag, db=db, fmt=fmt)
 
 
-@app.command("memory", help="STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
-def memory(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
-           case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-           fmt: FormatOpt = Format.human) -> None:
-    _kernel("memory", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
-            seed=seed, tag=tag, db=db, fmt=fmt)
+def _memory_like(kind: str, help: str) -> None:
+    """memory and p2p read the same options: one command body for both."""
+
+    def command(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+                case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+                fmt: FormatOpt = Format.human) -> None:
+        _kernel(kind, device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
+                seed=seed, tag=tag, db=db, fmt=fmt)
+
+    command.__name__ = kind
+    app.command(kind, help=help)(command)
 
 
-@app.command("p2p", help="GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
-def p2p(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
-        case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-        fmt: FormatOpt = Format.human) -> None:
-    _kernel("p2p", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
-            seed=seed, tag=tag, db=db, fmt=fmt)
+_memory_like("memory", "STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
+_memory_like("p2p", "GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
 
 
 @app.command("collectives", help="torch.distributed collectives on every rank of a layout: nccl-tests' columns, "

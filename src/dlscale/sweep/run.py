@@ -86,9 +86,9 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def dlscale_command() -> list[str]:
-    """The ``dlscale`` program as this Python runs it (``python -m dlscale``): a point runs what a user
-    types, in its own interpreter."""
-    return [sys.executable, "-m", "dlscale"]
+    """The ``dlscale`` program as this Python runs it: a point runs what a user types, in its own
+    interpreter (a subprocess of the command's entry module; nothing here imports the CLI)."""
+    return [sys.executable, "-m", "dlscale.cli.app"]
 
 
 def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
