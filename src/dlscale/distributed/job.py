@@ -90,9 +90,10 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None)
         return run_in_place(family, config, layout, db, env)
     from dlscale.store import Store
 
+    with Store.open(db) as store:  # an unwritable database is a usage error before anything starts
+        path = str(store.path)
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
-    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=str(Store.open(db).path),
-                    job_dir=job_dir)
+    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir)
     try:
         res = _launch(spec, layout)
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)

@@ -1,10 +1,11 @@
 """Start a module on every rank through PyTorch's own launcher (torch.distributed.run, i.e. torchrun).
 
-``run_torchrun`` is the one entry point: it validates the layout, checks the master port (busy)
+``run_torchrun`` takes a validated ``Layout`` (``dlscale.layout``), checks the master port (busy)
 or the master (unreachable) before anything starts, picks threads per rank on CPUs, runs
 ``python -m torch.distributed.run ... -m MODULE ARGS`` once per node (inside emulated nodes when
 asked), forwards the launcher's output to stderr, and returns the exit code. ``launch`` does the
-same and also returns what torchrun reported about a failed rank.
+same and also returns what torchrun reported about a failed rank. ``distributed.job`` is the one
+caller inside dlscale; it starts ``dlscale.distributed.rank`` on every rank.
 
 A job that runs past ``timeout_s``, or a Ctrl-C / SIGTERM, ends every process of the job:
 SIGTERM to torchrun and its workers, SIGKILL to what is left after a short grace.

@@ -1,5 +1,5 @@
-"""One rank of ``dlscale micro collectives``: run under torchrun, sweep every collective over the
-sizes, time it, check it, and (rank 0) record the run and write its id for the parent.
+"""One rank of ``dlscale micro collectives`` (the ``collectives`` family of ``distributed.job``):
+sweep every collective over the sizes, time it, check it, and (rank 0) record the run.
 
 Per (collective, size, mode), as nccl-tests: the first warm-up call is timed and its slowest
 rank's time sets how many more warm-up calls and timed iterations fit in ``--budget`` seconds
@@ -7,9 +7,8 @@ rank's time sets how many more warm-up calls and timed iterations fit in ``--bud
 small machine does not take minutes; then a barrier, the timed iterations back to back, a device
 synchronisation; the time is the mean over ranks of (elapsed / iterations). Then the buffers are
 refilled, the collective runs once more and every rank compares its result with the exact
-expected values; #wrong is the sum over ranks. Usage:
-
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m dlscale.micro.coll_worker --db DB
+expected values; #wrong is the sum over ranks. Started by ``dlscale micro collectives`` (or
+``api.micro("collectives", layout=...)``), never directly.
 """
 
 from __future__ import annotations
