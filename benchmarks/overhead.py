@@ -36,7 +36,7 @@ def hand_written(model_name: str, image_size: int, batch: int, precision: str, s
     torch.manual_seed(seed)
     model = w.build().to(memory_format=torch.channels_last).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x, y = w.make_batch(batch, image_size, "cpu", seed=seed)
+    x, y = w.image_batch(batch, image_size, "cpu", seed=seed)
     x = x.contiguous(memory_format=torch.channels_last)
     dtype = torch.bfloat16 if precision == "bf16" else None
 

@@ -13,7 +13,7 @@ from dlscale.store import Store
 def test_train_returns_the_stored_record(db_path):
     rec = api.train(model="tinycnn", image_size=32, steps=3, warmup_steps=1, tag="api")
     assert rec.status == "ok" and rec.kind == "train" and rec.metrics["throughput"] > 0
-    assert rec.units["throughput"] == "samples/s" and len(rec.raw["step_times_s"][0]) == 3
+    assert rec.units["throughput"] == "images/s" and len(rec.raw["step_times_s"][0]) == 3
     with Store.open(db_path) as s:
         (stored,) = s.query(tag="api")
     assert stored.run_id == rec.run_id and stored.metrics["throughput"] == rec.metrics["throughput"]

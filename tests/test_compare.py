@@ -65,7 +65,20 @@ def test_groups_average_runs_and_skip_failed_ones():
           for b, x in ((8, 100.0), (8, 120.0), (16, 300.0))]
     bad = RunRecord(kind="train", workload="m", config={"batch_size": 8}, metrics={"throughput": 1e9}, status="failed")
     g = cmp.group([*ok, bad], ["model", "batch_size"])
-    assert g[("m", 8)].value == pytest.approx(110.0) and g[("m", 8)].n == 2 and g[("m", 16)].value == 300.0
+    # throughput is keyed on its unit too ("m" is no registered model: an old record, classification)
+    assert cmp.group_keys(["model", "batch_size"], "throughput") == ["model", "batch_size", "unit"]
+    assert g[("m", 8, "images/s")].value == pytest.approx(110.0) and g[("m", 8, "images/s")].n == 2
+    assert g[("m", 16, "images/s")].value == 300.0 and g[("m", 16, "images/s")].unit == "images/s"
+
+
+def test_groups_of_different_units_never_share_a_mean():
+    img = RunRecord(kind="train", workload="a", config={"batch_size": 8}, metrics={"throughput": 100.0})
+    tok = RunRecord(kind="train", workload="b", config={"batch_size": 8, "family": "llm", "sample_unit": "tokens"},
+                    metrics={"throughput": 5000.0})
+    g = cmp.group([img, tok], ["batch_size"])
+    assert {k: v.value for k, v in g.items()} == {(8, "images/s"): 100.0, (8, "tokens/s"): 5000.0}
+    (row,) = cmp.score_table({"A": [tok]}, [img], ["batch_size"])[1:]  # a reference in images/s scores no tokens/s group
+    assert row["unit"] == "tokens/s" and row["A"] is None and row["reference"] is None
 
 
 def test_cli_compare_reference_against_a_stored_run(cli, db_path):
@@ -74,7 +87,7 @@ def test_cli_compare_reference_against_a_stored_run(cli, db_path):
     with Store.open(db_path) as s:
         s.insert(RunRecord(kind="train", workload="resnet50", config={"batch_size": 128}, tag="mine",
                            metrics={"throughput": 566.0, "world_size": 1}, system={"hostname": "box"}))
-    r = cli("compare", "tag:mine", f"ref:seed001-scaling,system:C4140-K-V100-SXM2", "--by", "model,world_size",
+    r = cli("compare", "tag:mine", "ref:seed001-scaling,system:C4140-K-V100-SXM2", "--by", "model,world_size",
             "--format", "json")
     assert r.code == 0, r.stderr
     doc = json.loads(r.stdout)

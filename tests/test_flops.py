@@ -34,3 +34,20 @@ def test_flops_scale_with_image_area():
     f64 = workload_flops(w, 64)["forward"]
     f128 = workload_flops(w, 128)["forward"]
     assert f128 / f64 == pytest.approx(4.0, rel=0.02)
+
+
+def test_depthwise_convolution_backward_costs_twice_its_forward():
+    """A depthwise conv's backward is two convolutions of the forward's size (input and weight gradients)."""
+    import torch
+
+    from dlscale.flops import counter
+
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
+    x = torch.randn(2, 64, 16, 16, requires_grad=True)
+    with counter() as fwd:
+        y = conv(x)
+    with counter() as bwd:
+        y.sum().backward()
+    macs = 2 * 16 * 16 * 64 * 9  # batch x output positions x weight elements (64 x 1 x 3 x 3)
+    assert fwd.get_total_flops() == 2 * macs
+    assert bwd.get_total_flops() == 2 * 2 * macs

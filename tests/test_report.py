@@ -23,9 +23,11 @@ SYSTEM = {"hostname": "box-1", "cpu": {"model": "Test CPU", "physical_cores": 2,
           "memory": {"total_bytes": 8 * 2**30}, "software": {"torch": "2.x"}, "accelerators": {"devices": []}}
 
 
-def _train(model: str, thr: float, world: int = 1, nodes: int = 1, tag: str = "t", **metrics) -> RunRecord:
+def _train(model: str, thr: float, world: int = 1, nodes: int = 1, tag: str = "t", config: dict | None = None,
+           **metrics) -> RunRecord:
+    """A train record; without ``config`` it is an old one (image size, no family: its model's)."""
     return RunRecord(kind="train", workload=model, tag=tag, system=SYSTEM,
-                     config={"batch_size": 8, "image_size": 32, "precision": "fp32", "nodes": nodes},
+                     config={"batch_size": 8, "precision": "fp32", "nodes": nodes, **(config or {"image_size": 32})},
                      metrics={"throughput": thr, "world_size": world, "throughput_ci95": [thr * 0.95, thr * 1.05],
                               "cv": 0.01, **metrics}, units={"throughput": "samples/s"})
 
@@ -55,10 +57,12 @@ def test_report_has_every_section_and_escapes_user_strings(cli, store_with_every
     r = cli("report", "--out", str(tmp_path / "rep"), "--format", "both")
     assert r.code == 0, r.stderr
     page = (tmp_path / "rep" / "report.html").read_text()
-    for title in ("System inventory", "Throughput per model and device count (measured)", "Imported and reference results",
-                  "Scaling efficiency against ideal", "Scale-up vs scale-out", "Time to accuracy",
+    for title in ("System inventory", "Throughput per model and device count (measured): images/s",
+                  "Imported and reference results: images/s", "Domain scaling by device count (seed 000, Figure 3)",
+                  "Scaling efficiency against ideal: images/s", "Scale-up vs scale-out", "Time to accuracy",
                   "Monitoring during the run", "Failed runs"):
         assert f"<h2>{title}</h2>" in page, title
+    assert "tokens/s" not in page and "samples/s" not in page  # only image runs here, labelled as such
     assert "<script" not in page.lower()  # no script at all: the tag and the error arrive escaped
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page and "&amp; more" in page
     assert "http://" not in page and "https://" not in page  # self-contained: no external resource
@@ -66,8 +70,36 @@ def test_report_has_every_section_and_escapes_user_strings(cli, store_with_every
     assert ">95.0%<" in page and ">90.0%<" in page and ">+5.9%<" in page
     # seed 001 Fig. 26 through the same path: 2075 / (8 x 283) = 91.7%
     assert ">91.7%<" in page
+    # domain table (seed 000 style): speed-up over the smallest count, 1099 / 283 = 3.88x, 2075 / 283 = 7.33x
+    assert ">3.88x<" in page and ">7.33x<" in page and ">3.60x<" in page
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Failed runs" in md and "&lt;script&gt;" in md and (tmp_path / "rep" / "figures" / "throughput.png").exists()
+
+
+def test_report_groups_by_sample_unit_and_scores_over_a_reference(cli, db_path, tmp_path):
+    llm = {"family": "llm", "sample_unit": "tokens", "seq_len": 64}
+    with Store.open(db_path) as s:
+        for rec in [_train("tinycnn", 100.0), _train("tinycnn", 190.0, world=2),
+                    _train("llama-tiny", 5000.0, **{"config": llm}), _train("llama-tiny", 9000.0, world=2, config=llm),
+                    _train("llama-tiny", 2500.0, tag="ref", config=llm)]:
+            s.insert(rec)
+    r = cli("report", "--out", str(tmp_path / "rep"), "--tag", "t", "--reference", "tag:ref", "--format", "both")
+    assert r.code == 0, r.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    sections = {m.group(1): m.group(2) for m in re.finditer(r"<h2>([^<]*)</h2>(.*?)</section>", page, re.S)}
+    images = sections["Throughput per model and device count (measured): images/s"]
+    tokens = sections["Throughput per model and device count (measured): tokens/s"]
+    assert "tinycnn" in images and "llama-tiny" not in images and "<th>images/s</th>" in images
+    assert "llama-tiny" in tokens and "tinycnn" not in tokens and "<th>tokens/s</th>" in tokens
+    assert "<caption>llm (tokens/s)</caption>" in tokens and "<caption>classification (images/s)</caption>" in images
+    assert "Scaling efficiency against ideal: tokens/s" in sections and "Scaling efficiency against ideal: images/s" in sections
+    dom = sections["Domain scaling by device count (seed 000, Figure 3)"]
+    # llm: 9000 / 5000 = 1.80x, 90.0%; scores over the reference's 2500 tokens/s: 2.00x, 3.60x
+    assert ">1.80x<" in dom and ">90.0%<" in dom and ">2.00x<" in dom and ">3.60x<" in dom
+    assert "<caption>llm (tokens/s)</caption>" in dom and "<caption>classification (images/s)</caption>" in dom
+    assert "highest measured throughput (images/s)" in page and "highest measured throughput (tokens/s)" in page
+    files = {p.name for p in (tmp_path / "rep" / "figures").iterdir()}
+    assert {"throughput.png", "throughput-tokens.png", "scaling.png", "scaling-tokens.png", "domains.png"} <= files
 
 
 def test_report_only_reads_the_store(cli, store_with_everything, tmp_path):

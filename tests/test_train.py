@@ -30,7 +30,7 @@ def _check_record(rec, model, batch, image_size, steps):
     assert m["cv"] >= 0 and m["peak_memory_bytes"] > 0
     assert m["flops_per_sample"] > 0 and 0 < m["mfu"] < 5
     assert m["achieved_flops"] == pytest.approx(m["flops_per_sample"] * m["throughput"])
-    assert rec["units"]["throughput"] == "samples/s" and rec["units"]["peak_memory_bytes"] == "bytes"
+    assert rec["units"]["throughput"] == "images/s" and rec["units"]["peak_memory_bytes"] == "bytes"
     sysinfo = rec["system"]
     assert sysinfo["hostname"] and sysinfo["cpu"]["logical_cpus"] >= 1 and sysinfo["software"]["torch"]
 

@@ -52,12 +52,13 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
 
     cfg = config if config is not None else TrainConfig(model=model, **options)
     layout = layout or Layout()
-    if layout.distributed or _launched():
+    if layout.distributed or _launched() or cfg.parallel == "fsdp":  # FSDP needs a process group, even of one
         from dlscale.distributed.job import run_job
+        from dlscale.workloads.base import batch_words
 
         if not _launched():
-            info(f"dlscale train {cfg.model}: {layout.world_size} ranks ({layout.nproc_per_node} per node, "
-                 f"{_where(layout)}), batch {cfg.batch_size} per rank")
+            info(f"dlscale train {cfg.model}: {cfg.parallel.upper()} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
+                 f"{_where(layout)}){', ' + batch_words(cfg).rstrip(', ') + ' per rank' if batch_words(cfg) else ''}")
         return run_job("train", cfg.to_dict(), layout, db)
     return _train_here(cfg, db, on_step)
 
@@ -80,8 +81,12 @@ def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
     resolved = cfg.resolve(device.type)
     dev.check_precision(resolved.precision, device)
     system = collect_cached()
-    info(f"dlscale train {resolved.model}: batch {resolved.batch_size}, {resolved.image_size}px, "
-         f"{resolved.precision}, {'channels_last' if resolved.channels_last else 'NCHW'}, on {device}")
+    from dlscale import workloads
+    from dlscale.workloads.base import batch_words, shape_words
+
+    layout = ("channels_last, " if resolved.channels_last else "NCHW, ") if workloads.get(resolved.model).images_in else ""
+    info(f"dlscale train {resolved.model}: {batch_words(resolved)}{shape_words(resolved)}, "
+         f"{resolved.precision}, {layout}on {device}")
     with store:
         return execute(kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
                        store=store, system=system,
@@ -137,22 +142,32 @@ def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tupl
 
 
 def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per_run: float | None = None,
-          on_start: Callable[[Any], None] | None = None, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+          on_start: Callable[[Any], None] | None = None, on_done: Callable[[Any], None] | None = None,
+          executor: str = "local", state_dir: str | None = None, wait: bool = True) -> list[Any]:
     """Run a sweep file's points, each in its own process; one ``PointResult`` per point, whose
-    ``record`` is the point's run record (points already in the store are skipped with ``resume``)."""
+    ``record`` is the point's run record (points already in the store are skipped with ``resume``).
+    ``executor="slurm"`` submits each point as a Slurm job (``sweep.slurm``; job ids kept under
+    ``state_dir``) and, with ``wait``, records every outcome as its job ends."""
     from dataclasses import replace
 
     from dlscale.store import Store
     from dlscale.sweep import run as sweep_run
     from dlscale.sweep import spec
 
+    if executor not in ("local", "slurm"):
+        raise UsageError(f"unknown --executor {executor!r}; choose local or slurm")
     sw = spec.load(file)
     if timeout_per_run is not None:
         if timeout_per_run <= 0:
             raise UsageError(f"--timeout-per-run must be > 0, got {timeout_per_run}")
         sw.points = [replace(p, timeout_s=timeout_per_run) for p in sw.points]
     with Store.open(db) as store:
-        results = sweep_run.run_sweep(sw, store, resume, on_start=on_start, on_done=on_done)
+        if executor == "slurm":
+            from dlscale.sweep.slurm import run_slurm_sweep
+
+            results = run_slurm_sweep(sw, store, resume, state_dir, wait, on_start=on_start, on_done=on_done)
+        else:
+            results = sweep_run.run_sweep(sw, store, resume, on_start=on_start, on_done=on_done)
         for r in results:
             r.record = store.get(r.run_id) if r.run_id else None
     return results

@@ -16,20 +16,25 @@ from dlscale.errors import UsageError
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
+PARALLELS = ("ddp", "fsdp")  # data parallelism: replicated (DDP) or fully sharded (FSDP2)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     model: str
     batch_size: int = 32
-    image_size: int | None = None  # None: the model's native size
+    image_size: int | None = None  # image families; None: the model's native size
+    seq_len: int | None = None  # token families (llm, translation); None: the model's default
+    tokens_per_batch: int | None = None  # translation: target tokens per rank's batch; None: the default
+    model_config: str | None = None  # llm: a local Llama-family config.json instead of a named size
+    max_table_rows: int | None = None  # recommendation: cap on the rows of each embedding table; None: the model's
     precision: str = "fp32"
     channels_last: bool | None = None  # None: the fast default for the device
     compile: bool = False
     warmup_steps: int = 10
     steps: int = 100
     optimizer: str = "sgd"
-    lr: float = 0.01
+    lr: float | None = None  # None: the model's default (0.01 for most; Workload.default_lr)
     momentum: float = 0.9
     weight_decay: float = 1e-4
     device: str = "auto"
@@ -44,6 +49,9 @@ class TrainConfig:
     breakdown_steps: int = 10  # instrumented steps after the window (phase times); 0 turns them off
     profile: str | None = None  # directory for a torch.profiler trace of profile_steps steps
     profile_steps: int = 5
+    # Parallelism of multi-rank runs (distributed/worker.py).
+    parallel: str = "ddp"
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         from dlscale import workloads
@@ -54,13 +62,19 @@ class TrainConfig:
         _positive("--repeat", self.repeat)
         if self.warmup_steps < 0:
             raise UsageError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
-        if self.image_size is not None:
-            _positive("--image-size", self.image_size)
-            check_image_size(w, self.image_size)
+        for opt, v in (("--image-size", self.image_size), ("--seq-len", self.seq_len),
+                       ("--tokens-per-batch", self.tokens_per_batch), ("--max-table-rows", self.max_table_rows)):
+            if v is not None:
+                _positive(opt, v)
+        w.check(self)  # shape fields that do not apply to the family, sizes it cannot take
+        check_choice("--parallel", self.parallel, PARALLELS)
+        if self.data is not None and w.family != "classification":
+            raise UsageError(f"--data reads an ImageNet-layout tree for classification models; {self.model} is a "
+                             f"{w.family} model and trains on synthetic batches here")
         check_choice("--precision", self.precision, PRECISIONS)
         check_choice("--device", self.device, DEVICES)
         check_choice("--optimizer", self.optimizer, OPTIMIZERS)
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
         self._check_pipeline()
 
@@ -92,12 +106,12 @@ class TrainConfig:
         channels_last = self.channels_last
         if channels_last is None:
             channels_last = default_channels_last(device_type, self.precision)
-        return replace(
-            self,
-            device=device_type,
-            image_size=self.image_size or w.native_image_size,
-            channels_last=channels_last,
-        )
+        if self.parallel == "fsdp" and self.channels_last:
+            raise UsageError("--parallel fsdp shards contiguous parameters only; drop --channels-last")
+        if not w.images_in or self.parallel == "fsdp":
+            channels_last = False  # a memory format of 4-D image tensors; nothing to lay out otherwise
+        return replace(self, device=device_type, channels_last=channels_last,
+                       lr=self.lr if self.lr is not None else w.default_lr, **w.resolve(self))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,15 +121,6 @@ def check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
     """A value outside its choices is a usage error that lists them."""
     if value not in choices:
         raise UsageError(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
-
-
-def check_image_size(workload: Any, image_size: int) -> None:
-    """An input smaller than the architecture accepts is a usage error naming the minimum."""
-    if image_size < workload.min_image_size:
-        raise UsageError(
-            f"--image-size {image_size} is too small for {workload.name}; "
-            f"use at least {workload.min_image_size} (native {workload.native_image_size})"
-        )
 
 
 def _positive(option: str, value: int) -> None:

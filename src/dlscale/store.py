@@ -1,118 +1,83 @@
-"""The results store: every run record in one SQLite file.
+"""The results store: every run record, in an SQLite file (the default) or a shared PostgreSQL database.
 
-No torch here: listing and showing results must start fast. Each record is written in one
-transaction; WAL mode and a busy timeout let several processes write at once without loss.
-The schema version is SQLite's ``user_version``; ``MIGRATIONS[i]`` takes version i to i+1.
+No torch here: listing and showing results must start fast. ``Store.open(db)`` picks the backend
+from ``db`` (or ``$DLSCALE_DB``): a ``postgresql://`` URL is a PostgreSQL database
+(``dlscale.stores.postgres``), anything else a file path (``dlscale.stores.sqlite``). Both hold the
+same schema, migrate alike and write each record in one transaction; callers see one API.
 
 Imported runs are stored once: the ``imports`` table holds one row per import key (an imported
 record's config hash: its source file or reference dataset, format, row and the overrides given),
-and ``insert_imports`` checks and writes those keys and the runs in one ``BEGIN IMMEDIATE``
-transaction, so processes importing the same file at once store exactly one copy.
+and ``insert_imports`` checks and writes those keys and the runs in one transaction under the
+write lock, so processes importing the same file at once store exactly one copy.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
-from dlscale.paths import resolve_db_path
+from dlscale.paths import DB_ENV, resolve_db_path
 from dlscale.record import RunRecord
+from dlscale.stores.schema import COLUMNS, MIGRATIONS, PG_MIGRATIONS, SCHEMA_VERSION, to_record, to_row
+from dlscale.stores.url import PG_SCHEMES, is_postgres_url, redact_text, url_scheme
 
-_V1 = """
-CREATE TABLE runs (
-    run_id          TEXT PRIMARY KEY,
-    created_at      TEXT NOT NULL,
-    finished_at     TEXT,
-    kind            TEXT NOT NULL,
-    workload        TEXT NOT NULL,
-    status          TEXT NOT NULL,
-    tag             TEXT,
-    hostname        TEXT,
-    imported        INTEGER NOT NULL DEFAULT 0,
-    config_hash     TEXT NOT NULL,
-    dlscale_version TEXT,
-    config_json     TEXT NOT NULL,
-    system_json     TEXT NOT NULL,
-    metrics_json    TEXT NOT NULL,
-    units_json      TEXT NOT NULL,
-    raw_json        TEXT NOT NULL,
-    warnings_json   TEXT NOT NULL DEFAULT '[]',
-    error           TEXT
-);
-CREATE INDEX runs_tag ON runs(tag);
-CREATE INDEX runs_workload ON runs(workload);
-CREATE INDEX runs_kind ON runs(kind);
-CREATE INDEX runs_created ON runs(created_at);
-CREATE INDEX runs_config_hash ON runs(config_hash);
-"""
+__all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SCHEMA_VERSION", "Store", "is_postgres_url"]
 
-# Version 2: the import keys. Existing imported runs register theirs, the oldest run of a key first;
-# duplicates stored before version 2 stay (nothing is deleted), but no new copy can be added.
-_V2 = """
-CREATE TABLE imports (
-    import_key TEXT PRIMARY KEY,
-    run_id     TEXT NOT NULL
-);
-INSERT OR IGNORE INTO imports (import_key, run_id)
-    SELECT config_hash, run_id FROM runs WHERE imported = 1 ORDER BY created_at, run_id
-"""
-
-# MIGRATIONS[i] moves a database from schema version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-_COLUMNS = (
-    "run_id", "created_at", "finished_at", "kind", "workload", "status", "tag", "hostname",
-    "imported", "config_hash", "dlscale_version", "config_json", "system_json", "metrics_json",
-    "units_json", "raw_json", "warnings_json", "error",
-)
+_SELECT = f"SELECT {','.join(COLUMNS)} FROM runs"
 
 
-def _dumps(x: Any) -> str:
-    return json.dumps(x, separators=(",", ":"), default=str, allow_nan=True)
+def _backend(db: str | os.PathLike | None) -> Any:
+    """The backend ``db`` (else ``$DLSCALE_DB``, else the default file) names, opened."""
+    target = os.fspath(db) if db else os.environ.get(DB_ENV, "")
+    scheme = url_scheme(str(target))
+    if scheme in PG_SCHEMES:
+        from dlscale.stores.postgres import PostgresBackend
+
+        return PostgresBackend.open(str(target))
+    if scheme is not None:
+        raise UsageError(f"results database {redact_text(str(target))}: unsupported URL scheme {scheme}://; "
+                         f"pass a file path or a postgresql:// URL with --db or DLSCALE_DB")
+    from dlscale.stores.sqlite import SqliteBackend
+
+    return SqliteBackend.open(resolve_db_path(db))
 
 
 class Store:
-    """A handle on one results database. Use ``Store.open(path)``."""
+    """A handle on one results database. Use ``Store.open(db)``.
 
-    def __init__(self, path: Path, conn: sqlite3.Connection):
-        self.path = path
-        self._conn = conn
+    ``db`` is a file path (SQLite) or ``postgresql://[user@]host[:port]/dbname[?options]``
+    (PostgreSQL; ``?host=/run/postgresql`` reaches a Unix socket). Keep the password out of the
+    URL: libpq reads it from ``PGPASSWORD``, ``~/.pgpass`` or the file ``PGPASSFILE`` names. A
+    password that is in the URL anyway is never printed, logged or stored: messages show it as
+    ``***``, ``path`` leaves it out, records have it masked, and it moves into this process's
+    ``PGPASSWORD`` so the processes a sweep starts reach the same database.
+
+    ``path`` reopens the same store (a file ``Path``, or the URL without its password);
+    ``location`` names it in messages.
+    """
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+        self.path: Path | str = backend.path
+        self.location: str = backend.display
 
     # -- opening and schema -------------------------------------------------------------
     @classmethod
     def open(cls, db: str | os.PathLike | None = None) -> "Store":
-        """Open (creating and migrating if needed) the database; bad paths are UsageErrors."""
-        path = resolve_db_path(db)
-        hint = "pass --db PATH or set DLSCALE_DB to a writable file"
-        if path.exists() and path.is_dir():
-            raise UsageError(f"results database {path} is a directory; {hint}")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create the directory for results database {path}: {e.strerror}; {hint}") from None
-        if path.exists() and not os.access(path, os.W_OK):
-            raise UsageError(f"results database {path} is not writable; {hint}")
-        if not path.exists() and not os.access(path.parent, os.W_OK):
-            raise UsageError(f"cannot create results database in {path.parent} (not writable); {hint}")
-        try:
-            conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout = 60000")
-            store = cls(path, conn)
-            store._migrate()
-        except sqlite3.DatabaseError as e:
-            raise UsageError(f"cannot use results database {path}: {e}; {hint}") from None
-        return store
+        """Open (creating and migrating if needed) the database; bad paths, bad URLs and unreachable
+        servers are UsageErrors."""
+        return cls(_backend(db))
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._backend.kind
 
     def close(self) -> None:
-        self._conn.close()
+        self._backend.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -122,68 +87,28 @@ class Store:
 
     @property
     def schema_version(self) -> int:
-        return self._conn.execute("PRAGMA user_version").fetchone()[0]
-
-    def _migrate(self) -> None:
-        if self._conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
-        if self.schema_version >= SCHEMA_VERSION:
-            if self.schema_version > SCHEMA_VERSION:
-                raise UsageError(
-                    f"results database {self.path} has schema version {self.schema_version}, newer than "
-                    f"this dlscale ({SCHEMA_VERSION}); upgrade dlscale"
-                )
-            return
-        with self._transaction():
-            # Re-read inside the write lock: another process may have migrated meanwhile.
-            version = self.schema_version
-            for i in range(version, SCHEMA_VERSION):
-                for stmt in filter(None, (s.strip() for s in MIGRATIONS[i].split(";"))):
-                    self._conn.execute(stmt)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    # -- transactions -------------------------------------------------------------------
-    def _retry(self, fn, attempts: int = 50):
-        for i in range(attempts):
-            try:
-                return fn()
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
-                    raise
-                time.sleep(0.05 * (1 + i % 10))
-        return None
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        else:
-            self._retry(lambda: self._conn.execute("COMMIT"))
+        return self._backend.schema_version
 
     # -- writing ------------------------------------------------------------------------
-    @staticmethod
-    def _write(c: sqlite3.Connection, rec: RunRecord) -> None:
-        row = (
-            rec.run_id, rec.created_at, rec.finished_at, rec.kind, rec.workload, rec.status,
-            rec.tag, rec.hostname, int(rec.imported), rec.config_hash, rec.dlscale_version,
-            _dumps(rec.config), _dumps(rec.system), _dumps(rec.metrics), _dumps(rec.units),
-            _dumps(rec.raw), _dumps(rec.warnings), rec.error,
-        )
-        placeholders = ",".join("?" * len(_COLUMNS))
-        c.execute(f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) VALUES ({placeholders})", row)
-
     def insert(self, rec: RunRecord) -> None:
         """Write one record (all of it, or nothing) in one transaction; an imported one also claims
         its import key if no run holds it yet."""
-        with self._transaction() as c:
-            self._write(c, rec)
+        b = self._backend
+
+        def body(c: Any, _retrying: bool) -> None:
+            c.execute(b.insert_run_sql(replace=True), to_row(rec))
             if rec.imported:
-                c.execute("INSERT OR IGNORE INTO imports (import_key, run_id) VALUES (?, ?)",
-                          (rec.config_hash, rec.run_id))
+                c.execute(b.claim_import_sql, (rec.config_hash, rec.run_id))
+
+        b.write(body)
+
+    def _claim(self, c: Any, rec: RunRecord, retrying: bool) -> bool:
+        """Claim ``rec``'s import key; after a lost connection a key this very run holds counts as
+        claimed (the earlier attempt committed)."""
+        if c.execute(self._backend.claim_import_sql, (rec.config_hash, rec.run_id)).rowcount:
+            return True
+        return retrying and c.execute("SELECT run_id FROM imports WHERE import_key = ?",
+                                      (rec.config_hash,)).fetchone()[0] == rec.run_id
 
     def insert_imports(self, recs: Sequence[RunRecord]) -> list[RunRecord]:
         """Write the imported records whose import key (config hash) no run holds yet, and return them.
@@ -191,31 +116,43 @@ class Store:
         The check and the writes are one transaction under the write lock, so of several processes
         importing the same file at once exactly one stores it; the others get an empty list.
         """
-        new: list[RunRecord] = []
-        with self._transaction() as c:
+        b = self._backend
+
+        def body(c: Any, retrying: bool) -> list[RunRecord]:
+            new: list[RunRecord] = []
             for rec in recs:
                 if not rec.imported:
                     raise ValueError(f"run {rec.run_id} is not marked imported; use Store.insert")
-                claimed = c.execute("INSERT OR IGNORE INTO imports (import_key, run_id) VALUES (?, ?)",
-                                    (rec.config_hash, rec.run_id)).rowcount
-                if claimed:
-                    self._write(c, rec)
+                if self._claim(c, rec, retrying):
+                    c.execute(b.insert_run_sql(replace=True), to_row(rec))
                     new.append(rec)
-        return new
+            return new
+
+        return b.write(body)
+
+    def insert_new(self, recs: Sequence[RunRecord]) -> list[RunRecord]:
+        """Copy in the records whose run id this store lacks (``dlscale results push``); returns them.
+
+        Idempotent: a run already here is left as it is, and so is an imported run whose import
+        key another run holds (the same file imported elsewhere). One transaction for all of them.
+        """
+        b = self._backend
+
+        def body(c: Any, _retrying: bool) -> list[RunRecord]:
+            new: list[RunRecord] = []
+            for rec in recs:
+                if rec.imported and c.execute("SELECT run_id FROM imports WHERE import_key = ?",
+                                              (rec.config_hash,)).fetchone() not in (None, (rec.run_id,)):
+                    continue
+                if c.execute(b.insert_run_sql(replace=False), to_row(rec)).rowcount:
+                    if rec.imported:
+                        c.execute(b.claim_import_sql, (rec.config_hash, rec.run_id))
+                    new.append(rec)
+            return new
+
+        return b.write(body)
 
     # -- reading ------------------------------------------------------------------------
-    @staticmethod
-    def _to_record(row: sqlite3.Row | Sequence[Any]) -> RunRecord:
-        d = dict(zip(_COLUMNS, row))
-        return RunRecord(
-            run_id=d["run_id"], created_at=d["created_at"], finished_at=d["finished_at"],
-            kind=d["kind"], workload=d["workload"], status=d["status"], tag=d["tag"],
-            imported=bool(d["imported"]), dlscale_version=d["dlscale_version"],
-            config=json.loads(d["config_json"]), system=json.loads(d["system_json"]),
-            metrics=json.loads(d["metrics_json"]), units=json.loads(d["units_json"]),
-            raw=json.loads(d["raw_json"]), warnings=json.loads(d["warnings_json"]), error=d["error"],
-        )
-
     def query(
         self,
         *,
@@ -236,6 +173,9 @@ class Store:
             if val is None:
                 return
             vals = [val] if isinstance(val, str) else list(val)
+            if not vals:
+                where.append("1 = 0")
+                return
             where.append(f"{col} IN ({','.join('?' * len(vals))})")
             args.extend(vals)
 
@@ -247,32 +187,31 @@ class Store:
         if imported is not None:
             where.append("imported = ?")
             args.append(int(imported))
-        sql = f"SELECT {','.join(_COLUMNS)} FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY created_at {'DESC' if newest_first else 'ASC'}, run_id"
+        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
+        order = self._backend.text_order
+        sql += f" ORDER BY {order('created_at')} {'DESC' if newest_first else 'ASC'}, {order('run_id')}"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(int(limit))
-        return [self._to_record(r) for r in self._conn.execute(sql, args)]
+        return [to_record(r) for r in self._backend.read(sql, args)]
 
     def get(self, run_id: str) -> RunRecord:
         """One record by its id or an unambiguous prefix of it."""
-        rows = self._conn.execute(
-            f"SELECT {','.join(_COLUMNS)} FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' LIMIT 3",
+        rows = self._backend.read(
+            f"{_SELECT} WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' LIMIT 3",
             (run_id, run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"),
-        ).fetchall()
+        )
         exact = [r for r in rows if r[0] == run_id]
         if exact:
-            return self._to_record(exact[0])
+            return to_record(exact[0])
         if not rows:
-            raise UsageError(f"no run {run_id!r} in {self.path}; see `dlscale results list`")
+            raise UsageError(f"no run {run_id!r} in {self.location}; see `dlscale results list`")
         if len(rows) > 1:
             raise UsageError(f"run id prefix {run_id!r} matches several runs; give more characters")
-        return self._to_record(rows[0])
+        return to_record(rows[0])
 
     def count(self) -> int:
-        return self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        return self._backend.read("SELECT COUNT(*) FROM runs")[0][0]
 
     def finished_config_hashes(self, kind: str | None = None) -> set[str]:
         """Config hashes of runs that finished (any status), e.g. for resuming a sweep."""
@@ -280,4 +219,4 @@ class Store:
         if kind:
             sql += " WHERE kind = ?"
             args.append(kind)
-        return {r[0] for r in self._conn.execute(sql, args)}
+        return {r[0] for r in self._backend.read(sql, args)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.monitor import nvml
+from dlscale.stores.url import redact_text
 
 ISA_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -289,7 +290,7 @@ def collect(with_torch: bool = True) -> dict[str, Any]:
         "numa": numa_info(),
         "memory": memory_info(),
         "software": software_info(with_torch),
-        "argv": sys.argv[:],
+        "argv": [redact_text(a) for a in sys.argv],  # a database URL's password never enters a record
     }
     inv["accelerators"] = _accelerators_guarded() if with_torch else None
     return inv

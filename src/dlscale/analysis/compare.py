@@ -6,7 +6,9 @@
   ``X / X_ref`` for throughputs and ``T_ref / T`` for times (``formulas.relative_score``).
 
 Runs are grouped by a key (``model`` by default; any of ``KEYS``); a group's value is the mean
-of its runs' metric, and the number of runs is kept beside it.
+of its runs' metric, and the number of runs is kept beside it. For metrics counted in sample units
+(throughput: images/s, tokens/s, samples/s; ``domains.unit_bearing``) the unit is always part of
+the key, so runs of different units never share a mean or a ratio; each row says its ``unit``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dlscale.analysis import domains
 from dlscale.analysis.formulas import pct_difference, relative_score
 from dlscale.record import RunRecord
 
-KEYS = ("model", "batch_size", "precision", "image_size", "world_size", "nodes", "layout", "link", "system")
+KEYS = ("model", "family", "unit", "batch_size", "precision", "image_size", "seq_len", "tokens_per_batch",
+        "model_config", "world_size", "nodes", "layout", "link", "system")
 LOWER_IS_BETTER_UNITS = ("s", "epochs")
 
 
@@ -33,6 +37,10 @@ def key_value(rec: RunRecord, key: str) -> Any:
         return c.get("nodes") or c.get("nnodes") or 1
     if key == "system":
         return system_label(rec)
+    if key == "family":
+        return domains.family(rec)
+    if key == "unit":
+        return domains.rate_unit(domains.sample_unit(rec))
     if key in ("layout", "link"):
         from dlscale.analysis.scaling import layout_of, link_of
 
@@ -62,20 +70,44 @@ class Group:
     value: float
     n: int
     n_imported: int = 0
+    unit: str | None = None
+
+
+def group_keys(by: Sequence[str], metric: str, records: Iterable[RunRecord] = ()) -> list[str]:
+    """The fields a group is keyed on: ``by``, plus ``unit`` for metrics counted in sample units."""
+    keys = list(by)
+    if "unit" not in keys and domains.unit_bearing(metric, records):
+        keys.append("unit")
+    return keys
+
+
+def _metric_unit(rec: RunRecord, metric: str, unit_key: bool) -> str | None:
+    if unit_key:
+        return domains.rate_unit(domains.sample_unit(rec)) if metric == "throughput" else domains.sample_unit(rec)
+    return (rec.units or {}).get(metric)
 
 
 def group(records: Iterable[RunRecord], by: Sequence[str], metric: str = "throughput") -> dict[tuple, Group]:
-    """Mean of ``metric`` over the ok runs of each group (runs without the metric are left out)."""
+    """Mean of ``metric`` over the ok runs of each group (runs without the metric are left out).
+
+    The key is ``group_keys(by, metric)``: the unit joins it for throughput-like metrics, so a
+    group never averages images/s with tokens/s.
+    """
+    records = list(records)
+    keys = group_keys(by, metric, records)
+    unit_key = "unit" in keys
     vals: dict[tuple, list[float]] = {}
     imported: dict[tuple, int] = {}
+    units: dict[tuple, str | None] = {}
     for r in records:
         v = r.metrics.get(metric)
         if r.status != "ok" or not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        k = tuple(key_value(r, k) for k in by)
+        k = tuple(key_value(r, k) for k in keys)
         vals.setdefault(k, []).append(float(v))
         imported[k] = imported.get(k, 0) + int(r.imported)
-    return {k: Group(k, sum(v) / len(v), len(v), imported[k]) for k, v in vals.items()}
+        units.setdefault(k, _metric_unit(r, metric, unit_key))
+    return {k: Group(k, sum(v) / len(v), len(v), imported[k], units[k]) for k, v in vals.items()}
 
 
 def _order(keys: Iterable[tuple]) -> list[tuple]:
@@ -84,13 +116,21 @@ def _order(keys: Iterable[tuple]) -> list[tuple]:
 
 def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] = ("model",),
               metric: str = "throughput") -> list[dict[str, Any]]:
-    """One row per group: A, B, (A - B) / B as a fraction; None where a side has no run."""
+    """One row per group: A, B, (A - B) / B as a fraction; None where a side has no run.
+
+    Runs in different sample units are in different groups (each row has its ``unit``); a
+    comparison whose two sides share no unit is refused (``domains.check_same_unit``).
+    """
+    a, b = list(a), list(b)
+    domains.check_same_unit(a, b, metric)
+    keys = group_keys(by, metric, [*a, *b])
     ga, gb = group(a, by, metric), group(b, by, metric)
     rows = []
     for k in _order(set(ga) | set(gb)):
         xa, xb = ga.get(k), gb.get(k)
         pct = pct_difference(xa.value, xb.value) if xa and xb and xb.value else None
-        rows.append({**dict(zip(by, k)), "a": xa and xa.value, "b": xb and xb.value, "pct_difference": pct,
+        rows.append({**dict(zip(keys, k)), "unit": (xa or xb).unit, "a": xa and xa.value, "b": xb and xb.value,
+                     "pct_difference": pct,
                      "n_a": xa.n if xa else 0, "n_b": xb.n if xb else 0,
                      "imported_a": xa.n_imported if xa else 0, "imported_b": xb.n_imported if xb else 0})
     return rows
@@ -99,14 +139,20 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
 def score_table(selections: dict[str, Sequence[RunRecord]], reference: Sequence[RunRecord],
                 by: Sequence[str] = ("model",), metric: str = "throughput",
                 higher_is_better: bool = True) -> list[dict[str, Any]]:
-    """One row per group: each selection's relative score over the reference (None if either is missing)."""
+    """One row per group: each selection's relative score over the reference (None if either is missing).
+
+    A reference in another sample unit never scores a group (the unit is part of the key).
+    """
+    reference = list(reference)
+    selections = {name: list(recs) for name, recs in selections.items()}
+    names = group_keys(by, metric, [*reference, *(r for recs in selections.values() for r in recs)])
     gref = group(reference, by, metric)
     gsel = {name: group(recs, by, metric) for name, recs in selections.items()}
     keys = set(gref).union(*[set(g) for g in gsel.values()]) if gsel else set(gref)
     rows = []
     for k in _order(keys):
         ref = gref.get(k)
-        row: dict[str, Any] = {**dict(zip(by, k)), "reference": ref and ref.value}
+        row: dict[str, Any] = {**dict(zip(names, k)), "reference": ref and ref.value}
         for name, g in gsel.items():
             x = g.get(k)
             row[name] = relative_score(x.value, ref.value, higher_is_better) if x and ref and x.value > 0 and ref.value > 0 else None

@@ -29,7 +29,8 @@ from typing import Any
 from dlscale.analysis.formulas import pct_difference, scaling_efficiency, speedup
 from dlscale.stats import mean
 
-TEST_KEYS = ("system", "batch_size", "image_size", "precision", "channels_last", "compile", "optimizer", "device",
+TEST_KEYS = ("system", "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
+             "parallel", "activation_checkpointing", "precision", "channels_last", "compile", "optimizer", "device",
              "threads_per_rank")
 
 
@@ -181,6 +182,16 @@ def describe(workload: str, test: dict[str, Any]) -> str:
         parts.append(f"batch {test['batch_size']}/device")
     if test.get("image_size"):
         parts.append(f"{test['image_size']}px")
+    if test.get("seq_len"):
+        parts.append(f"seq {test['seq_len']}")
+    if test.get("tokens_per_batch"):
+        parts.append(f"{test['tokens_per_batch']} tokens/batch")
+    if test.get("model_config"):
+        parts.append(str(test["model_config"]))
+    if test.get("max_table_rows"):
+        parts.append(f"tables <= {test['max_table_rows']:,} rows")
+    if test.get("parallel") and test["parallel"] != "ddp":
+        parts.append(str(test["parallel"]))
     parts.extend(str(test[k]) for k in ("precision", "device") if test.get(k))
     if test.get("threads_per_rank"):
         parts.append(f"{test['threads_per_rank']} thread(s)/rank")

@@ -32,7 +32,8 @@ class Format(str, Enum):
 
 DbOpt = Annotated[
     Optional[str],
-    typer.Option("--db", help="Results database (SQLite). Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",
+    typer.Option("--db", help="Results database: an SQLite file or a postgresql:// URL (password in PGPASSWORD or ~/.pgpass, "
+                         "not the URL). Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",
                  show_default=False),
 ]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="human: tables; json: one JSON document on stdout.")]

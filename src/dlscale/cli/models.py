@@ -6,7 +6,8 @@ from rich.table import Table
 
 from dlscale.cli.common import Format, FormatOpt, out, print_json
 
-HELP = "List the models dlscale can run (random init; weights are never downloaded)."
+HELP = ("List the models dlscale can run by family, with the unit their throughput is counted in and their "
+        "default shape (random init; weights are never downloaded).")
 
 
 def models(fmt: FormatOpt = Format.human) -> None:
@@ -16,8 +17,10 @@ def models(fmt: FormatOpt = Format.human) -> None:
     if fmt == Format.json:
         print_json(rows)
         return
-    t = Table("model", "source", "native size", "min size", "classes", "description")
-    for r in rows:
-        t.add_row(r["name"], r["source"], str(r["native_image_size"]), str(r["min_image_size"]),
-                  str(r["num_classes"]), r["description"])
+    t = Table("model", "family", "unit", "source", "default shape", "description")
+    for r in sorted(rows, key=lambda r: (FAMILY_ORDER.index(r["family"]), r["name"])):
+        t.add_row(r["name"], r["family"], r["sample_unit"], r["source"], r["defaults"], r["description"])
     out.print(t)
+
+
+FAMILY_ORDER = ["classification", "detection", "translation", "recommendation", "llm"]

@@ -24,12 +24,7 @@ def train_summary_table(rec: RunRecord) -> Table:
     t.add_row("run id", rec.run_id)
     if c.get("device_name"):
         t.add_row("device", f"{c.get('device')} ({c['device_name']})")
-    t.add_row(
-        "config",
-        f"batch {c.get('batch_size')} x {m.get('world_size', 1)} rank(s), {c.get('image_size')}px, {c.get('precision')}, "
-        f"{'channels_last' if c.get('channels_last') else 'NCHW'}{', compiled' if c.get('compile') else ''}, "
-        f"{c.get('warmup_steps')} warm-up + {c.get('steps')} steps x {c.get('repeat')} repeat(s)",
-    )
+    t.add_row("config", _config_words(c, m))
     if rec.status != "ok":
         t.add_row("error", f"[red]{rec.error}[/red]")
         return t
@@ -42,7 +37,8 @@ def train_summary_table(rec: RunRecord) -> Table:
               " / ".join(fmt_seconds(m.get(k)) for k in ("step_time_p50", "step_time_p90", "step_time_p99")))
     cv = m.get("cv")
     t.add_row("step time CV", fmt_pct(cv) + ("" if m.get("stable", True) else "  [yellow](above 2%: unstable)[/yellow]"))
-    t.add_row("FLOPs per sample (fwd+bwd)", fmt_si(m.get("flops_per_sample"), "FLOP"))
+    t.add_row(f"FLOPs per {unit.rstrip('s')} (fwd+bwd)", fmt_si(m.get("flops_per_sample"), "FLOP")
+              + (f"  ({m['flops_method']})" if m.get("flops_method") else ""))
     t.add_row("achieved", fmt_si(m.get("achieved_flops"), "FLOP/s"))
     t.add_row("MFU", f"{fmt_pct(m.get('mfu'))}  ({m.get('peak_kind') or 'no'} peak "
               f"{fmt_si(m.get('peak_flops'), 'FLOP/s')}: {m.get('peak_flops_source')})")
@@ -54,10 +50,25 @@ def train_summary_table(rec: RunRecord) -> Table:
     return t
 
 
+def _config_words(c: dict, m: dict) -> str:
+    """The run's shape in words: batch x ranks, the family's shape fields, precision, format, steps."""
+    from dlscale.workloads.base import SHAPE_FIELDS
+
+    shape = [f"{c['image_size']}px" if k == "image_size" else f"{k.replace('_', ' ')} {c[k]}"
+             for k in SHAPE_FIELDS if c.get(k) is not None]
+    fmt = ("channels_last" if c.get("channels_last") else "NCHW") if c.get("image_size") else None
+    par = f"{c['parallel']}" if c.get("parallel") and m.get("world_size", 1) > 1 or c.get("parallel") == "fsdp" else None
+    parts = [f"{c.get('family') or 'classification'}: batch {c.get('batch_size')} x {m.get('world_size', 1)} rank(s)",
+             *shape, c.get("precision"), fmt, par, "compiled" if c.get("compile") else None,
+             "activation checkpointing" if c.get("activation_checkpointing") else None,
+             f"{c.get('warmup_steps')} warm-up + {c.get('steps')} steps x {c.get('repeat')} repeat(s)"]
+    return ", ".join(str(p) for p in parts if p)
+
+
 _SHOWN = {
     "throughput", "throughput_ci95", "throughput_ci_method", "step_time_p50", "step_time_p90", "step_time_p99",
     "cv", "stable", "flops_per_sample", "achieved_flops", "mfu", "peak_flops", "peak_flops_source",
     "peak_memory_bytes", "peak_memory_kind", "world_size", "repeat_throughputs", "step_time_mean",
     "step_time_min", "step_time_max", "samples_per_step", "measured_steps", "window_seconds",
-    "flops_per_sample_forward", "peak_flops_isa_estimate", "loss_first", "loss_last", "cv_repeats", "peak_kind",
+    "flops_per_sample_forward", "peak_flops_isa_estimate", "flops_method", "loss_first", "loss_last", "cv_repeats", "peak_kind",
 }

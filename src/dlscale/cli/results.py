@@ -1,4 +1,4 @@
-"""``dlscale results``: list, show and export what the store holds (reads only; no torch)."""
+"""``dlscale results``: list, show and export what the store holds, and push runs into another store (no torch)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dlscale.cli.render import train_summary_table
 from dlscale.format import fmt_num, format_metric
 from dlscale.record import flatten
 
-app = typer.Typer(help="List, show and export recorded runs.", no_args_is_help=True)
+app = typer.Typer(help="List, show, export and push recorded runs.", no_args_is_help=True)
 
 TagsOpt = Annotated[Optional[list[str]], typer.Option("--tag", help="Only runs with this tag (repeatable).")]
 ModelOpt = Annotated[Optional[list[str]], typer.Option("--model", "--workload", help="Only runs of this model/workload (repeatable).")]
@@ -174,3 +174,30 @@ def export_text(recs, fmt: str) -> str:
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
+
+
+PUSH_CHUNK = 100  # runs per transaction: a lost connection re-sends at most this many
+FromDbOpt = Annotated[Optional[str], typer.Option(
+    "--db", help="The store to copy from: a file path or a postgresql:// URL. Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",
+    show_default=False)]
+
+
+@app.command("push", help="Copy runs into another store, e.g. a node's SQLite file into the team's PostgreSQL, skipping runs already there (by run id): pushing twice adds nothing.\n\nExample: dlscale results push --db /scratch/node.db --to postgresql://alice@db.lab/dlscale --tag sweep1")
+def push(
+    to: Annotated[str, typer.Option("--to", help="The store to copy into: a postgresql:// URL (password in PGPASSWORD or ~/.pgpass) or a file path.", show_default=False)],
+    tag: TagsOpt = None, model: ModelOpt = None, kind: KindOpt = None, status: StatusOpt = None,
+    db: FromDbOpt = None, fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale.store import Store
+
+    recs = _query(db, tag, model, kind, status)
+    recs.reverse()  # oldest first: an interrupted push leaves the newest runs to the next one
+    pushed: list[str] = []
+    with Store.open(to) as dest:
+        for i in range(0, len(recs), PUSH_CHUNK):
+            pushed.extend(r.run_id for r in dest.insert_new(recs[i:i + PUSH_CHUNK]))
+        where = dest.location
+    if fmt == Format.json:
+        print_json({"to": where, "pushed": len(pushed), "already_there": len(recs) - len(pushed), "run_ids": pushed})
+        return
+    out.print(f"pushed {len(pushed)}, already there {len(recs) - len(pushed)} (into {where})", markup=False)

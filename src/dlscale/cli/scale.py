@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from dlscale.cli import distopts as dopt
+from dlscale.cli import shapeopts as sopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json, warn
 from dlscale.cli.render import fmt_num, fmt_pct
 from dlscale.errors import RunFailure, UsageError
@@ -34,6 +35,11 @@ def scale(
     layouts: Annotated[Optional[str], typer.Option("--layouts", help="NODESxDEVICES_PER_NODE layouts, e.g. 1x8,2x4,4x2.", show_default=False)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Per-device batch size.")] = 32,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
+    seq_len: sopt.SeqLenOpt = None,
+    tokens_per_batch: sopt.TokensOpt = None,
+    model_config: sopt.ModelConfigOpt = None,
+    max_table_rows: sopt.MaxRowsOpt = None,
+    parallel: sopt.ParallelOpt = "ddp",
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16.")] = "fp32",
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before each measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps per point.")] = 100,
@@ -68,7 +74,9 @@ def scale(
     recs = api.scale(model, devices=parse_devices(devices), layouts=parse_layouts(layouts),
                      emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth, link_latency=link_latency,
                      backend=backend, timeout_s=timeout, threads_per_rank=threads_per_rank, db=db,
-                     batch_size=batch_size, image_size=image_size, precision=precision, warmup_steps=warmup_steps,
+                     batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
+                     model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
+                     precision=precision, warmup_steps=warmup_steps,
                      steps=steps, device=device, tag=tag)
     rungs = [r for r in recs if r.kind == "train"]
     ok = [r for r in rungs if r.status == "ok"]

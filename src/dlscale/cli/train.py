@@ -8,12 +8,14 @@ import typer
 
 from dlscale.cli import dataopts as dataopt
 from dlscale.cli import distopts as dopt
+from dlscale.cli import shapeopts as sopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, err, info, interactive, out, print_json, warn
 
 HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
 
 Warm-up steps are not counted; the measured steps are timed one by one with the device
-synchronised around the window. Prints throughput (samples/s) with its 95% CI, step-time
+synchronised around the window. Prints throughput in the model family's unit (images/s,
+tokens/s or samples/s; `dlscale models` lists them) with its 95% CI, step-time
 percentiles, CV, FLOPs, MFU and peak memory, and stores the full record. With --data it
 trains on a JPEG tree; every run samples CPU, memory, disk, network and GPU use, times each
 phase of a step after the window and says whether it was input-, communication- or compute-bound."""
@@ -22,20 +24,27 @@ EPILOG = """Examples:\n\n
   dlscale train resnet50 --batch-size 64\n\n
   dlscale train resnet18 --image-size 64 --steps 30 --format json\n\n
   dlscale train resnet50 --precision bf16 --channels-last --repeat 3 --tag baseline\n\n
-  dlscale train alexnet --data /data/imagenet-mini --workers 4 --profile ./prof"""
+  dlscale train alexnet --data /data/imagenet-mini --workers 4 --profile ./prof\n\n
+  dlscale train llama_tiny --seq-len 256 --batch-size 8 --precision bf16\n\n
+  dlscale train llama3.2_1b --nproc-per-node 8 --parallel fsdp --activation-checkpointing\n\n
+  dlscale train transformer_base --tokens-per-batch 4096"""
 
 
 def train(
     model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Per-device batch size.")] = 32,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
+    seq_len: sopt.SeqLenOpt = None,
+    tokens_per_batch: sopt.TokensOpt = None,
+    model_config: sopt.ModelConfigOpt = None,
+    max_table_rows: sopt.MaxRowsOpt = None,
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16 (autocast; fp16 with a grad scaler).")] = "fp32",
     channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before the measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps.")] = 100,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (momentum 0.9) | adamw.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.01,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: the model's, 0.01 for most; `dlscale models --format json` lists it).", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", "-r", help="Independent repeats (fresh model each); CI over repeats when >= 2.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic data.")] = 0,
@@ -60,12 +69,16 @@ def train(
     link_latency: dopt.LatencyOpt = None,
     timeout: dopt.TimeoutOpt = 300.0,
     threads_per_rank: dopt.ThreadsOpt = None,
+    parallel: sopt.ParallelOpt = "ddp",
+    activation_checkpointing: sopt.CheckpointOpt = False,
 ) -> None:
     from dlscale import api
     from dlscale.config import TrainConfig
 
     cfg = TrainConfig(
-        model=model, batch_size=batch_size, image_size=image_size, precision=precision,
+        model=model, batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
+        model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
+        activation_checkpointing=activation_checkpointing, precision=precision,
         channels_last=channels_last, compile=compile, warmup_steps=warmup_steps, steps=steps,
         optimizer=optimizer, lr=lr, device=device, repeat=repeat, seed=seed, tag=tag,
         data=data, workers=workers, strict=strict, monitor_interval=monitor_interval,

@@ -40,7 +40,7 @@ def global_figures(per_rank: list[dict[str, Any]], batch_size: int) -> tuple[dic
     all-reduce time of each timed step), ``comm_step_times`` (the step times of the window in
     which ``comm_s`` was timed, same shape as ``comm_s``; default ``step_times``) and ``bytes``
     (bytes all-reduced per step).
-    ``batch_size`` is the per-rank batch.
+    ``batch_size`` is the sample units of one rank's batch (the workload's ``units_per_batch``).
     """
     if not per_rank:
         raise ValueError("no ranks reported")

@@ -111,7 +111,8 @@ def summary_record(model: str, tag: str, todo: list[tuple[int, int]], layout: La
     config = {"layouts": [f"{n}x{g}" for n, g in todo], "emulated_nodes": bool(layout.emulate_nodes),
               "link_bandwidth": layout.link_bandwidth, "link_latency": layout.link_latency,
               "threads_per_rank": layout.threads_per_rank, **{k: recs[0].config.get(k) for k in (
-                  "batch_size", "image_size", "precision", "device", "backend")}}
+                  "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
+                  "parallel", "precision", "device", "backend", "family", "sample_unit")}}
     with Store.open(db) as store:
         return execute(kind="scale", workload=model, config=config, tag=tag, store=store,
                        body=lambda _rec: Outcome(**ladder_figures(recs)))

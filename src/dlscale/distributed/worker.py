@@ -77,10 +77,8 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dlscale.distributed.aggregate import UNITS, global_figures
     from dlscale.distributed.comm import CommTimer
     from dlscale.harness import device as dev
-    from dlscale.harness.metrics import mfu
     from dlscale.harness.timing import timed_loop
     from dlscale.train.shorttest import build_setup, run_short_test
 
@@ -91,6 +89,8 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
         dev.synchronize(device)
         dist.barrier()
 
+    if cfg.parallel == "fsdp":
+        return _fsdp_short_test(cfg, device, env, system, sync)
     # The measured window runs DDP untouched (its built-in C++ all-reduce): a Python comm hook costs
     # ~5% of throughput on CPU/gloo (docs/PERFORMANCE.md). Communication is then timed on a separate,
     # instrumented window of a fresh DDP model with dlscale's timing hook (docs/METRICS.md).
@@ -107,22 +107,68 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
     comm_step_times, _ = timed_loop(setup.step, min(cfg.warmup_steps, 2), comm_steps, device,
                                     on_step=timer.on_step, sync=sync)
     del setup
-    out.config["comm_timing_steps"] = comm_steps
+    out.config.update({"comm_timing_steps": comm_steps, "parallel": "ddp"})
     mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
             "step_times": out.raw["step_times_s"], "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes,
             "comm_step_times": [comm_step_times]}
+    return _rank0_figures(cfg, env, out, mine)
+
+
+def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> Any:
+    """Gather every rank's series on rank 0 and turn them into the job's figures there."""
+    import torch.distributed as dist
+
+    from dlscale import workloads
+    from dlscale.distributed.aggregate import UNITS, global_figures
+    from dlscale.harness.metrics import mfu
+    from dlscale.train.shorttest import in_sample_unit
+
+    mine["peak_memory"] = out.metrics["peak_memory_bytes"]
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, mine)
     if env.rank != 0:
         return out
     gathered.sort(key=lambda g: g["rank"])
-    metrics, warnings, raw = global_figures(gathered, cfg.batch_size)
+    metrics, warnings, raw = global_figures(gathered, workloads.get(cfg.model).units_per_batch(cfg))
     out.warnings = [w for w in out.warnings if "vary by" not in w] + warnings
     out.metrics.update(metrics)
-    out.metrics["achieved_flops"] = out.metrics["flops_per_sample"] * metrics["throughput"]
-    out.metrics["mfu"] = mfu(out.metrics["achieved_flops"] / env.world_size, out.metrics["peak_flops"])
-    out.metrics.update({"nodes": env.nnodes, "devices_per_node": env.local_world_size})
-    out.units.update(UNITS)
+    fl = out.metrics["flops_per_sample"]
+    out.metrics["achieved_flops"] = fl * metrics["throughput"] if fl is not None else None
+    achieved = out.metrics["achieved_flops"]
+    out.metrics["mfu"] = mfu(achieved / env.world_size, out.metrics["peak_flops"]) if achieved is not None else None
+    out.metrics.update({"nodes": env.nnodes, "devices_per_node": env.local_world_size,
+                        "rank_peak_memory_bytes": [g["peak_memory"] for g in gathered]})
+    out.units.update(in_sample_unit({**UNITS, "rank_peak_memory_bytes": "bytes"}, workloads.get(cfg.model).sample_unit))
     out.raw.update(raw)
     out.raw["rank_hosts"] = [g["host"] for g in gathered]
     return out
+
+
+def _fsdp_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[str, Any], sync: Any) -> Any:
+    """The short test with the model fully sharded (FSDP2's ``fully_shard``): each repeated block
+    is its own shard group, then the root; parameters are gathered per block in forward and
+    backward and gradients reduce-scattered. Communication is not timed separately here (DDP's
+    comm hook has no FSDP counterpart), so the record has no all-reduce figures.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    from dlscale import workloads
+    from dlscale.train.shorttest import run_short_test
+
+    w = workloads.get(cfg.model)
+    units: list[str] = []
+
+    def shard(model: Any) -> Any:
+        blocks = w.block_types(model)
+        units[:] = [b.__name__ for b in blocks]
+        for m in model.modules():
+            if blocks and isinstance(m, blocks):
+                fully_shard(m)
+        fully_shard(model)
+        return model
+
+    out = run_short_test(cfg, device, system, wrap_model=shard, sync=sync, world_size=env.world_size)
+    out.config.update({"parallel": "fsdp", "fsdp_shard_unit": ", ".join(units) or "whole model"})
+    mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
+            "step_times": out.raw["step_times_s"]}
+    return _rank0_figures(cfg, env, out, mine)

@@ -17,6 +17,7 @@ from typing import Any
 from dlscale.errors import UsageError
 from dlscale.importers.parsers import PARSERS, ImportedRow, detect
 from dlscale.record import RunRecord, utc_now
+from dlscale.workloads.base import FAMILIES, family_of
 
 REFERENCE_PACKAGE, REFERENCE_DIR = "dlscale.data", "reference"
 
@@ -32,16 +33,18 @@ def to_record(row: ImportedRow, source: str, tag: str | None, index: int = 0) ->
         config["target_accuracy"] = row.target_accuracy
     if row.note:
         config["note"] = row.note
-    config.update({f"source_{k}": v for k, v in row.extra.items() if k not in ("devices_total",)})
+    config.update({f"source_{k}": v for k, v in row.extra.items() if k not in ("devices_total", "family")})
+    config["family"] = _family(row)
+    config["sample_unit"] = FAMILIES[config["family"]]
     metrics: dict[str, Any] = {}
     units: dict[str, str] = {}
     if row.throughput is not None:
         metrics["throughput"] = row.throughput
-        units["throughput"] = "samples/s"
+        units["throughput"] = f"{config['sample_unit']}/s"
         if row.throughput_ci_halfwidth is not None:  # Horovod prints mean +- 1.96 sd over iterations
             metrics["throughput_ci95"] = [row.throughput - row.throughput_ci_halfwidth,
                                           row.throughput + row.throughput_ci_halfwidth]
-            units["throughput_ci95"] = "samples/s"
+            units["throughput_ci95"] = f"{config['sample_unit']}/s"
     for name, value, unit in (("time_to_accuracy", row.time_to_accuracy_s, "s"), ("epochs", row.epochs, "epochs"),
                               ("speedup", row.speedup, "x")):
         if value is not None:
@@ -55,6 +58,16 @@ def to_record(row: ImportedRow, source: str, tag: str | None, index: int = 0) ->
                     system={"name": row.system, "imported": True})
     rec.finished_at = utc_now()
     return rec
+
+
+def _family(row: ImportedRow) -> str:
+    """A ``family`` column where the file has one (checked), else the family of a registered model name."""
+    given = row.extra.get("family")
+    if given is None:
+        return family_of(row.model)
+    if given not in FAMILIES:
+        raise UsageError(f"row {row.model!r}: unknown family {given!r}; choose one of {', '.join(FAMILIES)}")
+    return str(given)
 
 
 def parse_file(path: str | Path, fmt: str = "auto") -> list[ImportedRow]:

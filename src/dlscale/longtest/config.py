@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from dlscale.config import check_choice, check_image_size
+from dlscale.config import check_choice
+from dlscale.workloads.base import check_image_size
 from dlscale.errors import UsageError
 
 OPTIMIZERS = ("sgd", "lars")
@@ -58,6 +59,9 @@ class TTAConfig:
         from dlscale import workloads
 
         w = workloads.get(self.model)
+        if w.family != "classification":
+            raise UsageError(f"dlscale tta trains image classifiers to a top-1 target; {self.model} is a {w.family} "
+                             "model (its short test runs with `dlscale train`)")
         for opt, v in (("--target-top1", self.target_top1), ("--target-top5", self.target_top5)):
             if v is not None and not 0 < v <= 1:
                 raise UsageError(f"{opt} is a fraction in (0, 1] (0.759 for 75.9%), got {v}")

@@ -93,8 +93,10 @@ def compute_from_record(rec: Any) -> Compute:
                                  f"{k:.4f} to its measured step of {step:.6g} s",))
 
 
-def gradient_bytes(model_name: str, precision: str) -> list[int]:
+def gradient_bytes(model_name: str, precision: str, shape: dict[str, Any] | None = None) -> list[int]:
     """Bytes of each trainable parameter's gradient, in the order backward produces them.
+
+    ``shape`` holds the recorded TrainConfig fields that size the model (``model_config``, ``max_table_rows``).
 
     DDP expects gradients in the reverse of ``model.parameters()`` order (the layers run backwards)
     and rebuilds its buckets in that ready order after the first step. The model is built on the
@@ -108,9 +110,12 @@ def gradient_bytes(model_name: str, precision: str) -> list[int]:
 
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    from dlscale.config import TrainConfig
+
     w = workloads.get(model_name)
+    cfg = TrainConfig(model=model_name, **(shape or {}))  # the shape fields that size the model (llm configs, tables)
     with torch.device("meta"):
-        model = w.build()
+        model = w.build(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     return [GRAD_BYTES_PER_ELEMENT * p.numel() for p in reversed(params)]
 

@@ -31,7 +31,8 @@ from dlscale.log import info
 UNITS = {"throughput": "samples/s", "speedup": "x", "efficiency": "fraction", "intra_node_efficiency": "fraction",
          "inter_node_efficiency": "fraction", "comm_fraction": "fraction", "exposed_comm": "s", "step_time": "s",
          "contention": "x", "world_size": "ranks"}
-TEST_KEYS = ("batch_size", "image_size", "precision", "channels_last", "optimizer", "device")
+TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision",
+             "channels_last", "optimizer", "device")
 
 
 def source_run(store: Any, run: str) -> Any:
@@ -153,18 +154,24 @@ def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = Non
         base = source_run(store, run)
         if model is not None and model != base.workload:
             raise UsageError(f"--from {base.run_id} is a {base.workload} run, not {model}")
+        if base.config.get("parallel", "ddp") != "ddp":
+            raise UsageError(f"--from {base.run_id} ran {base.config['parallel']}; dlscale predict models DDP "
+                             "(a replicated model and one all-reduce of its gradients)")
         compute = step_model.compute_from_record(base)
-        buckets = step_model.ddp_buckets(step_model.gradient_bytes(base.workload, base.config.get("precision", "fp32")))
+        shape = {k: base.config[k] for k in ("model_config", "max_table_rows") if base.config.get(k) is not None}
+        buckets = step_model.ddp_buckets(step_model.gradient_bytes(base.workload, base.config.get("precision", "fp32"),
+                                                                   shape))
         lo, hi, notes = links_for(store, layouts, intra, inter)
         shared = emulated_rate(hi) is not None  # emulated nodes share this host's cores
         per_host = {n * g if shared else g for n, g in layouts} | {g for _, g in layouts} | {1}
         factors = {k: contention(store, base, k) for k in per_host}
         host_bw, host_note = host_bandwidth(store, base, buckets, lo) if host_cost else (None, "host cost: off")
-        rows = step_model.predict_layouts(compute, buckets, base.config["batch_size"], layouts, lo, hi,
+        per_device = base.config.get("units_per_batch") or base.config["batch_size"]  # sample units per device step
+        rows = step_model.predict_layouts(compute, buckets, per_device, layouts, lo, hi,
                                           contention={k: f for k, (f, _) in factors.items()},
                                           loader_rate=base.metrics.get("loader_rate"), algorithm=algorithm,
                                           shared_host=shared, host_bandwidth=host_bw)
-        info(f"dlscale predict {base.workload}: from {base.run_id} ({_fmt(base.metrics.get('throughput'))} samples/s "
+        info(f"dlscale predict {base.workload}: from {base.run_id} ({_fmt(base.metrics.get('throughput'))} {base.config.get('sample_unit', 'samples')}/s "
              f"on one device), {len(buckets)} gradient buckets, {sum(buckets) / 2**20:.1f} MiB per step")
         notes += [*getattr(compute, "notes", []), host_note]
         return [_record(store, base, row, lo, hi, algorithm, factors, notes, tag, host_bw)

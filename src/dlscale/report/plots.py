@@ -50,8 +50,9 @@ def hbars(labels: Sequence[str], values: Sequence[float], errors: Sequence[tuple
     return _png(fig)
 
 
-def scaling(series: dict[str, tuple[list[int], list[float], list[float]]], title: str) -> bytes:
-    """Measured throughput against ideal (N x single-device) per ladder, on devices."""
+def scaling(series: dict[str, tuple[list[int], list[float], list[float]]], title: str,
+            ylabel: str = "throughput (samples/s)") -> bytes:
+    """Measured throughput against ideal (N x single-device) per ladder, on devices (one unit per axis)."""
     fig, ax = _fig(6.5, 3.8)
     for i, (name, (ns, measured, ideal)) in enumerate(series.items()):
         c = PALETTE[i % len(PALETTE)]
@@ -61,7 +62,7 @@ def scaling(series: dict[str, tuple[list[int], list[float], list[float]]], title
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("devices")
-    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10, loc="left")
     ax.legend(fontsize=7)
     return _png(fig)
@@ -93,4 +94,25 @@ def lines(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabe
     ax.set_title(title, fontsize=10, loc="left")
     if len(series) > 1:
         ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def speedups(series: dict[str, tuple[list[int], list[float]]], title: str) -> bytes:
+    """Speed-up over each domain's smallest device count against device count, with ideal (N / n0) lines.
+
+    Speed-ups are ratios of one domain's own figures, so domains of different sample units can
+    share this axis (their throughputs never do).
+    """
+    fig, ax = _fig(6.5, 3.8)
+    for i, (name, (ns, ups)) in enumerate(series.items()):
+        c = PALETTE[i % len(PALETTE)]
+        ax.plot(ns, ups, "o-", color=c, label=name)
+        ax.plot(ns, [n / ns[0] for n in ns], ":", color=c, alpha=0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("devices")
+    ax.set_ylabel("speed-up over the smallest device count")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(fontsize=7)
     return _png(fig)

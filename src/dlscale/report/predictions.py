@@ -1,10 +1,11 @@
 """The report's prediction section: predicted against measured scaling, per layout.
 
 Reads ``prediction`` records (``dlscale predict``) and the ok ``train`` runs of the same test
-(model, per-device batch, image size, precision) among the records the report was given; a
+(model, per-device batch, the sample's shape, precision) among the records the report was given; a
 measured run matches a prediction at the same layout (nodes x devices per node) and, across
 nodes, the same link label (``analysis.scaling.link_of``). Error = (predicted - measured) /
 measured, per layout; measured efficiency = measured / (devices x the source run's throughput).
+Throughputs are in each model's sample unit (images/s, tokens/s, samples/s), named per row.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dlscale.record import RunRecord
 from dlscale.report import plots
 from dlscale.report.model import Figure, Section, TableData
 
-TEST = ("batch_size", "image_size", "precision")
+TEST = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision")
 
 
 def _key(r: RunRecord) -> tuple:
@@ -33,6 +34,7 @@ def _where(r: RunRecord) -> tuple[str, str]:
 
 def matched(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """One row per prediction: its layout, link, predicted and mean measured throughput, error."""
+    from dlscale.analysis.domains import rate_unit, sample_unit
     from dlscale.stats import mean
 
     measured: dict[tuple, list[float]] = {}
@@ -49,7 +51,8 @@ def matched(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         base = by_id.get(p.config.get("from_run"))
         x1 = base.metrics.get("throughput") if base is not None else None
         devices = p.config.get("world_size") or 1
-        rows.append({"model": p.workload, "from_run": p.config.get("from_run"), "layout": layout, "link": link,
+        rows.append({"model": p.workload, "unit": rate_unit(sample_unit(p)), "from_run": p.config.get("from_run"),
+                     "layout": layout, "link": link,
                      "devices": p.config.get("world_size"), "predicted": pred, "measured": m,
                      "error": (pred - m) / m if m and pred is not None else None,
                      "efficiency": p.metrics.get("efficiency"), "comm_fraction": p.metrics.get("comm_fraction"),
@@ -61,9 +64,9 @@ def prediction_section(records: Sequence[RunRecord]) -> Section | None:
     rows = matched(records)
     if not rows:
         return None
-    table = TableData(["model", "layout", "link", "predicted (samples/s)", "measured", "error", "predicted efficiency",
+    table = TableData(["model", "layout", "link", "unit", "predicted", "measured", "error", "predicted efficiency",
                        "measured efficiency", "predicted comm fraction"],
-                      [[r["model"], r["layout"], r["link"], fmt_fixed(r["predicted"]), fmt_fixed(r["measured"]),
+                      [[r["model"], r["layout"], r["link"], r["unit"], fmt_fixed(r["predicted"]), fmt_fixed(r["measured"]),
                         fmt_pct(r["error"], 1, signed=True) if r["error"] is not None else "-",
                         fmt_pct(r["efficiency"], 1), fmt_pct(r["measured_efficiency"], 1),
                         fmt_pct(r["comm_fraction"], 1)] for r in rows])

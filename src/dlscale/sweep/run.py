@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlscale.harness.runner import SWEEP_POINT_ENV
@@ -91,11 +91,17 @@ def dlscale_command() -> list[str]:
     return [sys.executable, "-m", "dlscale.cli.app"]
 
 
-def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
-    """Run one point in its own process; make sure the store holds its outcome."""
-    cmd = [*dlscale_command(), *point.argv, "--format", "json", "--db", str(store.path)]
-    env = {**os.environ, SWEEP_POINT_ENV: point.hash}
-    t0 = time.monotonic()
+def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[str] | None = None,
+              drop_env: Sequence[str] = ()) -> PointResult:
+    """Run one point in its own process; make sure the store holds its outcome.
+
+    ``launcher`` runs the point's ``dlscale`` arguments instead of this Python (the Slurm executor
+    passes torchrun for a multi-node point); ``drop_env`` are variables the point must not see.
+    """
+    cmd = [*(launcher or dlscale_command()), *point.argv, "--format", "json", "--db", str(store.path)]
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env[SWEEP_POINT_ENV] = point.hash
+    t0, since = time.monotonic(), utc_now()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, preexec_fn=_die_with_parent)
     timed_out = False
@@ -108,7 +114,7 @@ def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
         _kill(proc)
         raise
     seconds = time.monotonic() - t0
-    rec = _record_from_stdout(stdout)
+    rec = _record_from_stdout(stdout) or (None if timed_out else _stored_since(store, point, since))
     if rec is not None and rec.get("run_id") and not timed_out:
         m = rec.get("metrics") or {}
         return PointResult(point, rec.get("status", "failed"), run_id=rec["run_id"], error=rec.get("error"),
@@ -125,6 +131,23 @@ def run_point(point: Point, store: Store, sweep_name: str) -> PointResult:
         error = f"crashed with exit code {proc.returncode}: {_last_line(stderr)}"
     failed = record_failure(point, store, sweep_name, error, stderr)
     return PointResult(point, "failed", run_id=failed.run_id, error=error, seconds=seconds)
+
+
+def _stored_since(store: Store, point: Point, since: str) -> dict | None:
+    """The point's record written since ``since`` (when its output was not one JSON document, as
+    under torchrun, whose ranks share its stdout), as the fields ``run_point`` reads."""
+    rec = newest_record(store, point, since)
+    if rec is None:
+        return None
+    return {"run_id": rec.run_id, "status": rec.status, "error": rec.error, "metrics": rec.metrics, "units": rec.units}
+
+
+def newest_record(store: Store, point: Point, since: str | None = None) -> RunRecord | None:
+    """The newest record of this point (by its hash) created at or after ``since``, or None."""
+    for rec in store.query(kind=point.command):
+        if rec.raw.get("sweep_point") == point.hash and (since is None or rec.created_at >= since):
+            return rec
+    return None
 
 
 def _kill(proc: subprocess.Popen) -> tuple[str, str]:
@@ -174,6 +197,8 @@ def record_failure(point: Point, store: Store, sweep_name: str, error: str, stde
         system=collect(with_torch=False), tag=point.options.get("tag"),
         raw={"sweep_point": point.hash, "stderr_tail": (stderr or "").splitlines()[-20:]},
     )
+    if os.environ.get("SLURM_JOB_ID"):  # written inside a Slurm job (the Slurm executor): which one
+        rec.raw["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
     rec.fail(error)
     rec.finished_at = utc_now()
     store.insert(rec)

@@ -24,11 +24,22 @@ checked by building those configs, the same validation the command runs, so a ba
 one-line error at the point's ``file:line`` before anything runs; a micro kind takes only the
 fields it reads (``micro.run.READS``). A point runs as the command line a user would type
 (``to_argv``). ``timeout_per_run`` may also be set per point.
+
+``slurm:`` (optional) names the resources of each point's job for ``dlscale sweep --executor
+slurm`` (``sweep.slurm``); the local executor ignores it::
+
+    slurm: {partition: gpu, nodes: 2, gpus_per_node: 8, cpus_per_task: 64, time: "2:00:00",
+            account: proj42, constraint: h100, qos: normal, mem: 500G, setup: ["module load cuda"]}
+
+``nodes`` is every point's node count unless a point sets ``nnodes`` (then they must agree);
+``gpus_per_node`` is a number or ``auto`` (one GPU per rank: the point's ``nproc_per_node``);
+``time`` is minutes or ``[D-]H:MM[:SS]`` (default: the point's ``timeout_per_run`` plus a minute).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,7 +50,9 @@ from dlscale.record import config_hash
 from dlscale.sweep.fields import (COMMANDS, MICRO, Opt, build_configs, field_type, micro_fields, text, to_argv,
                                   type_problem)
 
-TOP_LEVEL = ("name", "description", "command", "tag", "timeout_per_run", "fixed", "matrix", "exclude", "include")
+TOP_LEVEL = ("name", "description", "command", "tag", "timeout_per_run", "fixed", "matrix", "exclude", "include",
+             "slurm")
+SLURM_TEXT = ("partition", "account", "constraint", "qos", "mem")  # slurm: fields given as text
 SWEEP_ONLY = ("timeout_per_run",)  # point fields the sweep consumes instead of passing on
 RESERVED = ("db", "format", "help")  # the sweep chooses these for every point
 DEFAULT_TIMEOUT_S = 1800.0
@@ -67,6 +80,23 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
     excluded: int = 0
     source: str = ""
+    slurm: SlurmOptions | None = None
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The ``slurm:`` block: what each point's job asks Slurm for (None: the cluster's default)."""
+
+    partition: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | str | None = None  # a count, or "auto": one per rank
+    cpus_per_task: int | None = None
+    time_min: int | None = None
+    account: str | None = None
+    constraint: str | None = None
+    qos: str | None = None
+    mem: str | None = None
+    setup: tuple[str, ...] = ()
 
 
 class _Lines:
@@ -136,7 +166,14 @@ def check(doc: Any, lines: _Lines) -> Sweep:
     """Check a parsed sweep file and expand it into points; the first problem is a UsageError naming its line."""
     parts = _check_fields(doc, lines)
     _check_point_values(parts, lines)
-    return _expand(parts, lines)
+    sweep = _expand(parts, lines)
+    sweep.slurm = check_slurm(doc.get("slurm"), lines)
+    if sweep.slurm is not None and sweep.slurm.nodes is not None:
+        for p in sweep.points:
+            if p.options.get("nnodes", sweep.slurm.nodes) != sweep.slurm.nodes:
+                raise lines.fail(("slurm", "nodes"), f"is {sweep.slurm.nodes} but point {p.index + 1} sets nnodes "
+                                                     f"{p.options['nnodes']}; drop slurm.nodes to take each point's nnodes")
+    return sweep
 
 
 @dataclass
@@ -324,3 +361,49 @@ def _culprit(message: str, options: dict[str, Any], origin: dict[str, tuple], ta
     return next((origin[k] for k in keys if k in origin), ())
 
 
+
+
+def check_slurm(block: Any, lines: _Lines) -> SlurmOptions | None:
+    """The ``slurm:`` block, each value checked where the file gives it."""
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise lines.fail(("slurm",), "must be a mapping (partition:, nodes:, gpus_per_node:, time:, ...)")
+    known = (*SLURM_TEXT, "nodes", "gpus_per_node", "cpus_per_task", "time", "setup")
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        path = ("slurm", key)
+        if key not in known:
+            raise lines.fail(path, f"unknown field {key!r}; known: {', '.join(known)}")
+        if key in SLURM_TEXT:
+            if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value).strip() == "":
+                raise lines.fail(path, f"must be a name, got {value!r}")
+            out[key] = str(value)
+        elif key == "time":
+            out["time_min"] = _minutes(value, lines, path)
+        elif key == "setup":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise lines.fail(path, "must be a list of shell lines (run in the job before the point)")
+            out[key] = tuple(value)
+        elif key == "gpus_per_node" and value == "auto":
+            out[key] = value
+        elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "gpus_per_node" else 1):
+            least = "0 or auto" if key == "gpus_per_node" else "1"
+            raise lines.fail(path, f"must be an integer >= {least}, got {value!r}")
+        else:
+            out[key] = value
+    return SlurmOptions(**out)
+
+
+def _minutes(value: Any, lines: _Lines, path: tuple) -> int:
+    """A Slurm time limit in whole minutes: a number of minutes, or ``[D-]H:MM[:SS]`` (seconds round up)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?", str(value).strip()) if isinstance(value, str) else None
+    if m is None:
+        raise lines.fail(path, f"must be minutes (an integer >= 1) or [D-]H:MM[:SS], got {value!r}")
+    days, hours, mins, secs = (int(g or 0) for g in m.groups())
+    total = days * 1440 + hours * 60 + mins + math.ceil(secs / 60)
+    if total < 1:
+        raise lines.fail(path, f"must be at least one minute, got {value!r}")
+    return total

@@ -158,7 +158,9 @@ def explain(cfg: Any, setup: Any, device: Any, feed: Any, waits: list[float], wi
         metrics["breakdown_steps"], units["breakdown_steps"] = n, "steps"
     wait_share = bd.window_wait_share(waits, window_seconds) if feed is not None else 0.0
     metrics["data_wait_share"], units["data_wait_share"] = wait_share, "fraction"
-    crate = bd.compute_rate(cfg.batch_size, phases) if phases else None
+    from dlscale import workloads
+
+    crate = bd.compute_rate(workloads.get(cfg.model).units_per_batch(cfg), phases) if phases else None
     metrics["compute_rate"], units["compute_rate"] = crate, "samples/s"
     lrate = None
     if feed is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlscale import workloads
 from dlscale.config import TrainConfig
+from dlscale.errors import UsageError
 from dlscale.harness import device as dev
 from dlscale.harness.device import device_name
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
@@ -64,8 +65,12 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
     w = workloads.get(cfg.model)
     torch.manual_seed(seed)
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    model = w.build().to(device).to(memory_format=memory_format)
+    model = w.build(cfg).to(device)
+    if w.images_in:
+        model = model.to(memory_format=memory_format)
     model.train()
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(w, model)
     if wrap_model is not None:
         model = wrap_model(model)
     opt = _optimizer(cfg, model)
@@ -73,11 +78,9 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
     fetch, to_device, next_batch = _batches(w, cfg, device, seed, memory_format, feed)
     amp_dtype = dev.autocast_dtype(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    loss_fn = w.loss
-
     def forward_loss(xb: Any, yb: Any) -> Any:
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            return loss_fn(fwd(xb), yb)
+            return w.forward_loss(fwd, xb, yb)
 
     def backward(loss: Any) -> None:
         (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -100,12 +103,23 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
                          forward_loss=forward_loss, backward=backward, optimizer_step=optimizer_step)
 
 
+def checkpoint_blocks(w: Any, model: Any) -> None:
+    """Recompute each repeated block's activations in backward instead of keeping them (activation checkpointing)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    blocks = w.block_types(model)
+    if not blocks:
+        raise UsageError(f"--activation-checkpointing needs a model made of repeated blocks; {w.name} names none")
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, blocks))
+
+
 def _optimizer(cfg: TrainConfig, model: Any) -> Any:
     import torch
 
+    lr = cfg.lr if cfg.lr is not None else workloads.get(cfg.model).default_lr
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
 
 
 def _batches(w: Any, cfg: TrainConfig, device: Any, seed: int, memory_format: Any,
@@ -113,8 +127,9 @@ def _batches(w: Any, cfg: TrainConfig, device: Any, seed: int, memory_format: An
     """(fetch a host batch, move it to the device, the next device batch): the feed's, or one synthetic batch."""
     if feed is not None:
         return feed.fetch, feed.to_device, feed
-    x, y = w.make_batch(cfg.batch_size, cfg.image_size, device, seed=seed)
-    x = x.contiguous(memory_format=memory_format)
+    x, y = w.make_batch(cfg, device, seed=seed)
+    if w.images_in:
+        x = x.contiguous(memory_format=memory_format)
     fetch = lambda: (x, y)  # noqa: E731 - already on the device: the same batch every step
     return fetch, (lambda a, b: (a, b)), fetch
 
@@ -138,7 +153,7 @@ def run_short_test(
 ) -> Outcome:
     """Time ``cfg.repeat`` independent repeats and return the run's figures.
 
-    Samples per step are ``batch_size * world_size`` (per-device batch times data-parallel
+    Samples per step are ``units_per_batch * world_size`` (sample units of a rank's batch times data-parallel
     ranks); a distributed caller passes per-rank step times through its own aggregation.
     """
     dev.set_matmul_precision(cfg.precision, device)
@@ -148,7 +163,8 @@ def run_short_test(
     finally:
         obs.close()
 
-    metrics, warnings = summarize_steps(cfg.batch_size * world_size, done.step_times)
+    w = workloads.get(cfg.model)
+    metrics, warnings = summarize_steps(w.units_per_batch(cfg) * world_size, done.step_times)
     units = {**STEP_UNITS, **UNITS}
     flops, peak_note = _flops_figures(cfg, device, system, metrics["throughput"], world_size)
     metrics.update(flops)
@@ -164,12 +180,18 @@ def run_short_test(
     warnings.extend(x_warnings)
     return Outcome(
         metrics=metrics,
-        units=units,
+        units=in_sample_unit(units, w.sample_unit),
         raw={"step_times_s": done.step_times, "loss": done.losses, **x_raw},
         warnings=warnings,
-        config={"device_name": device_name(device), "sample_unit": workloads.get(cfg.model).sample_unit,
-                "data_source": cfg.data or "synthetic"},
+        config={"device_name": device_name(device), "sample_unit": w.sample_unit, "family": w.family,
+                "units_per_batch": w.units_per_batch(cfg), "data_source": cfg.data or "synthetic"},
     )
+
+
+def in_sample_unit(units: dict[str, str], sample_unit: str) -> dict[str, str]:
+    """The units with generic 'samples' named in the family's unit (images/s, tokens/s, samples/s)."""
+    named = {"samples/s": f"{sample_unit}/s", "samples": sample_unit}
+    return {k: named.get(v, v) for k, v in units.items()}
 
 
 def _measure(cfg: TrainConfig, device: Any, obs: RunObserver, on_step: StepCallback | None,
@@ -209,20 +231,19 @@ def _finite_losses(outs: list[Any], repeat: int) -> list[float]:
 def _flops_figures(cfg: TrainConfig, device: Any, system: dict[str, Any], throughput: float,
                    world_size: int) -> tuple[dict[str, Any], str | None]:
     """FLOPs per sample, achieved FLOP/s and MFU against the device's peak; the note when MFU is left empty."""
-    from dlscale.flops import workload_flops
-
-    fl = workload_flops(workloads.get(cfg.model), cfg.image_size)
-    achieved = fl["train"] * throughput
+    fl = workloads.get(cfg.model).flops(cfg) or {"train": None, "forward": None, "method": "not counted"}
+    achieved = fl["train"] * throughput if fl["train"] is not None else None
     resolved = resolve_peak(device, cfg.precision, system)  # GPUs: datasheet; CPUs: measured GEMM
     peak, peak_source, isa_peak = resolved.flops, resolved.source, resolved.isa_flops
     metrics = {
         "flops_per_sample": fl["train"],
         "flops_per_sample_forward": fl["forward"],
+        "flops_method": fl["method"],
         "achieved_flops": achieved,
         "peak_flops": peak,
         "peak_flops_source": peak_source,
         "peak_kind": resolved.kind,
         "peak_flops_isa_estimate": isa_peak,
-        "mfu": mfu(achieved / world_size, peak),
+        "mfu": mfu(achieved / world_size, peak) if achieved is not None else None,
     }
     return metrics, (peak_source if metrics["mfu"] is None and peak is None else None)

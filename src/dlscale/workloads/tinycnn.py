@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlscale.workloads.base import Workload, register
+from dlscale.workloads.base import ImageClassifier, register
 
 
 def build_tinycnn(num_classes: int):
@@ -19,5 +19,5 @@ def build_tinycnn(num_classes: int):
     )
 
 
-register(Workload("tinycnn", build_tinycnn, "dlscale", 32, 8,
+register(ImageClassifier("tinycnn", build_tinycnn, "dlscale", 32, 8,
                   "three conv-BN-ReLU blocks and a linear head, 24K parameters", num_classes=10))

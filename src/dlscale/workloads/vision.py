@@ -6,7 +6,7 @@ measures the main network (as tf_cnn_benchmarks' synthetic runs do); the heads a
 
 from __future__ import annotations
 
-from dlscale.workloads.base import Workload, register
+from dlscale.workloads.base import ImageClassifier, register
 
 
 def _tv(fn_name: str, **kw):
@@ -27,15 +27,15 @@ def _timm(model_name: str):
     return build
 
 
-register(Workload("resnet50", _tv("resnet50"), "torchvision", 224, 32,
+register(ImageClassifier("resnet50", _tv("resnet50"), "torchvision", 224, 32,
                   "ResNet-50 v1.5 (stride on the 3x3 conv), 25.6M parameters"))
-register(Workload("resnet18", _tv("resnet18"), "torchvision", 224, 32, "ResNet-18, 11.7M parameters"))
-register(Workload("vgg16", _tv("vgg16"), "torchvision", 224, 32, "VGG-16 (no batch norm), 138M parameters"))
-register(Workload("vgg19", _tv("vgg19"), "torchvision", 224, 32, "VGG-19 (no batch norm), 144M parameters"))
-register(Workload("alexnet", _tv("alexnet"), "torchvision", 224, 63,
+register(ImageClassifier("resnet18", _tv("resnet18"), "torchvision", 224, 32, "ResNet-18, 11.7M parameters"))
+register(ImageClassifier("vgg16", _tv("vgg16"), "torchvision", 224, 32, "VGG-16 (no batch norm), 138M parameters"))
+register(ImageClassifier("vgg19", _tv("vgg19"), "torchvision", 224, 32, "VGG-19 (no batch norm), 144M parameters"))
+register(ImageClassifier("alexnet", _tv("alexnet"), "torchvision", 224, 63,
                   "AlexNet (torchvision's one-GPU variant), 61M parameters"))
-register(Workload("googlenet", _tv("googlenet", aux_logits=False, init_weights=True), "torchvision", 224, 32,
+register(ImageClassifier("googlenet", _tv("googlenet", aux_logits=False, init_weights=True), "torchvision", 224, 32,
                   "GoogLeNet (Inception-v1), no auxiliary heads, 6.6M parameters"))
-register(Workload("inception_v3", _tv("inception_v3", aux_logits=False, init_weights=True), "torchvision", 299, 75,
+register(ImageClassifier("inception_v3", _tv("inception_v3", aux_logits=False, init_weights=True), "torchvision", 299, 75,
                   "Inception-v3, no auxiliary head, 23.8M parameters"))
-register(Workload("inception_v4", _timm("inception_v4"), "timm", 299, 75, "Inception-v4 (timm), 42.7M parameters"))
+register(ImageClassifier("inception_v4", _timm("inception_v4"), "timm", 299, 75, "Inception-v4 (timm), 42.7M parameters"))

@@ -1,0 +1,69 @@
+"""The report's domain scaling section (seed 000, Figure 3): per family and model, by device count.
+
+The figures come from ``analysis.domains.domain_table`` (derived in docs/METRICS.md, "Domain
+scaling"): throughput at each device count in the family's own unit, the speed-up over the
+smallest device count, the scaling efficiency, and the score over a reference system when the
+report was given one (``dlscale report --reference SELECTOR``). One table per family and unit;
+the plot shows speed-ups, which are ratios within one domain and so share an axis across units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dlscale.format import fmt_fixed, fmt_pct
+from dlscale.record import RunRecord
+from dlscale.report import plots
+from dlscale.report.model import Figure, Section, TableData
+
+
+def _rows(d: dict[str, Any]) -> list[list[str]]:
+    from dlscale.analysis.domains import describe
+
+    label = describe(d)
+    return [[label if i == 0 else "", str(r["devices"]), fmt_fixed(r["value"]), f"{r['speedup']:.2f}x",
+             f"{r['device_ratio']:g}", fmt_pct(r["efficiency"], 1), "-" if r["score"] is None else f"{r['score']:.2f}x",
+             ", ".join(r["systems"]), (d["verdict"] or "-") if i == 0 else ""] for i, r in enumerate(d["rows"])]
+
+
+def _reference_note(table: list[dict[str, Any]], label: str | None) -> str:
+    found = [d for d in table if d["reference"] and d["reference"]["value"] is not None]
+    notes = sorted({d["reference"]["note"] for d in table if d["reference"] and d["reference"]["note"]})
+    text = (f"Scores are over the reference {label}: X_N / X_ref, X_ref its throughput for the same model and "
+            f"sample shape at its smallest device count ({len(found)} of {len(table)} domains have one).")
+    return " ".join([text, *notes])
+
+
+def domain_section(records: Sequence[RunRecord], reference: Sequence[RunRecord] | None = None,
+                   reference_label: str | None = None) -> Section | None:
+    """Seed 000's table for the report's train runs; None when no domain has two device counts or a score."""
+    from dlscale.analysis.domains import domain_table, rate_unit
+
+    table = domain_table(records, reference)
+    shown = [d for d in table if len(d["rows"]) > 1 or any(r["score"] is not None for r in d["rows"])]
+    if not shown:
+        return None
+    tables: dict[tuple[str, str], list[list[str]]] = {}
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    many_systems = len({d["system"] for d in shown}) > 1
+    for d in shown:
+        tables.setdefault((d["family"], d["sample_unit"]), []).extend(_rows(d))
+        if len(d["rows"]) > 1 and len(series) < 8:
+            name = f"{d['model']} ({d['family']})" + (f" on {d['system']}" if many_systems else "")
+            series[name] = ([r["devices"] for r in d["rows"]], [r["speedup"] for r in d["rows"]])
+    fig = None
+    if series:
+        png = plots.speedups(series, "Speed-up over the smallest device count, per domain (dotted: ideal N / n0)")
+        fig = Figure("domains", png, "speed-up against device count per domain")
+    data = [TableData(["model and test", "devices", rate_unit(unit), "speed-up", "device ratio", "efficiency",
+                       "score", "systems", "scaling"], rows, caption=f"{fam} ({rate_unit(unit)})")
+            for (fam, unit), rows in tables.items()]
+    notes = [_reference_note(shown, reference_label)] if reference is not None else []
+    return Section(
+        "Domain scaling by device count (seed 000, Figure 3)",
+        "Per family and model: throughput at each device count in the family's own unit, speed-up = X_N / X_n0 over "
+        "the smallest device count n0, efficiency = speed-up / (N / n0), and with --reference the MLPerf v0.5 "
+        "score X_N / X_ref over a reference system. Scaling: linear = efficiency 90-105% at the largest count, "
+        "super-linear above, flat = speed-up under 1.1x (seed 000's words for its domains).",
+        figure=fig, tables=data, notes=notes)
