@@ -119,3 +119,19 @@ def test_llama_ddp_and_fsdp_with_checkpointing_on_two_ranks(tmp_path):
     assert ddp.config["parallel"] == "ddp" and ddp.metrics["comm_fraction"] is not None
     assert fsdp.config["parallel"] == "fsdp" and fsdp.config["fsdp_shard_unit"] == "LlamaDecoderLayer"
     assert fsdp.config["activation_checkpointing"] is True and "comm_fraction" not in fsdp.metrics
+
+
+@pytest.mark.slow
+def test_a_scale_ladder_of_a_translation_model_counts_target_tokens(tmp_path):
+    """scale runs any family: the rungs' throughput and the summary's figures are in tokens/s."""
+    from dlscale import api
+
+    recs = api.scale("transformer_tiny", devices=[1, 2], tokens_per_batch=128, seq_len=16, steps=3, warmup_steps=1,
+                     threads_per_rank=1, db=str(tmp_path / "r.db"), monitor_interval=0, breakdown_steps=0)
+    rungs, summary = recs[:-1], recs[-1]
+    assert [r.metrics["world_size"] for r in rungs] == [1, 2] and all(r.status == "ok" for r in rungs)
+    assert all(r.units["throughput"] == "tokens/s" for r in rungs)
+    assert [r.metrics["samples_per_step"] for r in rungs] == [128, 256]
+    assert summary.kind == "scale" and summary.config["sample_unit"] == "tokens"
+    assert summary.config["tokens_per_batch"] == 128
+    assert {u for k, u in summary.units.items() if k.startswith("throughput_")} == {"tokens/s"}

@@ -123,6 +123,7 @@ def ladder_figures(recs: list[Any]) -> dict[str, Any]:
     from dlscale.analysis.scaling import analyse
 
     result = analyse(recs)
+    rate = f"{recs[0].config.get('sample_unit') or 'samples'}/s" if recs else "samples/s"
     metrics: dict[str, Any] = {}
     units: dict[str, str] = {}
     for lad in result["ladders"]:
@@ -130,7 +131,7 @@ def ladder_figures(recs: list[Any]) -> dict[str, Any]:
         for r in lad["efficiency"]:
             for k in ("throughput", "efficiency", "intra_node_efficiency", "inter_node_efficiency", "comm_fraction"):
                 metrics[f"{k}_{r['layout']}{suffix}"] = r[k]
-                units[f"{k}_{r['layout']}{suffix}"] = "samples/s" if k == "throughput" else "fraction"
+                units[f"{k}_{r['layout']}{suffix}"] = rate if k == "throughput" else "fraction"
     for comp in result["comparisons"]:
         for r in comp["rows"]:
             key = f"pct_difference_{r['scale_up']}_vs_{r['scale_out']}" + (f"@{r['link']}" if r["link"] else "")
