@@ -33,7 +33,7 @@ def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
     ("name: t\nmatrix:\n  model: [tinycnn, resnet5]\n", "sweep.yaml:3: matrix.model.1: unknown model 'resnet5'"),
     ("name: t\nfixed: {db: x.db}\nmatrix:\n  model: [tinycnn]\n", "sweep.yaml:2: fixed.db: 'db' is set by the sweep"),
     ("name: t\nmatrix:\n  model: tinycnn\n", "sweep.yaml:3: matrix.model: must be a non-empty list"),
-    ("name: t\ncommand: infer\nmatrix:\n  model: [tinycnn]\n", "sweep.yaml:2: command: unknown command 'infer'"),
+    ("name: t\ncommand: predict\nmatrix:\n  model: [tinycnn]\n", "sweep.yaml:2: command: unknown command 'predict'"),
 ])
 def test_bad_files_give_one_line_naming_the_place(cli, db_path, tmp_path, text, expect):
     r = cli("sweep", str(_write(tmp_path, text)), "--dry-run")

@@ -192,3 +192,53 @@ def failed(records: Sequence[Any]) -> list[Any]:
 
 
 __all__ += ["failed", "RunFailure", "UsageError"]
+
+
+def tune(model: str, *, budget_s: float | None = None, resume: bool = False, fix: Sequence[str] | dict[str, Any] = (),
+         max_memory: str | None = None, steps: int = 10, warmup_steps: int = 3, max_batch: int = 1024,
+         output: str | None = None, tag: str | None = None, device: str = "auto", db: str | None = None,
+         **options: Any) -> Any:
+    """Search the short test's knobs (precision, batch size, memory format, torch.compile, threads,
+    workers with ``data``) for the fastest configuration that fits; the ``tune`` record, whose raw
+    holds the ablation table, the trials (each a recorded ``train`` run under ``tag``) and the best
+    configuration, also written as YAML to ``output`` for ``dlscale train --config``. ``fix`` holds
+    knobs left alone ("precision=fp32" or a dict); ``options`` are the model's TrainConfig shape fields."""
+    from dlscale.tune.run import parse_fix
+    from dlscale.tune.run import tune as run_tune
+
+    fixed = dict(fix) if isinstance(fix, dict) else parse_fix(list(fix))
+    return run_tune(model, db=db, budget_s=budget_s, resume=resume, fix=fixed, max_memory=max_memory, steps=steps,
+                    warmup_steps=warmup_steps, max_batch=max_batch, output=output, tag=tag, device=device, **options)
+
+
+__all__ += ["tune"]
+
+
+def infer(model: str | None = None, *, config: Any = None, db: str | None = None,
+          on_batch: Callable[[int, dict[str, Any]], None] | None = None, **options: Any) -> Any:
+    """Inference throughput and latency by batch size (``dlscale infer``); the run's record (kind
+    ``inference``). ``options`` are ``InferConfig`` fields (batch_sizes, precision, runtime, compile,
+    iters, find_max_batch, scenario, prompt_len, ...). ``on_batch(batch_size, figures)`` is called
+    after each batch size is measured."""
+    from dlscale.harness import device as dev
+    from dlscale.harness.runner import execute
+    from dlscale.infer.config import InferConfig
+    from dlscale.infer.run import run_inference
+    from dlscale.store import Store
+    from dlscale.system import collect_cached
+    from dlscale.workloads.base import shape_words
+
+    cfg = config if config is not None else InferConfig(model=model, **options)
+    store = Store.open(db)  # an unwritable database is a usage error before any work
+    device = dev.select_device(cfg.device)
+    resolved = cfg.resolve(device.type)
+    system = collect_cached()
+    info(f"dlscale infer {resolved.model}: batch {','.join(map(str, resolved.batch_sizes))}, "
+         f"{shape_words(resolved.train_config())}, {resolved.precision}, {resolved.runtime}"
+         f"{', compiled' if resolved.compile else ''} on {device}")
+    with store:
+        return execute(kind="inference", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
+                       store=store, system=system, body=lambda _rec: run_inference(resolved, device, on_batch))
+
+
+__all__ += ["infer"]

@@ -78,6 +78,12 @@ def _register() -> None:
     from dlscale.cli import predict
 
     app.command("predict", help=predict.HELP, epilog=predict.EPILOG)(predict.predict)
+    from dlscale.cli import infer
+
+    app.command("infer", help=infer.HELP, epilog=infer.EPILOG)(infer.infer)
+    from dlscale.cli import tune
+
+    app.command("tune", help=tune.HELP, epilog=tune.EPILOG)(tune.tune)
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 

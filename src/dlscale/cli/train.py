@@ -27,7 +27,8 @@ EPILOG = """Examples:\n\n
   dlscale train alexnet --data /data/imagenet-mini --workers 4 --profile ./prof\n\n
   dlscale train llama_tiny --seq-len 256 --batch-size 8 --precision bf16\n\n
   dlscale train llama3.2_1b --nproc-per-node 8 --parallel fsdp --activation-checkpointing\n\n
-  dlscale train transformer_base --tokens-per-batch 4096"""
+  dlscale train transformer_base --tokens-per-batch 4096\n\n
+  dlscale train resnet50 --config tune-resnet50.yaml   (what `dlscale tune resnet50` wrote; options given here win)"""
 
 
 def train(
@@ -71,27 +72,50 @@ def train(
     threads_per_rank: dopt.ThreadsOpt = None,
     parallel: sopt.ParallelOpt = "ddp",
     activation_checkpointing: sopt.CheckpointOpt = False,
+    config: Annotated[Optional[str], typer.Option("--config", help="YAML file of option: value defaults (TrainConfig fields and threads_per_rank, as `dlscale tune` writes them); options given on the command line win.", show_default=False)] = None,
 ) -> None:
     from dlscale import api
     from dlscale.config import TrainConfig
 
-    cfg = TrainConfig(
+    opts = dict(
         model=model, batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
         model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
         activation_checkpointing=activation_checkpointing, precision=precision,
         channels_last=channels_last, compile=compile, warmup_steps=warmup_steps, steps=steps,
         optimizer=optimizer, lr=lr, device=device, repeat=repeat, seed=seed, tag=tag,
         data=data, workers=workers, strict=strict, monitor_interval=monitor_interval,
-        breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps,
+        breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps, threads_per_rank=threads_per_rank,
     )
+    if config is not None:
+        from dlscale.tune import configfile
+
+        opts = configfile.merge(config, opts, configfile.explicit_options())
+    threads_per_rank = opts.pop("threads_per_rank")
+    cfg = TrainConfig(**opts)
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank)
+    if threads_per_rank is not None and not layout.distributed:
+        import torch  # one process: its intra-op threads (ranks of a job get theirs from the launcher)
+
+        torch.set_num_threads(threads_per_rank)
     with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
         rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
     else:
         report(rec, fmt)
+        show_hint(rec, db)
+
+
+def show_hint(rec, db: str | None) -> None:
+    """One stderr line when the store holds a much faster precision or format of this model here."""
+    from dlscale.store import Store
+    from dlscale.tune.hint import hint_for
+
+    with Store.open(db) as s:
+        line = hint_for(rec, s)
+    if line:
+        info(line)
 
 
 class failed_as_json:

@@ -181,4 +181,11 @@ def _prediction_section(records: Sequence[RunRecord]) -> Section | None:
     return prediction_section(records)
 
 
-BUILDERS = (scaling_section, layouts_section, _prediction_section, micro_section, tta_section, monitoring_section)
+def _inference_sections(records: Sequence[RunRecord]) -> list[Section]:
+    from dlscale.report.inference_section import inference_sections
+
+    return inference_sections(records)
+
+
+BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, micro_section, tta_section,
+            monitoring_section)

@@ -1,10 +1,10 @@
 """The sweep's field tables: each field of a point, the typed config and field it sets, its flag.
 
 A sweep point is spelled as the command line (``batch_size`` for ``--batch-size``; ``model`` for
-train and ``kind`` for micro). ``TRAIN`` and ``MICRO`` map every such field to its typed config
-(``TrainConfig``, ``Layout``, ``MicroOptions``/``CollectiveOptions``) and config field, and to the
-command-line flag a point runs with (``to_argv``). ``build_configs`` builds those configs, so a
-point is validated by the same code as the command it runs. No torch at import time.
+train and infer, ``kind`` for micro). ``TRAIN``, ``MICRO`` and ``INFER`` map every such field to its
+typed config (``TrainConfig``, ``Layout``, ``MicroOptions``/``CollectiveOptions``, ``InferConfig``)
+and config field, and to the command-line flag a point runs with (``to_argv``). ``build_configs``
+builds those configs, so a point is validated by the same code as the command it runs. No torch at import time.
 """
 
 from __future__ import annotations
@@ -98,7 +98,41 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions or Col
     **LAYOUT,  # micro collectives only
 }
 
-COMMANDS = {"train": TRAIN, "micro": MICRO}
+INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferConfig
+    "model": Opt("infer", "model", form="arg"),
+    "batch_sizes": Opt("infer", "batch_sizes", "--batch-sizes", "list"),
+    "image_size": Opt("infer", "image_size", "--image-size"),
+    "seq_len": Opt("infer", "seq_len", "--seq-len"),
+    "model_config": Opt("infer", "model_config", "--model-config"),
+    "max_table_rows": Opt("infer", "max_table_rows", "--max-table-rows"),
+    "precision": Opt("infer", "precision", "--precision"),
+    "runtime": Opt("infer", "runtime", "--runtime"),
+    "compile": Opt("infer", "compile", "--compile", "flag"),
+    "channels_last": Opt("infer", "channels_last", "--channels-last", "switch"),
+    "warmup": Opt("infer", "warmup", "--warmup"),
+    "iters": Opt("infer", "iters", "--iters"),
+    "device": Opt("infer", "device", "--device"),
+    "seed": Opt("infer", "seed", "--seed"),
+    "find_max_batch": Opt("infer", "find_max_batch", "--find-max-batch", "flag"),
+    "max_memory": Opt("infer", "max_memory", "--max-memory"),
+    "scenario": Opt("infer", "scenario", "--scenario"),
+    "find_peak": Opt("infer", "find_peak", "--find-peak", "flag"),
+    "latency_bound": Opt("infer", "latency_bound", "--latency-bound"),
+    "target_qps": Opt("infer", "target_qps", "--target-qps"),
+    "mlperf_durations": Opt("infer", "mlperf_durations", "--mlperf-durations", "flag"),
+    "duration": Opt("infer", "duration", "--duration"),
+    "prompt_len": Opt("infer", "prompt_len", "--prompt-len"),
+    "output_len": Opt("infer", "output_len", "--output-len"),
+    "tag": Opt("infer", "tag", "--tag"),
+}
+
+COMMANDS = {"train": TRAIN, "micro": MICRO, "infer": INFER}
+RECORD_KINDS = {"infer": "inference"}  # a command whose records are of another kind than its name
+
+
+def record_kind(command: str) -> str:
+    """The kind of the records ``dlscale COMMAND`` writes (``infer`` writes ``inference``)."""
+    return RECORD_KINDS.get(command, command)
 
 
 
@@ -129,12 +163,14 @@ def _annotations() -> dict[str, dict[str, Any]]:
     from typing import get_type_hints
 
     from dlscale.config import TrainConfig
+    from dlscale.infer.config import InferConfig
     from dlscale.layout import Layout
     from dlscale.micro.base import MicroOptions
     from dlscale.micro.collectives import CollectiveOptions
 
     return {"train": get_type_hints(TrainConfig), "layout": get_type_hints(Layout),
-            "micro": {**get_type_hints(CollectiveOptions), **get_type_hints(MicroOptions)}}
+            "micro": {**get_type_hints(CollectiveOptions), **get_type_hints(MicroOptions)},
+            "infer": get_type_hints(InferConfig)}
 
 
 def field_type(opt: Opt) -> type:
@@ -159,6 +195,10 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
         from dlscale.config import TrainConfig
 
         return [TrainConfig(**fields["train"]), layout()]
+    if command == "infer":
+        from dlscale.infer.config import InferConfig
+
+        return [InferConfig(**fields["infer"])]
     from dlscale.micro import run as micro_run
 
     configs = []

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from dlscale.harness.runner import SWEEP_POINT_ENV
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
+from dlscale.sweep.fields import record_kind
 from dlscale.sweep.spec import Point, Sweep
 
 KILL_GRACE_S = 5.0
@@ -45,7 +46,7 @@ def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str
     """Point hash -> (run id, status, error) for every point of the sweep the store holds."""
     wanted = {p.hash for p in sweep.points}
     done: dict[str, tuple[str, str, str | None]] = {}
-    for rec in store.query(kind=sweep.command, newest_first=False):
+    for rec in store.query(kind=record_kind(sweep.command), newest_first=False):
         h = rec.raw.get("sweep_point")
         if h in wanted and h not in done:
             done[h] = (rec.run_id, rec.status, rec.error)
@@ -144,7 +145,7 @@ def _stored_since(store: Store, point: Point, since: str) -> dict | None:
 
 def newest_record(store: Store, point: Point, since: str | None = None) -> RunRecord | None:
     """The newest record of this point (by its hash) created at or after ``since``, or None."""
-    for rec in store.query(kind=point.command):
+    for rec in store.query(kind=record_kind(point.command)):
         if rec.raw.get("sweep_point") == point.hash and (since is None or rec.created_at >= since):
             return rec
     return None
@@ -193,7 +194,7 @@ def record_failure(point: Point, store: Store, sweep_name: str, error: str, stde
 
     workload = str(point.options.get("model") or point.options.get("kind") or point.command)
     rec = RunRecord(
-        kind=point.command, workload=workload, config={**point.options, "sweep": sweep_name},
+        kind=record_kind(point.command), workload=workload, config={**point.options, "sweep": sweep_name},
         system=collect(with_torch=False), tag=point.options.get("tag"),
         raw={"sweep_point": point.hash, "stderr_tail": (stderr or "").splitlines()[-20:]},
     )

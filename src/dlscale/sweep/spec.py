@@ -1,9 +1,9 @@
 """A sweep file: schema check (errors name the field and the line) and expansion into points.
 
-A sweep is a matrix of runs of one command (``train`` or ``micro``)::
+A sweep is a matrix of runs of one command (``train``, ``micro`` or ``infer``)::
 
     name: small-cpu
-    command: train              # train (default) | micro
+    command: train              # train (default) | micro | infer
     tag: small-cpu              # stored with every run (default: the name)
     timeout_per_run: 300        # seconds; a point past it is killed and recorded as failed
     fixed: {image_size: 64, warmup_steps: 2, steps: 10}
@@ -139,22 +139,28 @@ class _Lines:
             raise self.fail(path, f"bad value: {' '.join(str(getattr(e, 'problem', None) or e).split())}") from None
 
 
-def load(path: str | Path) -> Sweep:
-    """Read, check and expand a sweep file; any problem is a one-line UsageError naming the place."""
+def compose_yaml(p: Path, cannot_read: str) -> Any:
+    """The YAML node tree of a file (node marks give each value's line); unreadable or malformed
+    YAML is a one-line UsageError: ``cannot_read: reason`` or ``FILE:LINE:COL: malformed YAML: ...``."""
     import yaml
 
-    p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
-        raise UsageError(f"cannot read sweep file {p}: {e.strerror}") from None
+        raise UsageError(f"{cannot_read}: {e.strerror}") from None
     try:
-        root = yaml.compose(text)
+        return yaml.compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f"{mark.line + 1}:{mark.column + 1}" if mark else "1"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UsageError(f"{p}:{line}: malformed YAML: {problem}") from None
+
+
+def load(path: str | Path) -> Sweep:
+    """Read, check and expand a sweep file; any problem is a one-line UsageError naming the place."""
+    p = Path(path)
+    root = compose_yaml(p, f"cannot read sweep file {p}")
     lines = _Lines(str(p))
     if root is None:
         raise UsageError(f"{p}:1: the sweep file is empty; it needs at least `matrix:` or `include:`")
@@ -336,7 +342,7 @@ def check_point(command: str, options: dict[str, Any], origin: dict[str, tuple],
             if key not in reads:
                 raise lines.fail(origin.get(key, ()), f"micro {kind} does not read {key}; it reads "
                                                       f"{', '.join(k for k in reads if k != arg)}")
-    fields: dict[str, dict[str, Any]] = {"train": {}, "layout": {}, "micro": {}}
+    fields: dict[str, dict[str, Any]] = {"train": {}, "layout": {}, "micro": {}, "infer": {}}
     for key, value in options.items():
         opt = table[key]
         fields[opt.config][opt.field] = text(value) if opt.form == "list" or field_type(opt) is str else value

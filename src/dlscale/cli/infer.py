@@ -1,0 +1,133 @@
+"""``dlscale infer MODEL``: inference throughput and latency by batch size (+ LoadGen scenarios, LLM decode)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from dlscale.cli import shapeopts as sopt
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
+
+HELP = """Measure MODEL's inference throughput and latency at each batch size and record it.
+
+At each batch size one synthetic batch stays on the device; warm-up forwards are not counted,
+then each timed forward (under torch.inference_mode, or onnxruntime) is timed on its own.
+Prints samples/s in the family's unit with its 95% CI and CV, and latency per batch p50/p90/p99/max.
+--precision int8 quantises with PyTorch's PT2E flow (x86 inductor quantizer, CPU).
+--find-max-batch finds the largest batch that fits (device memory, or --max-memory bytes of
+process RSS on CPU). --scenario runs an MLPerf LoadGen scenario over the model; llm models with
+--prompt-len/--output-len measure prefill and decode with a KV cache instead of the forward sweep."""
+
+EPILOG = """Examples:\n\n
+  dlscale infer resnet50 --batch-sizes 1,8,32\n\n
+  dlscale infer resnet18 --image-size 64 --precision int8 --format json\n\n
+  dlscale infer resnet50 --runtime onnxruntime --batch-sizes 1,16\n\n
+  dlscale infer resnet50 --find-max-batch --max-memory 8000000000\n\n
+  dlscale infer tinycnn --scenario server --find-peak --latency-bound 0.01\n\n
+  dlscale infer llama_tiny --prompt-len 128 --output-len 32 --batch-sizes 1,4"""
+
+
+def infer(
+    model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", "-b", help="Comma-separated batch sizes to measure.")] = "1,2,4,8,16,32",
+    image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
+    seq_len: sopt.SeqLenOpt = None,
+    model_config: sopt.ModelConfigOpt = None,
+    max_table_rows: sopt.MaxRowsOpt = None,
+    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | bf16 | fp16 (autocast) | int8 (PT2E, CPU).")] = "fp32",
+    runtime: Annotated[str, typer.Option("--runtime", help="torch | onnxruntime (ONNX export, CPU or CUDA provider).")] = "torch",
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
+    channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Image memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Uncounted forwards before the timed ones, at each batch size.")] = 3,
+    iters: Annotated[int, typer.Option("--iters", "-n", help="Timed forwards at each batch size.")] = 20,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic samples.")] = 0,
+    find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Find the largest batch that fits (doubling, then bisection).")] = False,
+    max_memory: Annotated[Optional[int], typer.Option("--max-memory", help="Memory cap in bytes for --find-max-batch (CPU: peak RSS; default 80% of available).", show_default=False)] = None,
+    scenario: Annotated[Optional[str], typer.Option("--scenario", help="MLPerf LoadGen scenario: single-stream | multi-stream | server | offline.", show_default=False)] = None,
+    find_peak: Annotated[bool, typer.Option("--find-peak", help="Server: search the highest QPS whose p99 latency meets --latency-bound.")] = False,
+    latency_bound: Annotated[Optional[float], typer.Option("--latency-bound", help="Server: p99 latency bound in seconds.", show_default=False)] = None,
+    target_qps: Annotated[Optional[float], typer.Option("--target-qps", help="Server/offline: target queries per second.", show_default=False)] = None,
+    mlperf_durations: Annotated[bool, typer.Option("--mlperf-durations", help="LoadGen's official minimum durations and query counts (default: short runs).")] = False,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of each LoadGen run (default: short).", show_default=False)] = None,
+    prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="llm: prompt tokens (prefill) per sequence.", show_default=False)] = None,
+    output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
+    tag: TagOpt = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale import api
+    from dlscale.cli.train import failed_as_json
+    from dlscale.infer.config import InferConfig
+
+    cfg = InferConfig(
+        model=model, batch_sizes=batch_sizes, image_size=image_size, seq_len=seq_len, model_config=model_config,
+        max_table_rows=max_table_rows, precision=precision, runtime=runtime, compile=compile,
+        channels_last=channels_last, warmup=warmup, iters=iters, device=device, seed=seed, tag=tag,
+        find_max_batch=find_max_batch, max_memory=max_memory, scenario=scenario, find_peak=find_peak,
+        latency_bound=latency_bound, target_qps=target_qps, mlperf_durations=mlperf_durations, duration=duration,
+        prompt_len=prompt_len, output_len=output_len,
+    )
+    with failed_as_json(fmt, db):
+        rec = api.infer(config=cfg, db=db)
+    report(rec, fmt)
+
+
+def report(rec, fmt: Format) -> None:
+    """Warnings on stderr; the record as JSON, or the batch table and the extra figures, on stdout."""
+    for w in rec.warnings:
+        warn(w)
+    if fmt == Format.json:
+        print_json(rec.to_dict())
+        return
+    out.print(batch_table(rec))
+    extra = extra_table(rec)
+    if extra.row_count:
+        out.print(extra)
+
+
+def batch_table(rec):
+    """Batch size vs throughput (95% CI, CV) and latency per batch p50/p90/p99/max."""
+    from rich.table import Table
+
+    from dlscale.format import fmt_num, fmt_pct, fmt_seconds
+
+    m, c = rec.metrics, rec.config
+    unit = c.get("sample_unit", "samples")
+    t = Table(title=f"dlscale infer {rec.workload}  [{rec.status}]  {c.get('precision')}, {c.get('runtime_version')}"
+                    f"{', compiled' if c.get('compile') else ''}, {c.get('device')} ({c.get('device_name')})  "
+                    f"run {rec.run_id}", title_justify="left")
+    for col in ("batch", f"{unit}/s", "95% CI", "CV", "p50", "p90", "p99", "max"):
+        t.add_column(col, justify="right")
+    best = m.get("best_batch_size")
+    for i, b in enumerate(m.get("batch_sizes") or []):
+        ci = (m.get("throughput_ci95_by_batch") or [None] * (i + 1))[i]
+        thr = fmt_num(m["throughput_by_batch"][i])
+        lat = [fmt_seconds((m.get(f"latency_{k}_by_batch") or [None] * (i + 1))[i]) for k in ("p50", "p90", "p99", "max")]
+        t.add_row(f"[bold]{b}[/bold]" if b == best else str(b), f"[bold]{thr}[/bold]" if b == best else thr,
+                  f"{fmt_num(ci[0])} - {fmt_num(ci[1])}" if ci else "-",
+                  fmt_pct((m.get("cv_by_batch") or [None] * (i + 1))[i]), *lat)
+    if rec.status != "ok":
+        t.caption = f"error: {rec.error}"
+    return t
+
+
+_EXTRA = ("max_batch_size", "max_batch_peak_memory", "max_memory_cap", "scenario", "scenario_metric_name",
+          "scenario_metric", "valid", "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s",
+          "time_per_output_token_s")
+
+
+def extra_table(rec):
+    """The largest batch, the LoadGen scenario's figures and the LLM headline, where measured."""
+    from rich.table import Table
+
+    from dlscale.format import format_metric
+
+    t = Table(show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for k in _EXTRA:
+        if rec.metrics.get(k) is not None:
+            t.add_row(k.replace("_", " "), format_metric(k, rec.metrics[k], rec.units.get(k)))
+    return t

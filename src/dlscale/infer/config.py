@@ -1,0 +1,188 @@
+"""Typed, validated configuration of ``dlscale infer``.
+
+``InferConfig`` is built from CLI options, ``api.infer`` keyword arguments or a sweep point and
+validated at construction: a bad value raises ``UsageError`` whose one-line message names the
+option. The batch's shape fields (image_size, seq_len, model_config, max_table_rows) are checked
+by the workload itself through a ``TrainConfig`` of the same shape (``train_config``), so a shape
+the training short test refuses is refused here with the same words. ``resolve`` fills the values
+that depend on the device (shape defaults, channels_last, the CPU memory cap) and refuses the
+combinations the device or runtime cannot run.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from dlscale.errors import UsageError
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+RUNTIMES = ("torch", "onnxruntime")
+DEVICES = ("auto", "cpu", "cuda")
+SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # as dlscale.infer.loadgen.SCENARIOS
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def parse_batch_sizes(value: Any) -> tuple[int, ...]:
+    """'1,2,4' / [1, 2, 4] / 8 -> (1, 2, 4); anything else, or a size < 1, is a UsageError naming --batch-sizes."""
+    items = value.split(",") if isinstance(value, str) else (list(value) if isinstance(value, (list, tuple)) else [value])
+    sizes = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or (isinstance(item, float) and not item.is_integer()):
+                raise ValueError
+            b = int(str(item).strip()) if isinstance(item, str) else int(item)
+        except (TypeError, ValueError):
+            raise UsageError(f"--batch-sizes {value!r}: expected comma-separated integers such as 1,2,4") from None
+        if b < 1:
+            raise UsageError(f"--batch-sizes {b}: every batch size must be >= 1")
+        sizes.append(b)
+    if not sizes:
+        raise UsageError("--batch-sizes: give at least one batch size, such as 1,2,4")
+    return tuple(sorted(set(sizes)))
+
+
+@dataclass(frozen=True)
+class InferConfig:
+    model: str
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    precision: str = "fp32"
+    runtime: str = "torch"
+    compile: bool = False
+    warmup: int = 3  # uncounted batches before the timed ones, at each batch size
+    iters: int = 20  # timed batches at each batch size
+    device: str = "auto"
+    seed: int = 0
+    tag: str | None = None
+    channels_last: bool | None = None  # None: the train default (NHWC on CPU); image classifiers only
+    # the shape of one sample (TrainConfig's fields; batch size is the sweep's)
+    image_size: int | None = None
+    seq_len: int | None = None
+    model_config: str | None = None
+    max_table_rows: int | None = None
+    # the largest batch that fits
+    find_max_batch: bool = False
+    max_memory: int | None = None  # bytes; CPU: peak process RSS; CUDA: peak allocated (default: the device's)
+    # MLPerf LoadGen (dlscale.infer.loadgen)
+    scenario: str | None = None
+    find_peak: bool = False
+    latency_bound: float | None = None  # seconds (server p99 bound)
+    target_qps: float | None = None
+    mlperf_durations: bool = False
+    duration: float | None = None  # seconds of each LoadGen run (default: loadgen's short one)
+    # LLM prefill/decode (dlscale.infer.llm)
+    prompt_len: int | None = None
+    output_len: int | None = None
+
+    def __post_init__(self) -> None:
+        from dlscale import workloads
+
+        w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
+        object.__setattr__(self, "batch_sizes", parse_batch_sizes(self.batch_sizes))
+        check_choice("--precision", self.precision, PRECISIONS)
+        check_choice("--runtime", self.runtime, RUNTIMES)
+        check_choice("--device", self.device, DEVICES)
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        _positive("--iters", self.iters)
+        for opt, v in (("--max-memory", self.max_memory), ("--prompt-len", self.prompt_len),
+                       ("--output-len", self.output_len)):
+            if v is not None:
+                _positive(opt, v)
+        if (self.prompt_len is not None or self.output_len is not None) and w.family != "llm":
+            raise UsageError(f"--prompt-len/--output-len apply to llm models; {self.model} is a {w.family} model")
+        self.train_config()  # the workload checks the shape fields (family, minimum sizes)
+        self._check_scenario()
+        if self.output_len is not None and self.output_len < 2:
+            raise UsageError(f"--output-len must be >= 2 (the first token comes from the prefill, then "
+                             f"--output-len - 1 decode steps), got {self.output_len}")
+        if (self.prompt_len is None) != (self.output_len is None):
+            raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
+        self._check_runtime(w)
+
+    def _check_scenario(self) -> None:
+        if self.scenario is not None:
+            check_choice("--scenario", self.scenario, SCENARIOS)
+        for opt, v in (("--latency-bound", self.latency_bound), ("--target-qps", self.target_qps),
+                       ("--duration", self.duration)):
+            if v is not None and not v > 0:
+                raise UsageError(f"{opt} must be > 0, got {v}")
+        scenario_only = {"--find-peak": self.find_peak, "--latency-bound": self.latency_bound is not None,
+                         "--target-qps": self.target_qps is not None, "--mlperf-durations": self.mlperf_durations,
+                         "--duration": self.duration is not None}
+        given = [opt for opt, on in scenario_only.items() if on]
+        if given and self.scenario is None:
+            raise UsageError(f"{given[0]} applies to LoadGen runs; add --scenario (single-stream, multi-stream, "
+                             "server or offline)")
+        if self.find_peak and self.scenario != "server":
+            raise UsageError("--find-peak searches the server scenario's peak QPS; use it with --scenario server")
+
+    def _check_runtime(self, w: Any) -> None:
+        """Combinations no device can run: said before anything is built."""
+        if self.runtime == "onnxruntime":
+            if self.precision != "fp32":
+                raise UsageError(f"--runtime onnxruntime runs the fp32 export here; use --runtime torch for "
+                                 f"--precision {self.precision}")
+            if self.compile:
+                raise UsageError("--compile applies to --runtime torch (onnxruntime optimises its own graph); drop it")
+            if w.family == "detection":
+                raise UsageError(f"--runtime onnxruntime: {self.model} takes a list of images and post-processes "
+                                 "boxes in Python; use --runtime torch for detection models")
+        if self.precision == "int8" and w.family == "detection":
+            raise UsageError(f"--precision int8: {self.model}'s list-of-images input and box post-processing cannot "
+                             "be exported for PT2E quantisation; use fp32, bf16 or fp16")
+        if self.channels_last and not w.images_in:
+            raise UsageError(f"--channels-last applies to image classifiers' NCHW input; {self.model} is a "
+                             f"{w.family} model")
+
+    def train_config(self, batch_size: int | None = None) -> Any:
+        """A TrainConfig of this shape (what the workload's make_batch and resolve read)."""
+        from dlscale import workloads
+        from dlscale.config import TrainConfig
+
+        w = workloads.get(self.model)
+        floor = getattr(w, "min_batch_size", 1)  # detection's train-mode BatchNorm floor: not an eval limit
+        seq_len = self.seq_len if self.seq_len is not None else self.prompt_len
+        cfg = TrainConfig(model=self.model, batch_size=max(floor, 1), image_size=self.image_size, seq_len=seq_len,
+                          model_config=self.model_config, max_table_rows=self.max_table_rows,
+                          precision="fp32", device=self.device, seed=self.seed, steps=1, warmup_steps=0)
+        if batch_size is not None:
+            cfg = copy.copy(cfg)
+            object.__setattr__(cfg, "batch_size", batch_size)  # an eval batch below the training floor is fine
+        return cfg
+
+    def resolve(self, device_type: str) -> "InferConfig":
+        """Fill the shape defaults and channels_last for a device type; refuse what it cannot run."""
+        from dlscale import workloads
+        from dlscale.harness.device import default_channels_last
+
+        w = workloads.get(self.model)
+        if self.precision == "int8" and device_type != "cpu":
+            raise UsageError("--precision int8 uses PyTorch's PT2E flow with the x86 inductor quantizer, a CPU path; "
+                             "use --device cpu")
+        channels_last = self.channels_last
+        if channels_last is None:
+            channels_last = (w.images_in and self.runtime == "torch" and self.precision != "int8"
+                             and default_channels_last(device_type, self.precision))
+        shape = w.resolve(self.train_config())
+        fields = {k: v for k, v in shape.items() if k in ("image_size", "seq_len", "model_config", "max_table_rows")}
+        if w.family == "llm" and self.seq_len is None and self.prompt_len is not None:
+            fields["seq_len"] = self.prompt_len  # the forward sweep is the prompt's prefill
+        return replace(self, device=device_type, channels_last=bool(channels_last), **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["batch_sizes"] = list(self.batch_sizes)
+        return d
+
+
+def check_choice(option: str, value: Any, choices: tuple[str, ...]) -> None:
+    """A value outside its choices is a usage error that lists them."""
+    if value not in choices:
+        raise UsageError(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _positive(option: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        raise UsageError(f"{option} must be >= 1, got {value!r}")

@@ -1,0 +1,303 @@
+"""LLM inference for the Llama family: prefill and greedy decode with a KV cache, at each batch size.
+
+The model is the registered ``llm`` workload built from a ``TrainConfig`` (so ``--model-config``
+selects or varies it exactly as for training), random weights, eval mode, under
+``torch.inference_mode``. bf16/fp16 hold the weights in that dtype, as inference servers load them,
+and run under autocast: autocast over fp32 weights would re-cast every weight at every forward,
+because its weight-cast cache is off under ``inference_mode`` (a one-token decode step is mostly
+reading weights, so that made bf16 decode slower than fp32 on a CPU). The prompts are ``batch`` rows of ``prompt_len`` random token ids: the workload's
+own synthetic batch, deterministic from the seed.
+
+One generation of ``output_len`` tokens (all rows at once, no padding):
+
+- **prefill**: one forward over the whole prompt that fills a fresh ``transformers.DynamicCache``
+  and returns the logits of the last position only (``logits_to_keep=1``, as ``generate`` does);
+  their argmax is the first generated token. Its time is the **time to first token** (TTFT): from
+  the request's start to the first token's id, i.e. the prefill forward plus the argmax.
+- **decode**: ``output_len - 1`` steps, each feeding the previous step's greedy (argmax) token,
+  one token per row, with the cache, and taking the argmax of the new logits. Each step is timed
+  on its own. The first token is not a decode step, so ``output_len`` must be at least 2.
+
+The device is synchronised at the end of every timed span. The cache ends holding
+``prompt_len + output_len - 1`` positions; ``prompt_len + output_len`` may not exceed the model's
+``max_position_embeddings``. ``warmup`` whole generations run first and are not counted; then
+``iters`` measured generations. Figures (see :func:`llm_figures`, and docs/METRICS.md):
+prefill tokens/s ``batch·prompt_len / mean TTFT``, decode tokens/s ``batch / mean step time``,
+time per output token (TPOT) the mean decode step time, p50/p90 of the pooled step times; CIs
+are the t-intervals of the mean per-generation time, mapped through the reciprocal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dlscale import stats
+from dlscale.errors import UsageError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+NO_CI = "one measured generation per batch size: no confidence interval; use --iters >= 2"
+
+UNITS = {
+    "batch_sizes": "sequences",
+    "prompt_len": "tokens",
+    "output_len": "tokens",
+    "prefill_tokens_per_s_by_batch": "tokens/s",
+    "prefill_tokens_per_s_ci95_by_batch": "tokens/s",
+    "decode_tokens_per_s_by_batch": "tokens/s",
+    "decode_tokens_per_s_ci95_by_batch": "tokens/s",
+    "time_to_first_token_s_by_batch": "s",
+    "time_to_first_token_ci95_by_batch": "s",
+    "time_per_output_token_s_by_batch": "s",
+    "time_per_output_token_ci95_by_batch": "s",
+    "decode_step_p50_s_by_batch": "s",
+    "decode_step_p90_s_by_batch": "s",
+    "decode_step_p99_s_by_batch": "s",
+    "decode_step_max_s_by_batch": "s",
+    "request_latency_s_by_batch": "s",
+    "cv_by_batch": "fraction",
+    "throughput_by_batch": "tokens/s",
+    "throughput_ci95_by_batch": "tokens/s",
+    "latency_p50_by_batch": "s",
+    "latency_p90_by_batch": "s",
+    "latency_p99_by_batch": "s",
+    "latency_max_by_batch": "s",
+    "throughput": "tokens/s",
+    "best_batch_size": "sequences",
+    "headline_batch_size": "sequences",
+    "prefill_tokens_per_s": "tokens/s",
+    "decode_tokens_per_s": "tokens/s",
+    "time_to_first_token_s": "s",
+    "time_per_output_token_s": "s",
+    "iters": "generations",
+}
+
+# Per-batch figure (from llm_figures) -> the metric that lists it across batch sizes.
+_BY_BATCH = {
+    "prefill_tokens_per_s": "prefill_tokens_per_s_by_batch",
+    "prefill_tokens_per_s_ci95": "prefill_tokens_per_s_ci95_by_batch",
+    "decode_tokens_per_s": "decode_tokens_per_s_by_batch",
+    "decode_tokens_per_s_ci95": "decode_tokens_per_s_ci95_by_batch",
+    "time_to_first_token_s": "time_to_first_token_s_by_batch",
+    "time_to_first_token_ci95": "time_to_first_token_ci95_by_batch",
+    "time_per_output_token_s": "time_per_output_token_s_by_batch",
+    "time_per_output_token_ci95": "time_per_output_token_ci95_by_batch",
+    "decode_step_p50_s": "decode_step_p50_s_by_batch",
+    "decode_step_p90_s": "decode_step_p90_s_by_batch",
+    "decode_step_p99_s": "decode_step_p99_s_by_batch",
+    "decode_step_max_s": "decode_step_max_s_by_batch",
+    "request_latency_s": "request_latency_s_by_batch",
+    "cv": "cv_by_batch",
+}
+_HEADLINES = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
+
+
+@dataclass
+class Generation:
+    """One greedy generation: the tokens it produced (batch x output_len) and its timed spans."""
+
+    tokens: Any
+    prefill_s: float
+    decode_step_s: list[float]
+
+
+def check_inputs(batch_sizes: Sequence[int], prompt_len: int, output_len: int, precision: str,
+                 warmup: int, iters: int) -> None:
+    """Refuse values no measurement can take, each with one line naming its option."""
+    if not batch_sizes:
+        raise UsageError("--batch-sizes is empty; give at least one batch size, e.g. 1,4")
+    bad = [b for b in batch_sizes if isinstance(b, bool) or not isinstance(b, int) or b <= 0]
+    if bad:
+        raise UsageError(f"--batch-sizes must be positive integers, got {bad[0]!r}")
+    if prompt_len <= 0:
+        raise UsageError(f"--prompt-len must be > 0 tokens, got {prompt_len}")
+    if output_len < 2:
+        raise UsageError(f"--output-len must be >= 2 tokens (the first comes from the prefill, decode needs "
+                         f"at least one more), got {output_len}")
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision {precision!r} is not available for LLM inference; choose one of "
+                         f"{', '.join(PRECISIONS)}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {warmup}")
+    if iters <= 0:
+        raise UsageError(f"--iters must be > 0, got {iters}")
+
+
+def llm_config(model: str, model_config: str | None, prompt_len: int, output_len: int,
+               precision: str) -> Any:
+    """The ``TrainConfig`` the workload builds from (seq_len = prompt_len); a ``UsageError`` for a model
+    that is not an LLM or a sequence longer than the model's positions."""
+    from dlscale import workloads
+    from dlscale.config import TrainConfig
+
+    w = workloads.get(model)  # unknown name -> UsageError listing the known ones
+    if w.family != "llm":
+        raise UsageError(f"{model} is a {w.family} model; LLM inference (--prompt-len/--output-len) takes an llm "
+                         "model such as llama_tiny")
+    cfg = TrainConfig(model=model, batch_size=1, model_config=model_config, precision=precision)
+    most = w.fields(cfg)["max_position_embeddings"]
+    if prompt_len + output_len > most:
+        raise UsageError(f"--prompt-len {prompt_len} + --output-len {output_len} = {prompt_len + output_len} "
+                         f"tokens exceeds {model}'s max_position_embeddings {most}; shorten them")
+    return replace(cfg, seq_len=prompt_len)
+
+
+def greedy_generate(model: Any, prompt: Any, output_len: int, device: Any, amp_dtype: Any = None,
+                    clock: Callable[[], float] = time.perf_counter) -> Generation:
+    """Prefill ``prompt`` into a fresh KV cache, then ``output_len - 1`` one-token greedy decode steps.
+
+    Call it under ``torch.inference_mode``. ``clock`` is read twice per timed span (start, end after
+    the device is synchronised), so a test can feed it known times.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from dlscale.harness.device import synchronize
+
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        start = clock()
+        cache = DynamicCache(config=model.config)
+        out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        synchronize(device)
+        prefill = clock() - start
+        tokens, steps = [token], []
+        for _ in range(output_len - 1):
+            start = clock()
+            out = model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            synchronize(device)
+            steps.append(clock() - start)
+            tokens.append(token)
+    return Generation(tokens=torch.cat(tokens, dim=1), prefill_s=prefill, decode_step_s=steps)
+
+
+def _ci(ci: tuple[float, float] | None) -> list[float] | None:
+    return list(ci) if ci is not None else None
+
+
+def llm_figures(batch: int, prompt_len: int, output_len: int, prefill_s: Sequence[float],
+                decode_step_s: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The figures of one batch size from its measured generations' times (pure arithmetic).
+
+    ``prefill_s[i]`` is generation i's TTFT, ``decode_step_s[i]`` its ``output_len - 1`` step times.
+    Throughputs are tokens over the summed time of all generations (so decode tokens/s is exactly
+    batch / TPOT and prefill tokens/s batch * prompt_len / TTFT); their CIs map the t-interval of the
+    mean per-generation time. ``cv`` is the CV of the per-generation decode times.
+    """
+    if not prefill_s or len(prefill_s) != len(decode_step_s):
+        raise ValueError("one prefill time and one list of decode step times per generation")
+    steps = output_len - 1
+    if any(len(d) != steps for d in decode_step_s):
+        raise ValueError(f"every generation needs output_len - 1 = {steps} decode step times")
+    decode_totals = [math.fsum(d) for d in decode_step_s]
+    pooled = [t for d in decode_step_s for t in d]
+    ttft, tpot = stats.mean(prefill_s), stats.mean(pooled)
+    tpot_ci = stats.mean_ci95(decode_totals)
+    return {
+        "prefill_tokens_per_s": stats.throughput(batch * prompt_len, prefill_s),
+        "prefill_tokens_per_s_ci95": _ci(stats.throughput_ci95_from_steps(batch * prompt_len, prefill_s)),
+        "decode_tokens_per_s": stats.throughput(batch * steps, decode_totals),
+        "decode_tokens_per_s_ci95": _ci(stats.throughput_ci95_from_steps(batch * steps, decode_totals)),
+        "time_to_first_token_s": ttft,
+        "time_to_first_token_ci95": _ci(stats.mean_ci95(prefill_s)),
+        "time_per_output_token_s": tpot,
+        "time_per_output_token_ci95": [t / steps for t in tpot_ci] if tpot_ci is not None else None,
+        "decode_step_p50_s": stats.percentile(pooled, 50),
+        "decode_step_p90_s": stats.percentile(pooled, 90),
+        "decode_step_p99_s": stats.percentile(pooled, 99),
+        "decode_step_max_s": max(pooled),
+        "request_latency_s": ttft + stats.mean(decode_totals),
+        "cv": stats.cv(decode_totals),
+    }
+
+
+def collect(batch_sizes: Sequence[int], per_batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-batch figures as lists aligned with ``batch_sizes``; headlines at the largest batch.
+
+    The inference record's generic names hold the decode figures: ``throughput_by_batch`` (and its
+    CI) is decode tokens/s, ``latency_*_by_batch`` the decode step percentiles (one batch's one-token
+    forward), ``throughput`` the decode tokens/s of the best batch, ``best_batch_size`` that batch."""
+    m: dict[str, Any] = {"batch_sizes": list(batch_sizes)}
+    for fig, name in _BY_BATCH.items():
+        m[name] = [f[fig] for f in per_batch]
+    top = max(range(len(batch_sizes)), key=lambda i: batch_sizes[i])
+    m["headline_batch_size"] = batch_sizes[top]
+    m.update({h: per_batch[top][h] for h in _HEADLINES})
+    m["throughput_by_batch"] = list(m["decode_tokens_per_s_by_batch"])
+    m["throughput_ci95_by_batch"] = list(m["decode_tokens_per_s_ci95_by_batch"])
+    for q in ("p50", "p90", "p99", "max"):
+        m[f"latency_{q}_by_batch"] = list(m[f"decode_step_{q}_s_by_batch"])
+    best = max(range(len(batch_sizes)), key=lambda i: m["throughput_by_batch"][i])
+    m["throughput"], m["best_batch_size"] = m["throughput_by_batch"][best], batch_sizes[best]
+    return m
+
+
+def _device(device: Any) -> Any:
+    """A torch.device from a device or a name ('auto', 'cpu', 'cuda')."""
+    import torch
+
+    from dlscale.harness.device import select_device
+
+    if isinstance(device, torch.device):
+        return device
+    return select_device(str(device)) if str(device) in ("auto", "cpu", "cuda") else torch.device(device)
+
+
+def _measure_batch(w: Any, cfg: Any, model: Any, batch: int, output_len: int, device: Any, amp_dtype: Any,
+                   warmup: int, iters: int, seed: int) -> list[Generation]:
+    """``warmup`` uncounted generations, then ``iters`` measured ones, of one batch of prompts."""
+    prompt, _ = w.make_batch(replace(cfg, batch_size=batch), device, seed)
+    for _ in range(warmup):
+        greedy_generate(model, prompt, output_len, device, amp_dtype)
+    return [greedy_generate(model, prompt, output_len, device, amp_dtype) for _ in range(iters)]
+
+
+def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, output_len: int, precision: str,
+                      device: Any, model_config: str | None = None, warmup: int = 1, iters: int = 3,
+                      seed: int = 0) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[str]]:
+    """(metrics, units, raw, warnings) of prefill and decode with a KV cache at each batch size."""
+    import torch
+
+    from dlscale import workloads
+    from dlscale.harness.device import autocast_dtype, check_precision, set_matmul_precision
+
+    check_inputs(batch_sizes, prompt_len, output_len, precision, warmup, iters)
+    cfg = llm_config(model, model_config, prompt_len, output_len, precision)
+    w, dev = workloads.get(model), _device(device)
+    check_precision(precision, dev)
+    set_matmul_precision(precision, dev)
+    torch.manual_seed(seed)
+    amp, per_batch, raw_runs = autocast_dtype(precision), [], []
+    net = w.build(cfg).to(dev).eval()
+    if amp is not None:
+        net = net.to(amp)  # reduced-precision weights: see the module docstring
+    with torch.inference_mode():
+        for b in batch_sizes:
+            gens = _measure_batch(w, cfg, net, b, output_len, dev, amp, warmup, iters, seed)
+            per_batch.append(llm_figures(b, prompt_len, output_len, [g.prefill_s for g in gens],
+                                         [g.decode_step_s for g in gens]))
+            raw_runs.append({"batch_size": b, "prefill_s": [g.prefill_s for g in gens],
+                             "decode_step_s": [g.decode_step_s for g in gens],
+                             "first_row_tokens": gens[-1].tokens[0].tolist()})
+    metrics = {**collect(batch_sizes, per_batch), "prompt_len": prompt_len, "output_len": output_len,
+               "iters": iters}
+    raw = {"by_batch": raw_runs, "decode": "greedy (argmax) tokens, one per row per step, DynamicCache",
+           "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
+           "model_config": cfg.model_config, "precision": precision, "device": str(dev)}
+    return metrics, dict(UNITS), raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
+
+
+def _warnings(batch_sizes: Sequence[int], cvs: Sequence[float], iters: int) -> list[str]:
+    """No CI with one generation; decode times that vary more than training's stability criterion."""
+    from dlscale.harness.metrics import CV_WARN
+
+    out = [NO_CI] if iters < 2 else []
+    noisy = [f"{b} ({cv:.1%})" for b, cv in zip(batch_sizes, cvs) if cv > CV_WARN]
+    if noisy:
+        out.append(f"decode time varies between generations above the {CV_WARN:.0%} stability criterion at batch "
+                   f"{', '.join(noisy)}: the figures are noisy; use more --iters, more --warmup or a quieter machine")
+    return out

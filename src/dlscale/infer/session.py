@@ -1,0 +1,259 @@
+"""A model ready for inference: one device, one runtime, one precision (the contract LoadGen and LLM use).
+
+What one forward is, per family (what ``dlscale infer`` measures):
+
+- classification: ``model(x)`` on a stacked NCHW batch (channels_last on CPU, as training).
+- detection: ``model(images)`` in eval mode on a list of images: the model's own transform,
+  backbone, heads and box post-processing (NMS), returning detections.
+- translation: one teacher-forced forward ``model(src, tgt_in, src_pad, tgt_pad)`` of sentences of
+  ``seq_len`` source and target tokens (scoring, not autoregressive decoding); units are target tokens.
+- recommendation: ``model(inputs)`` on a batch of user/item ids (NCF) or dense features and bags (DLRM).
+- llm: ``model(ids)`` over ``seq_len`` tokens per row (one prefill, no KV cache kept); units are
+  tokens. Decoding with a KV cache is ``dlscale.infer.llm``.
+
+A sample is one row of the workload's own synthetic batch (``make_batch`` at batch 1), seeded by
+(seed, index), so every runtime and precision sees the same inputs. ``run`` stacks samples into a
+batch on the device and returns when the outputs are ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from dlscale.errors import UsageError
+
+
+class Family:
+    """How one family's samples are made, stacked and fed to the model."""
+
+    def __init__(self, workload: Any, cfg: Any) -> None:
+        self.w, self.cfg = workload, cfg
+        self.seq_len = cfg.seq_len
+
+    def sample(self, index: int, seed: int) -> Any:
+        inputs, _ = self.w.make_batch(self.cfg.train_config(batch_size=1), "cpu", seed=mix(seed, index))
+        if isinstance(inputs, list):  # detection: a list of one image
+            return inputs[0]
+        if isinstance(inputs, tuple):
+            return tuple(t[0] for t in inputs)
+        return inputs[0]
+
+    def collate(self, samples: list[Any], device: Any, channels_last: bool) -> Any:
+        import torch
+
+        if self.w.family == "detection":
+            return [s.to(device) for s in samples]
+        if isinstance(samples[0], tuple):
+            return tuple(torch.stack([s[i] for s in samples]).to(device) for i in range(len(samples[0])))
+        x = torch.stack(samples).to(device)
+        return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+    def args(self, inputs: Any) -> tuple[Any, ...]:
+        """A collated batch as a flat tuple of tensors (a detection batch: its one list)."""
+        return tuple(inputs) if isinstance(inputs, tuple) else (inputs,)
+
+    def call(self, model: Any, args: tuple[Any, ...]) -> Any:
+        """The forward on flat args: a model that takes one tuple (DLRM's dense and ids) gets it packed."""
+        return model(args) if len(args) > 1 else model(*args)
+
+    def units(self, batch_size: int) -> int:
+        """Sample units in a batch (the throughput numerator): images or samples; tokens for token families."""
+        return batch_size * self.seq_len if self.w.family == "llm" else batch_size
+
+
+class Translation(Family):
+    """Sentence pairs of exactly seq_len tokens each (no padding): target tokens = batch * seq_len."""
+
+    def sample(self, index: int, seed: int) -> Any:
+        import torch
+
+        from dlscale.workloads.translation import BOS
+
+        g = torch.Generator().manual_seed(mix(seed, index))
+        vocab = self.w.dims.vocab
+        src = torch.randint(BOS + 1, vocab, (self.seq_len,), generator=g)
+        tgt = torch.randint(BOS + 1, vocab, (self.seq_len,), generator=g)
+        tgt_in = torch.cat([torch.tensor([BOS]), tgt[:-1]])
+        no_pad = torch.zeros(self.seq_len, dtype=torch.bool)
+        return (src, tgt_in, no_pad, no_pad.clone())
+
+    def call(self, model: Any, args: tuple[Any, ...]) -> Any:
+        return model(*args)
+
+    def units(self, batch_size: int) -> int:
+        return batch_size * self.seq_len
+
+
+def mix(seed: int, index: int) -> int:
+    """A per-sample seed from (seed, index): distinct for every pair a run uses."""
+    return (seed * 1_000_003 + index) % (1 << 62)
+
+
+class Session:
+    """A model ready for inference on one device with one runtime and precision."""
+
+    def __init__(self, cfg: Any, device: Any, family: Family, forward: Any, info: dict[str, Any]) -> None:
+        self.cfg, self.device, self.family = cfg, device, family
+        self.model: str = cfg.model
+        self.sample_unit: str = family.w.sample_unit
+        self.runtime: str = cfg.runtime
+        self.precision: str = cfg.precision
+        self._forward = forward
+        self._info = info
+        self._samples: dict[int, Any] = {}
+
+    def sample(self, index: int) -> Any:
+        """One sample's input, deterministic from (seed, index), on the host (cached)."""
+        if index not in self._samples:
+            self._samples[index] = self.family.sample(index, self.cfg.seed)
+        return self._samples[index]
+
+    def collate(self, samples: list[Any]) -> Any:
+        """A batch of these samples, stacked on the device (or host arrays for onnxruntime)."""
+        if self.runtime != "torch":  # onnxruntime reads contiguous host arrays
+            return self.family.collate(samples, "cpu", False)
+        return self.family.collate(samples, self.device, bool(self.cfg.channels_last))
+
+    def forward(self, batch: Any) -> Any:
+        """One forward of a collated batch; on CUDA it may return before the kernels finish."""
+        return self._forward(batch)
+
+    def run(self, samples: list[Any]) -> Any:
+        """One forward of a batch made of these samples; returns when the outputs are ready."""
+        out = self.forward(self.collate(samples))
+        self.synchronize()
+        return out
+
+    def synchronize(self) -> None:
+        if self.runtime == "torch":
+            from dlscale.harness.device import synchronize
+
+            synchronize(self.device)
+
+    def units(self, batch_size: int) -> int:
+        return self.family.units(batch_size)
+
+    def describe(self) -> dict[str, Any]:
+        """Runtime name and version, precision, device, compile, what one forward is."""
+        return dict(self._info)
+
+
+def open_session(cfg: Any, device: Any) -> Session:
+    """Build the model of a resolved InferConfig on ``device`` and make it ready for ``run``."""
+    import torch
+
+    from dlscale import workloads
+    from dlscale.harness import device as dev
+
+    w = workloads.get(cfg.model)
+    family = (Translation if w.family == "translation" else Family)(w, cfg)
+    torch.manual_seed(cfg.seed)
+    model = w.build(cfg.train_config()).eval()
+    info = {"runtime": cfg.runtime, "precision": cfg.precision, "device": str(device),
+            "device_name": dev.device_name(device), "compile": cfg.compile, "family": w.family,
+            "sample_unit": w.sample_unit, "forward": FORWARD_WORDS[w.family]}
+    if cfg.runtime == "onnxruntime":
+        forward = _onnx_forward(model, family, cfg, device, info)
+    else:
+        if cfg.precision in ("bf16", "fp16"):
+            dev.check_precision(cfg.precision, device)
+        forward = _torch_forward(model, family, cfg, device, info)
+    return Session(cfg, device, family, forward, info)
+
+
+FORWARD_WORDS = {
+    "classification": "model(images): logits of a stacked NCHW batch",
+    "detection": "model(list of images) in eval mode: transform, backbone, heads and box post-processing",
+    "translation": "model(src, tgt_in, masks): one teacher-forced forward of seq_len-token sentence pairs",
+    "recommendation": "model(inputs): click/interaction logits of a batch of samples",
+    "llm": "model(ids): one forward (prefill) over seq_len tokens per row, no KV cache kept",
+}
+
+
+def Flat(model: Any, family: Family) -> Any:
+    """``model`` as a module of flat tensor arguments (what torch.export and the ONNX exporter trace)."""
+    import torch
+
+    class _Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args: Any) -> Any:
+            out = family.call(self.inner, args)
+            return out.logits if hasattr(out, "logits") else out  # transformers' output: its logits tensor
+
+    return _Flat().eval()
+
+
+def _calibration(family: Family, cfg: Any, batch: int, count: int) -> list[tuple[Any, ...]]:
+    """``count`` synthetic batches of ``batch`` samples (indices past those the sweep uses)."""
+    base = 1 << 20
+    return [family.args(family.collate([family.sample(base + k * batch + i, cfg.seed) for i in range(batch)],
+                                       "cpu", False)) for k in range(count)]
+
+
+def _torch_forward(model: Any, family: Family, cfg: Any, device: Any, info: dict[str, Any]) -> Any:
+    """A forward under inference_mode (and autocast for bf16/fp16); int8 through PT2E; --compile."""
+    import torch
+
+    from dlscale.harness.device import autocast_dtype
+
+    info["runtime_version"] = f"torch {torch.__version__}"
+    if cfg.precision == "int8":
+        from dlscale.infer import quant
+
+        calib = _calibration(family, cfg, 4, quant.CALIBRATION_BATCHES)
+        model = quant.quantize_int8(Flat(model, family), calib[0], calib)
+        info.update(compile=True, quantization=f"PT2E X86InductorQuantizer, static int8, "
+                    f"{quant.CALIBRATION_BATCHES} calibration batches of 4 ({quant.version()}), torch.compile")
+    else:
+        model = model.to(device)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if cfg.compile:
+            model = torch.compile(model)
+    dtype = autocast_dtype(cfg.precision)
+    call = (lambda m, args: m(*args)) if cfg.precision == "int8" else family.call  # int8: the Flat wrapper
+
+    def forward(batch: Any) -> Any:
+        with torch.inference_mode():
+            ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            with ctx:
+                return call(model, family.args(batch))
+
+    return forward
+
+
+def _onnx_forward(model: Any, family: Family, cfg: Any, device: Any, info: dict[str, Any]) -> Any:
+    """Export to ONNX (a temp file) and run it with onnxruntime's CUDA or CPU execution provider."""
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+    import torch
+
+    from dlscale.infer.quant import dynamic_batch
+
+    example = family.args(family.collate([family.sample(i, cfg.seed) for i in range(2)], "cpu", False))
+    names = [f"input{i}" for i in range(len(example))]
+    with tempfile.TemporaryDirectory(prefix="dlscale-onnx-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        with contextlib.redirect_stdout(sys.stderr):  # the exporter prints progress; stdout is for data
+            torch.onnx.export(Flat(model, family), example, path, input_names=names, dynamic_shapes=dynamic_batch(example),
+                              dynamo=True, verbose=False)
+        wanted = "CUDAExecutionProvider" if device.type == "cuda" else "CPUExecutionProvider"
+        if wanted not in ort.get_available_providers():
+            raise UsageError(f"--runtime onnxruntime: this onnxruntime has no {wanted} (it has "
+                             f"{', '.join(ort.get_available_providers())}); use --device cpu or install onnxruntime-gpu")
+        sess = ort.InferenceSession(path, providers=[wanted])
+    info.update(runtime_version=f"onnxruntime {ort.__version__}", provider=wanted,
+                exporter=f"torch.onnx.export(dynamo=True), torch {torch.__version__}")
+
+    def forward(batch: Any) -> Any:
+        args = family.args(batch)
+        return sess.run(None, {n: a.numpy() for n, a in zip(names, args)})
+
+    return forward

@@ -1,0 +1,294 @@
+"""``dlscale tune MODEL`` end to end: what to search on this device, the trials, the ``tune`` record.
+
+``plan`` decides the starting configuration (what ``dlscale train MODEL`` runs by default, with
+the shape options given), the candidates of each knob the device supports, and the knobs the
+configuration cannot express yet ("not searched: needs X"). Each trial is a real short test run
+as ``dlscale train`` in its own process, exactly as a sweep point (``sweep.run.run_point``): its
+peak memory (process peak RSS on CPU) is its own, its intra-op threads are set by
+``--threads-per-rank``, an out-of-memory kill does not take the search down, and its record
+carries the trial's key (``raw.sweep_point``), so ``--resume`` finds it. The search, the best
+configuration's YAML and the ablation table go into one record of kind ``tune`` that lists its
+trials' run ids. No torch at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import UsageError
+from dlscale.record import RunRecord
+from dlscale.tune.search import KNOBS, Outcome, Search, TrialRunner
+
+SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "data", "optimizer")
+TRIAL_ONLY = ("steps", "warmup_steps", "breakdown_steps", "monitor_interval", "tag", "device")
+BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+ALWAYS_NOT_SEARCHED = (
+    "torch.compile modes max-autotune / reduce-overhead (CUDA graphs): needs a compile-mode field in TrainConfig "
+    "(compile is on or off)",
+    "fused / foreach optimizer: needs an optimizer-implementation field in TrainConfig",
+    "DDP bucket size, gradient_as_bucket_view, static_graph: needs TrainConfig DDP fields and a multi-rank tune "
+    "(trials run one process)",
+    "CPU affinity / NUMA binding per rank: needs an affinity field in Layout",
+)
+
+
+def parse_fix(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``--fix knob=value`` (repeatable) as typed values; an unknown knob or bad value is a UsageError."""
+    out: dict[str, Any] = {}
+    for item in items:
+        knob, sep, text = item.partition("=")
+        knob = knob.strip().replace("-", "_")
+        if not sep or knob not in KNOBS:
+            raise UsageError(f"--fix {item!r}: give KNOB=VALUE with KNOB one of {', '.join(KNOBS)}")
+        text = text.strip()
+        if knob in ("channels_last", "compile"):
+            if text.lower() not in BOOL_WORDS:
+                raise UsageError(f"--fix {item!r}: {knob} takes true or false")
+            out[knob] = BOOL_WORDS[text.lower()]
+        elif knob == "precision":
+            out[knob] = text
+        elif text.isdigit() and int(text) > 0:
+            out[knob] = int(text)
+        else:
+            raise UsageError(f"--fix {item!r}: {knob} takes a whole number > 0")
+    return out
+
+
+def parse_memory(text: str | None, total: int | None) -> int | None:
+    """``--max-memory``: bytes with K/M/G/T (binary), or a percentage of the machine's memory."""
+    if text is None:
+        return None
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if t.endswith("%"):
+            if not total:
+                raise ValueError
+            value = float(t[:-1]) / 100 * total
+        else:
+            mult = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(t[-1:], 1)
+            value = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise UsageError(f"--max-memory {text!r}: give bytes like 16G or 12000M, or a share like 80%") from None
+    if value <= 0:
+        raise UsageError(f"--max-memory must be > 0, got {text!r}")
+    return int(value)
+
+
+def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, list[Any]], list[str]]:
+    """The candidate values of each knob this device and model can take, and what is left out (with why)."""
+    import torch
+
+    cands: dict[str, list[Any]] = {"batch_size": [], "compile": [False, True]}
+    left = list(ALWAYS_NOT_SEARCHED)
+    if device_type == "cuda":
+        major, _ = torch.cuda.get_device_capability()
+        cands["precision"] = ["fp32"] + (["tf32"] if major >= 8 else []) + \
+            (["bf16"] if torch.cuda.is_bf16_supported() else []) + ["fp16"]
+    else:
+        from dlscale.system import cpu_info
+
+        isa = cpu_info().get("isa") or {}
+        bf16 = bool(isa.get("avx512_bf16") or isa.get("amx_bf16"))
+        cands["precision"] = ["fp32", "bf16"] if bf16 else ["fp32"]
+        if not bf16:
+            left.append("precision bf16: this CPU has neither AVX512-BF16 nor AMX (bf16 would be emulated)")
+        n = os.cpu_count() or 1
+        cands["threads_per_rank"] = sorted({n, max(1, n // 2), torch.get_num_threads()})
+    if images:
+        cands["channels_last"] = [True, False]
+    else:
+        left.append("memory format: only image models have one")
+    if data:
+        n = os.cpu_count() or 1
+        cands["workers"] = sorted({0, max(1, n // 2), n})
+        left.append("pinned memory, prefetch factor: needs data-loader fields in TrainConfig")
+    else:
+        left.append("data-loader workers, pinned memory, prefetch: only with --data (synthetic batches stay on the device)")
+    return cands, left
+
+
+def plan(model: str, options: dict[str, Any], fixed: dict[str, Any], device_type: str, trial: dict[str, Any]
+         ) -> tuple[dict[str, Any], dict[str, list[Any]], list[str]]:
+    """The starting trial options, each knob's candidates, and what is not searched."""
+    import torch
+
+    from dlscale import workloads
+    from dlscale.harness.device import default_channels_last
+
+    w = workloads.get(model)
+    cands, left = device_knobs(device_type, w.images_in, options.get("data") is not None)
+    if "precision" in fixed and fixed["precision"] not in cands["precision"]:
+        raise UsageError(f"--fix precision={fixed['precision']}: this device runs {', '.join(cands['precision'])}")
+    start: dict[str, Any] = {"model": model, "batch_size": options.get("batch_size") or 32,
+                             **{k: options[k] for k in SHAPE_KEYS if options.get(k) is not None},
+                             "precision": "fp32", "compile": False}
+    if w.images_in:
+        start["channels_last"] = default_channels_last(device_type, "fp32")
+    if device_type == "cpu":
+        start["threads_per_rank"] = torch.get_num_threads()
+    start.update({k: v for k, v in fixed.items() if k in cands or k == "batch_size"})
+    for k in fixed:
+        if k not in cands and k != "batch_size":
+            raise UsageError(f"--fix {k}: not a knob of this model and device; searched: {', '.join(cands)}")
+    from dlscale.config import TrainConfig
+
+    TrainConfig(**{k: v for k, v in start.items() if k != "threads_per_rank"})  # bad model options fail here
+    return {**start, **trial}, cands, left
+
+
+def subprocess_runner(store: Any, name: str, max_memory: int | None = None) -> TrialRunner:
+    """Each trial as ``dlscale train`` in its own process, recorded like a sweep point (key in raw.sweep_point).
+    With ``max_memory``, a trial whose resident memory passes it is killed at once (``MemoryWatch``)."""
+    from dlscale.sweep.fields import to_argv
+    from dlscale.sweep.run import run_point
+    from dlscale.sweep.spec import Point
+
+    counter = iter(range(10**9))
+
+    def run(options: dict[str, Any], key: str, timeout_s: float) -> RunRecord:
+        point = Point(next(counter), "train", options, timeout_s, key, tuple(to_argv("train", options)))
+        with MemoryWatch(max_memory):
+            res = run_point(point, store, name)
+        return store.get(res.run_id)
+
+    return run
+
+
+class MemoryWatch:
+    """While open, SIGKILL any child process of this one whose resident set passes ``limit`` bytes
+    (checked every ``every_s``): a batch too large for the machine is stopped before the kernel's
+    OOM killer picks a process of its own. The trial then fails as killed by SIGKILL (out of memory)."""
+
+    def __init__(self, limit: int | None, every_s: float = 0.2) -> None:
+        import threading
+
+        self.limit, self.every_s, self.stop, self.thread = limit, every_s, threading.Event(), None
+        self.killed: list[int] = []
+
+    def __enter__(self) -> "MemoryWatch":
+        import threading
+
+        if self.limit and Path("/proc").is_dir():
+            self.thread = threading.Thread(target=self._watch, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _watch(self) -> None:
+        import signal
+
+        me, page = os.getpid(), os.sysconf("SC_PAGE_SIZE")
+        while not self.stop.wait(self.every_s):
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    fields = stat.read_text().rsplit(")", 1)[1].split()
+                    if int(fields[1]) == me and int(fields[21]) * page > self.limit:  # ppid, rss pages
+                        pid = int(stat.parent.name)
+                        os.kill(pid, signal.SIGKILL)
+                        self.killed.append(pid)
+                except (OSError, ValueError, IndexError):
+                    continue
+
+
+def finished_trials(store: Any, tag: str) -> dict[str, RunRecord]:
+    """Trial key -> the newest record of it under ``tag``: finished runs and out-of-memory failures
+    (other failures, e.g. a timeout, run again)."""
+    from dlscale.tune.search import is_oom
+
+    done: dict[str, RunRecord] = {}
+    for rec in store.query(kind="train", tag=tag, newest_first=False):
+        key = rec.raw.get("sweep_point") or ""
+        if key.startswith("tune-") and (rec.status == "ok" or is_oom(rec.error)):
+            done[key] = rec
+    return done
+
+
+def best_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """The best trial's options as a config file (``dlscale train --config``): the trial-only ones left out."""
+    return {k: v for k, v in settings.items() if k not in TRIAL_ONLY and v is not None}
+
+
+def search_body(search: Search, output: str | None, model: str, not_searched: list[str]) -> Callable[[Any], Any]:
+    """The ``tune`` record's body: run the search, write the YAML, return the figures."""
+    from dlscale.harness.runner import Outcome as RunOutcome
+    from dlscale.tune import configfile
+
+    def body(_rec: Any) -> RunOutcome:
+        out: Outcome = search.run()
+        out.not_searched = list(not_searched) + [f"{s.knob}: budget spent" for s in out.steps
+                                                 if s.note == "budget spent"]
+        best = best_config(out.best.settings)
+        path = Path(output or f"tune-{model}.yaml")
+        configfile.dump(best, path, header=f"dlscale tune {model}: {out.gain:.2f}x the default short test's "
+                                           f"throughput\nuse: dlscale train {model} --config {path}")
+        unit = search.unit
+        metrics = {"throughput_start": out.start.throughput, "throughput_best": out.best.throughput,
+                   "throughput_best_ci95": list(out.best.to_dict()["ci"]), "gain": out.gain,
+                   "trials_run": sum(1 for t in out.trials if not t.reused),
+                   "trials_reused": sum(1 for t in out.trials if t.reused), "budget_spent": out.budget_spent}
+        units = {"throughput_start": unit, "throughput_best": unit, "throughput_best_ci95": unit, "gain": "ratio",
+                 "trials_run": "trials", "trials_reused": "trials"}
+        raw = {"ablation": [s.to_dict() for s in out.steps], "trials": [t.to_dict() for t in out.trials],
+               "trial_run_ids": [t.run_id for t in out.trials if t.run_id], "best_config": best,
+               "config_file": str(path.resolve()), "not_searched": out.not_searched}
+        return RunOutcome(metrics=metrics, units=units, raw=raw)
+
+    return body
+
+
+def tune(model: str, *, db: str | None = None, budget_s: float | None = None, resume: bool = False,
+         fix: dict[str, Any] | None = None, max_memory: str | None = None, steps: int = 10, warmup_steps: int = 3,
+         max_batch: int = 1024, output: str | None = None, tag: str | None = None, device: str = "auto",
+         runner: TrialRunner | None = None, clock: Callable[[], float] | None = None, **options: Any) -> RunRecord:
+    """Search the knobs of ``model``'s short test; the ``tune`` record (raw: ablation, trials, best config)."""
+    from dlscale.harness.runner import execute
+    from dlscale.store import Store
+    from dlscale.system import collect_cached
+
+    if budget_s is not None and budget_s <= 0:
+        raise UsageError(f"--budget must be > 0 seconds, got {budget_s}")
+    if steps < 2:
+        raise UsageError(f"--steps must be >= 2 (a trial needs a confidence interval), got {steps}")
+    device_type = _device_type(device)
+    system = collect_cached()
+    limit = parse_memory(max_memory or ("80%" if device_type == "cpu" else None), _total_memory())
+    tag = tag or f"tune-{model}"
+    trial = {"steps": steps, "warmup_steps": warmup_steps, "breakdown_steps": 0, "monitor_interval": 0.0,
+             "device": device_type, "tag": tag}
+    start, cands, left = plan(model, options, fix or {}, device_type, trial)
+    config = {"model": model, "start": {k: v for k, v in start.items() if k != "tag"}, "fix": fix or {},
+              "budget_s": budget_s, "max_memory_bytes": limit, "max_batch": max_batch, "resume": resume,
+              "candidates": cands}
+    with Store.open(db) as store:
+        search = Search(start, cands, runner or subprocess_runner(store, f"tune:{model}", limit), clock or time.monotonic,
+                        budget_s, limit, max_batch, done=finished_trials(store, tag) if resume else {},
+                        fixed=fix or {}, unit=_unit(model))
+        return execute(kind="tune", workload=model, config=config, tag=tag, store=store, system=system,
+                       body=search_body(search, output, model, left))
+
+
+def _device_type(device: str) -> str:
+    from dlscale.harness.device import select_device
+
+    return select_device(device).type
+
+
+def _unit(model: str) -> str:
+    from dlscale import workloads
+
+    return f"{workloads.get(model).sample_unit}/s"
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None

@@ -1,0 +1,242 @@
+"""MLPerf LoadGen scenarios through the real mlperf_loadgen library, over sessions of known speed.
+
+The fake session sleeps a fixed time per batch, so each scenario's figure can be worked out by
+hand: single-stream p90 ~ the sleep; a multi-stream query of 8 samples at batch 4 = 2 sleeps;
+offline = batch / sleep samples/s; a server below capacity meets its bound and one far above it
+does not. A sleep is a floor, so one side of each check is tight (a latency is at least the sleeps
+of its batches, a rate at most batch / sleep); the other side is loose because other work on this
+2-core machine delays wake-ups by up to a scheduler slice (~20 ms measured with two busy processes).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.errors import RunFailure, UsageError
+from dlscale.infer.loadgen import (SCENARIOS, ScenarioSettings, bisect_peak, parse_summary, run_scenario)
+
+
+class SleepSession:
+    """The Session contract with a forward that sleeps ``per_batch_s`` whatever the batch size."""
+
+    model, sample_unit, runtime, precision = "fake", "images", "torch", "fp32"
+
+    def __init__(self, per_batch_s: float):
+        self.per_batch_s, self.sizes, self.loaded = per_batch_s, [], set()
+
+    def sample(self, index: int) -> int:
+        self.loaded.add(index)
+        return index
+
+    def run(self, samples: list) -> list:
+        time.sleep(self.per_batch_s)
+        self.sizes.append(len(samples))
+        return samples
+
+    def describe(self) -> dict:
+        return {"runtime": "fake"}
+
+
+def run(scenario: str, session: SleepSession, tmp_path: Path, **kw) -> object:
+    kw.setdefault("duration_s", 1.0)
+    return run_scenario(session, ScenarioSettings(scenario, log_dir=str(tmp_path / scenario), **kw))
+
+
+def check_common(r, name: str, unit: str) -> None:
+    assert r.metrics["scenario_metric_name"] == name
+    assert r.units["scenario_metric"] == unit
+    assert "Result is : " in r.summary and ":::MLLOG" in r.detail
+    assert r.metrics["result"] in ("VALID", "INVALID") and r.valid == (r.metrics["result"] == "VALID")
+    assert r.units["latency_p50"] == "s" and r.metrics["latency_p50"] <= r.metrics["latency_p99"]
+
+
+def test_single_stream_p90_is_the_per_sample_time(tmp_path):
+    s = SleepSession(0.005)
+    r = run("single-stream", s, tmp_path)
+    check_common(r, "latency_p90", "s")
+    assert 0.005 <= r.metrics["scenario_metric"] < 0.005 * 4 + 0.02
+    assert r.metrics["scenario_metric"] == r.metrics["latency_p90"]
+    assert set(s.sizes) == {1}
+    assert r.metrics["query_count"] >= 64  # 1 s at ~5 ms a query, and the short minimum of 64 queries
+    assert r.metrics["min_duration_met"] and r.metrics["min_queries_met"]
+    assert r.valid, r.warnings  # ~190 queries satisfy early stopping for the 90th percentile
+    assert (tmp_path / "single-stream" / "mlperf_log_summary.txt").exists()
+
+
+def test_multi_stream_query_of_8_at_batch_4_takes_two_batches(tmp_path):
+    s = SleepSession(0.003)
+    r = run("multi-stream", s, tmp_path, max_batch=4, latency_bound_s=0.01)
+    check_common(r, "latency_p99", "s")
+    assert r.metrics["samples_per_query"] == 8
+    assert set(s.sizes) == {4} and r.metrics["sut_mean_batch"] == 4.0
+    assert 2 * 0.003 <= r.metrics["latency_p50"] < 2 * 0.003 * 4 + 0.02
+    assert r.metrics["scenario_metric"] >= r.metrics["latency_p50"]
+    assert any("2 batches of up to 4" in w for w in r.warnings)
+    assert any("latency bound applies to the server scenario only" in w for w in r.warnings)
+    if not r.valid:  # ~150 queries in 1 s: LoadGen's early stopping wants 662 for the 99th percentile
+        assert any("early stopping" in w.lower() for w in r.warnings)
+
+
+def test_offline_throughput_is_batch_over_batch_time(tmp_path):
+    s = SleepSession(0.01)
+    r = run("offline", s, tmp_path, max_batch=8)
+    check_common(r, "samples_per_s", "images/s")
+    expected = 8 / 0.01  # 800 images/s
+    assert 0.4 * expected < r.metrics["scenario_metric"] <= expected * 1.02
+    assert r.metrics["query_count"] == 1 and r.metrics["sut_mean_batch"] > 7
+    assert r.metrics["min_duration_met"], r.warnings  # the probed expected QPS made the one query last 1 s
+
+
+def test_server_below_capacity_meets_its_bound(tmp_path):
+    s = SleepSession(0.002)  # capacity >= 500 queries/s even at batch 1
+    r = run("server", s, tmp_path, max_batch=4, target_qps=250, latency_bound_s=0.05, query_count=470)
+    check_common(r, "scheduled_samples_per_s", "images/s")
+    assert r.metrics["latency_bound_met"] and r.metrics["latency_bound_s"] == 0.05
+    assert r.metrics["target_qps"] == 250
+    assert 0.8 * 250 < r.metrics["scenario_metric"] < 1.2 * 250
+    assert r.metrics["latency_p99"] < 0.05
+    # 470 queries, none over the bound, are enough for early stopping; a wake-up delay of 50 ms
+    # on a machine loaded by other work would leave one over it, and LoadGen would then want more
+    assert r.valid or r.metrics["overlatency_query_count"] > 0, r.warnings
+
+
+def test_overloaded_server_is_invalid(tmp_path):
+    s = SleepSession(0.02)  # at most 4 / 0.02 = 200 queries/s; LoadGen sends 1000 a second
+    r = run("server", s, tmp_path, max_batch=4, target_qps=1000, latency_bound_s=0.05, duration_s=0.3)
+    assert not r.valid and r.metrics["latency_bound_met"] is False
+    assert r.metrics["latency_p99"] > 0.05
+    assert r.metrics["scenario_metric"] is None and r.metrics["scheduled_samples_per_s"] > 500
+    assert any("Performance constraints satisfied : NO" in w for w in r.warnings)
+    assert r.metrics["sut_mean_batch"] > 3  # the worker batches what queued while it ran
+
+
+def test_find_peak_lands_near_capacity(tmp_path):
+    s = SleepSession(0.02)  # capacity 200 queries/s at batch 4
+    r = run("server", s, tmp_path, max_batch=4, find_peak=True, latency_bound_s=0.1, duration_s=0.5, target_qps=50)
+    assert r.metrics["find_peak_method"] == "loadgen-find-peak" and r.metrics["find_peak_start_qps"] == 50
+    assert r.metrics["find_peak_runs"] >= 4  # LoadGen doubled 50 -> 100 -> 200 -> 400, then bisected
+    assert r.metrics["scenario_metric_name"] == "peak_qps" and r.units["scenario_metric"] == "queries/s"
+    # short runs absorb a burst within the 100 ms bound, so the peak may sit a little above capacity
+    assert 100 < r.metrics["peak_qps"] < 300
+    assert r.metrics["latency_bound_met"]
+
+
+def test_find_peak_bisects_when_loadgen_start_fails(tmp_path):
+    s = SleepSession(0.02)
+    r = run("server", s, tmp_path, max_batch=4, find_peak=True, latency_bound_s=0.1, duration_s=0.4,
+            target_qps=1000)
+    assert r.metrics["find_peak_method"] == "bisection"
+    assert 100 < r.metrics["peak_qps"] < 300 and r.metrics["latency_bound_met"]
+
+
+def test_bisect_peak_finds_a_threshold():
+    calls = []
+
+    def passes(q: float) -> bool:
+        calls.append(q)
+        return q <= 137.0
+
+    peak, tried = bisect_peak(passes, 500.0, hi=1000.0, rel_tol=0.01, max_runs=20)
+    assert 137.0 * 0.99 <= peak <= 137.0
+    assert tried[:3] == [(500.0, False), (250.0, False), (125.0, True)]
+    assert all(ok == (q <= 137.0) for q, ok in tried)
+    assert bisect_peak(lambda q: False, 10.0, hi=20.0, max_runs=3) == (None, [(10.0, False), (5.0, False),
+                                                                               (2.5, False)])
+
+
+def test_summary_parse_converts_ns_to_seconds():
+    text = ("Scenario : SingleStream\n90.0th percentile latency (ns) : 5574470\nResult is : INVALID\n"
+            "  Min duration satisfied : NO\n  Min queries satisfied : Yes\n  Early stopping satisfied: Yes\n"
+            "Recommendations:\n * Decrease the expected latency so the loadgen pre-generates more queries.\n"
+            "Early Stopping Result:\n * Processed at least 64 queries (70).\n"
+            "=====\nAdditional Stats\n=====\nQPS w/ loadgen overhead         : 186.42\n"
+            "Min latency (ns)                : 5063498\n99.90 percentile latency (ns)   : 8708862\n"
+            " * Early stopping 90.0th percentile estimate: 7045804\n")
+    m, u, w = parse_summary(text, "single-stream", "images")
+    assert m["scenario_metric"] == m["latency_p90"] == 0.00557447 and u["scenario_metric"] == "s"
+    assert m["latency_min"] == 0.005063498 and m["latency_p99_9"] == 0.008708862
+    assert m["early_stopping_latency_p90"] == 0.007045804
+    assert m["qps_with_loadgen_overhead"] == 186.42 and u["qps_with_loadgen_overhead"] == "queries/s"
+    assert m["valid"] is False and m["min_duration_met"] is False and m["min_queries_met"] is True
+    assert w == ["LoadGen: Min duration satisfied : NO",
+                 "LoadGen recommends: Decrease the expected latency so the loadgen pre-generates more queries."]
+
+
+def test_session_failure_is_a_run_failure(tmp_path):
+    with pytest.raises(RunFailure, match="planted failure"):
+        run("single-stream", _FailAfterProbe(), tmp_path, duration_s=0.2)
+
+
+class _FailAfterProbe(SleepSession):
+    """Passes the settings probe (4 runs), then fails inside the LoadGen run."""
+
+    def __init__(self):
+        super().__init__(0.001)
+
+    def run(self, samples: list) -> list:
+        if len(self.sizes) >= 4:
+            raise ValueError("planted failure")
+        return super().run(samples)
+
+
+def test_temporary_log_dir_is_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    s = SleepSession(0.001)
+    r = run_scenario(s, ScenarioSettings("single-stream", duration_s=0.2, query_count=10))
+    assert "Result is" in r.summary
+    assert list(tmp_path.iterdir()) == []
+    assert s.loaded >= set(range(64))  # LoadGen loaded its 64-sample library through the QSL
+
+
+@pytest.mark.parametrize("kw, option", [
+    ({"scenario": "batch"}, "--scenario"),
+    ({"scenario": "server", "latency_bound_s": 0.0}, "--latency-bound"),
+    ({"scenario": "server", "latency_bound_s": -1.0}, "--latency-bound"),
+    ({"scenario": "offline", "max_batch": 0}, "--batch-sizes"),
+    ({"scenario": "offline", "find_peak": True}, "--find-peak"),
+    ({"scenario": "server", "target_qps": 0.0}, "--target-qps"),
+])
+def test_bad_settings_are_usage_errors(kw, option):
+    with pytest.raises(UsageError) as e:
+        run_scenario(SleepSession(0.0), ScenarioSettings(**kw))
+    assert option in str(e.value) and "\n" not in str(e.value)
+
+
+def test_scenarios_are_loadgens_four():
+    assert SCENARIOS == ("single-stream", "multi-stream", "server", "offline")
+
+
+def test_real_tinycnn_session_runs_offline(tmp_path):
+    torch = pytest.importorskip("torch")
+    from dlscale.infer.config import InferConfig
+    from dlscale.infer.session import open_session
+
+    session = open_session(InferConfig(model="tinycnn"), torch.device("cpu"))
+    # a given target QPS sizes LoadGen's one query (110 samples): no probe, so a machine loaded by
+    # other work cannot make the query thousands of samples long
+    r = run_scenario(session, ScenarioSettings("offline", max_batch=8, duration_s=0.5, target_qps=200.0,
+                                               log_dir=str(tmp_path)))
+    check_common(r, "samples_per_s", "images/s")
+    assert r.metrics["scenario_metric"] > 0 and r.metrics["sut_mean_batch"] > 1
+    assert r.metrics["samples_per_query"] == 110 and r.metrics["target_qps"] == 200  # 200 x 0.5 s x LoadGen's 1.1
+
+
+def test_durations_short_by_default_official_when_asked():
+    import mlperf_loadgen as lg
+
+    from dlscale.infer.loadgen import SHORT_DURATION_S, _test_settings
+
+    s = SleepSession(0.001)
+    short = _test_settings(lg, s, ScenarioSettings("multi-stream"))
+    assert (short.min_duration_ms, short.min_query_count) == (int(SHORT_DURATION_S * 1000), 64)
+    official = _test_settings(lg, s, ScenarioSettings("multi-stream", mlperf_durations=True))
+    assert (official.min_duration_ms, official.min_query_count) == (600_000, 662)  # LoadGen's mlperf.conf
+    server = _test_settings(lg, s, ScenarioSettings("server", latency_bound_s=0.025, target_qps=40.0, duration_s=3))
+    assert (server.server_target_latency_ns, server.server_target_qps, server.min_duration_ms) == (25_000_000, 40.0,
+                                                                                                     3000)
+    assert _test_settings(lg, s, ScenarioSettings("server")).server_target_latency_ns == 100_000_000

@@ -1,0 +1,351 @@
+"""dlscale tune: the noise rule, the batch-size search, budget, --resume, --fix, the ablation table,
+the tune record, and the YAML that `dlscale train --config` reads back.
+
+The search runs on tinycnn against a fake device (``FakeDevice``): each trial's throughput, CI and
+peak memory are set by hand, so the expected decisions can be worked out on paper. One real short
+tune (subprocess trials) is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dlscale.errors import UsageError
+from dlscale.record import RunRecord
+from dlscale.store import Store
+from dlscale.tune import configfile
+from dlscale.tune.run import parse_fix, parse_memory
+from dlscale.tune.run import tune as run_tune
+from dlscale.tune.search import Result, Search, decide
+
+
+class FakeDevice:
+    """Trials without torch: throughput = base x the gain of each knob's value x a noise factor
+    per repeat; CI = throughput x (1 +- half); out of memory above ``oom_batch``; a fake clock
+    advancing ``trial_s`` per trial. Every trial is stored as a record, as the real runner does."""
+
+    def __init__(self, store, gains=None, noise=None, half=0.02, oom_batch=10**9, batch_curve=None, trial_s=10.0):
+        self.store, self.gains, self.noise, self.half = store, gains or {}, noise or {}, half
+        self.oom_batch, self.batch_curve, self.trial_s = oom_batch, batch_curve, trial_s
+        self.now, self.calls = 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def throughput(self, s: dict) -> float:
+        thr = 100.0
+        for (knob, value), g in self.gains.items():
+            if s.get(knob) == value:
+                thr *= g
+        if self.batch_curve:
+            thr *= self.batch_curve(s["batch_size"]) / self.batch_curve(32)
+        return thr
+
+    def __call__(self, options: dict, key: str, timeout_s: float) -> RunRecord:
+        self.now += self.trial_s
+        self.calls.append(dict(options))
+        rec = RunRecord(kind="train", workload=options["model"], config=dict(options), tag=options["tag"],
+                        raw={"sweep_point": key})
+        if options["batch_size"] > self.oom_batch:
+            rec.fail("out of memory: fake allocator; lower --batch-size or --image-size")
+        else:
+            repeat = sum(1 for c in self.calls if c == options) - 1
+            thr = self.throughput(options) * self.noise.get((key_knobs(options), repeat), 1.0)
+            rec.metrics = {"throughput": thr, "throughput_ci95": [thr * (1 - self.half), thr * (1 + self.half)],
+                           "peak_memory_bytes": options["batch_size"] * 10**6}
+            rec.units = {"throughput": "images/s"}
+        self.store.insert(rec)
+        return rec
+
+
+def key_knobs(s: dict) -> tuple:
+    return (s.get("precision"), s["batch_size"], s.get("channels_last"), s.get("compile"), s.get("threads_per_rank"))
+
+
+def tune_fake(tmp_path, dev, **kw):
+    kw.setdefault("max_batch", 32)  # no batch growth unless a test asks for it
+    return run_tune("tinycnn", db=str(tmp_path / "r.db"), device="cpu", runner=dev, clock=dev.clock,
+                    output=str(tmp_path / "best.yaml"), max_memory="64G", steps=5, **kw)
+
+
+def res(thr: float, lo: float, hi: float, key: str = "c") -> Result:
+    return Result(key, {}, "ok", thr, (lo, hi))
+
+
+# -- the noise rule --------------------------------------------------------------------------------
+
+def test_cis_apart_keep_without_a_repeat():
+    def no_repeat():
+        raise AssertionError("no repeat needed when the CIs do not overlap")
+
+    d = decide(res(100, 98, 102, "i"), res(150, 147, 153), no_repeat)
+    assert d.keep and d.gain == pytest.approx(1.5)
+
+
+def test_slower_or_clearly_below_is_rejected_without_a_repeat():
+    assert not decide(res(100, 98, 102, "i"), res(99, 90, 108), None).keep
+    assert not decide(res(100, 98, 102, "i"), res(80, 78, 82), None).keep
+
+
+def test_overlap_repeat_keeps_a_consistent_gain_and_drops_a_noisy_one():
+    inc, cand = res(100, 96, 104, "i"), res(105, 101, 109)
+    # repeat: 104 vs 100 -> ratios 1.05 and 1.04: mean 1.045, gain 0.045 > spread 0.01: kept
+    d = decide(inc, cand, lambda: (res(100, 96, 104), res(104, 100, 108)))
+    assert d.keep and d.gain == pytest.approx(1.045)
+    # repeat: 99 vs 100 -> 1.05 and 0.99: slower in one pair: within noise
+    assert not decide(inc, cand, lambda: (res(100, 96, 104), res(99, 95, 103))).keep
+    # repeat: 1.01 -> mean 1.03, gain 0.03 < spread 0.04: within noise
+    assert not decide(inc, cand, lambda: (res(100, 96, 104), res(101, 97, 105))).keep
+
+
+def test_an_unbounded_ci_overlaps_and_needs_a_repeat():
+    d = decide(res(100, 60, math.inf, "i"), res(200, 150, math.inf), lambda: (None, None))
+    assert not d.keep and "no repeat" in d.reason
+
+
+# -- the search on a fake device -------------------------------------------------------------------
+
+def test_clear_gain_kept_gain_inside_noise_not(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        # bf16 doubles (CIs +-2% apart); compile gives 1% (CIs overlap), and the repeat measures it 1% slower
+        dev = FakeDevice(store, gains={("precision", "bf16"): 2.0, ("compile", True): 1.01},
+                         noise={(("bf16", 32, True, True, dev_threads()), 1): 0.98})
+        rec = tune_fake(tmp_path, dev, fix={"threads_per_rank": dev_threads()})
+    rows = {r["knob"]: r for r in rec.raw["ablation"]}
+    if "bf16" in rec.config["candidates"]["precision"]:
+        assert rows["precision"]["kept"] and rows["precision"]["value"] == "bf16"
+        assert rows["precision"]["gain"] == pytest.approx(2.0)
+    assert not rows["compile"]["kept"] and rows["compile"]["value"] is False
+    assert "within noise" in rows["compile"]["note"]
+    assert rec.raw["best_config"]["compile"] is False
+
+
+def dev_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_cumulative_gain_is_the_product_of_the_steps(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("precision", "bf16"): 1.6, ("channels_last", False): 1.25,
+                                       ("compile", True): 1.5}, half=0.01)
+        rec = tune_fake(tmp_path, dev, fix={"precision": "bf16", "threads_per_rank": dev_threads()})
+    steps = rec.raw["ablation"]
+    product = 1.0
+    for s in steps:
+        product *= s["gain"]
+        assert s["cumulative"] == pytest.approx(product)
+    # precision fixed at bf16 (the start), then channels_last off 1.25x, compile 1.5x: 1.875x
+    assert [s["knob"] for s in steps if s["kept"] and s["knob"] != "start"] == ["channels_last", "compile"]
+    assert rec.metrics["gain"] == pytest.approx(1.25 * 1.5)
+    assert rec.metrics["throughput_best"] / rec.metrics["throughput_start"] == pytest.approx(1.875)
+
+
+def test_batch_search_grows_until_out_of_memory_then_bisects(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, oom_batch=200, batch_curve=lambda b: b / (b + 16), half=0.001)
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32", "channels_last": True, "compile": False,
+                                            "threads_per_rank": dev_threads()}, max_batch=1024)
+    row = next(r for r in rec.raw["ablation"] if r["knob"] == "batch_size")
+    # 32 fits; x2: 64, 128 fit, 256 out of memory; bisect (128, 256): 192 fits, 224 and 208 do not
+    assert row["tried"] == [64, 128, 256, 192, 224, 208]
+    assert row["value"] == 192 and row["kept"]
+    assert row["gain"] == pytest.approx((192 / 208) / (32 / 48))
+    by_batch = {t["settings"]["batch_size"]: t["status"] for t in rec.raw["trials"]}
+    assert by_batch[256] == by_batch[224] == by_batch[208] == "oom"
+
+
+def test_over_max_memory_counts_as_not_fitting(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, batch_curve=lambda b: b / (b + 16), half=0.001)  # peak: batch x 1 MB
+        rec = run_tune("tinycnn", db=str(tmp_path / "r.db"), device="cpu", runner=dev, clock=dev.clock,
+                       output=str(tmp_path / "b.yaml"), max_memory="100M", steps=5, max_batch=1024,
+                       fix={"precision": "fp32", "channels_last": True, "compile": False,
+                            "threads_per_rank": dev_threads()})
+    row = next(r for r in rec.raw["ablation"] if r["knob"] == "batch_size")
+    # 64 MB fits, 128 MB > 100 MiB does not; bisect: 96 fits, 112 (> 104.9 MB) does not
+    assert row["tried"] == [64, 128, 96, 112, 104]
+    assert row["value"] == 104
+
+
+def test_fix_is_honoured(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("precision", "bf16"): 3.0})
+        rec = tune_fake(tmp_path, dev, fix=parse_fix(["precision=fp32", "compile=false"]))
+    assert {c["precision"] for c in dev.calls} == {"fp32"}
+    assert {c["compile"] for c in dev.calls} == {False}
+    rows = {r["knob"]: r for r in rec.raw["ablation"]}
+    assert rows["precision"]["note"] == "fixed by --fix" and rows["precision"]["value"] == "fp32"
+    assert rec.raw["best_config"]["precision"] == "fp32"
+
+
+def test_budget_stops_starting_trials(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, trial_s=10.0)
+        rec = tune_fake(tmp_path, dev, budget_s=25.0)  # trials at t=0, 10, 20 start; t=30 does not
+    assert len(dev.calls) == 3 and rec.metrics["trials_run"] == 3 and rec.metrics["budget_spent"] is True
+    assert any(line.endswith(": budget spent") for line in rec.raw["not_searched"])
+
+
+def test_resume_reuses_finished_trials(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("compile", True): 1.5})
+        first = tune_fake(tmp_path, dev)
+    n = len(dev.calls)
+
+    def must_not_run(*_a):
+        raise AssertionError("a finished trial ran again")
+
+    again = run_tune("tinycnn", db=str(tmp_path / "r.db"), device="cpu", runner=must_not_run, clock=dev.clock,
+                     output=str(tmp_path / "best.yaml"), max_memory="64G", steps=5, max_batch=32, resume=True)
+    assert again.metrics["trials_run"] == 0 and again.metrics["trials_reused"] == n
+    assert again.raw["best_config"] == first.raw["best_config"]
+    assert [r["gain"] for r in again.raw["ablation"]] == [r["gain"] for r in first.raw["ablation"]]
+
+
+def test_the_tune_record_links_its_trials(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        rec = tune_fake(tmp_path, FakeDevice(store))
+        assert rec.kind == "tune" and rec.status == "ok"
+        ids = rec.raw["trial_run_ids"]
+        assert ids and all(store.get(i).kind == "train" and store.get(i).tag == rec.tag for i in ids)
+        assert store.get(rec.run_id).raw["trial_run_ids"] == ids
+
+
+# -- the YAML ------------------------------------------------------------------------------------
+
+def test_best_yaml_round_trips_into_train_config(tmp_path, cli, monkeypatch):
+    import torch
+
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("channels_last", False): 1.5, ("compile", True): 0.5})
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32"})
+    best = rec.raw["best_config"]
+    assert configfile.load(tmp_path / "best.yaml") == best and best["channels_last"] is False
+    threads = torch.get_num_threads()
+    try:
+        r = cli("train", "tinycnn", "--config", str(tmp_path / "best.yaml"), "--steps", "2", "--warmup-steps", "0",
+                "--breakdown-steps", "0", "--monitor-interval", "0", "--db", str(tmp_path / "t.db"), "--format", "json")
+        assert r.code == 0, r.stderr
+        cfg = json.loads(r.stdout)["config"]
+        assert {k: cfg[k] for k in ("batch_size", "precision", "channels_last", "compile")} == \
+            {k: best[k] for k in ("batch_size", "precision", "channels_last", "compile")}
+        r = cli("train", "tinycnn", "--config", str(tmp_path / "best.yaml"), "--batch-size", "4", "--steps", "2",
+                "--warmup-steps", "0", "--breakdown-steps", "0", "--monitor-interval", "0",
+                "--db", str(tmp_path / "t.db"), "--format", "json")
+        cfg = json.loads(r.stdout)["config"]
+        assert cfg["batch_size"] == 4 and cfg["channels_last"] is False  # the command line wins, the file fills
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_best_yaml_keys_are_sweep_fields(tmp_path):
+    from dlscale.sweep import spec
+
+    values = {"model": "tinycnn", "batch_size": 64, "precision": "bf16", "channels_last": False, "compile": True,
+              "threads_per_rank": 1}
+    configfile.dump(values, tmp_path / "best.yaml", header="x")
+    body = "\n".join("  " + ln for ln in (tmp_path / "best.yaml").read_text().splitlines() if not ln.startswith("#"))
+    (tmp_path / "s.yaml").write_text(f"fixed:\n{body}\ninclude:\n  - steps: 2\n")
+    sw = spec.load(tmp_path / "s.yaml")
+    assert "--threads-per-rank" in sw.points[0].argv and "--no-channels-last" in sw.points[0].argv
+
+
+def test_config_file_errors_name_file_and_line(tmp_path, cli, db_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("batch_size: 8\nprecison: bf16\n")
+    with pytest.raises(UsageError, match=r"c\.yaml:2: precison: unknown field 'precison'"):
+        configfile.load(f)
+    f.write_text("batch_size: eight\n")
+    with pytest.raises(UsageError, match=r"c\.yaml:1: batch_size: expected an integer"):
+        configfile.load(f)
+    f.write_text("model: resnet50\n")
+    r = cli("train", "tinycnn", "--config", str(f))
+    assert r.code == 2 and "is for model 'resnet50'" in r.stderr
+
+
+def test_fix_and_memory_parsing():
+    assert parse_fix(["precision=fp32", "batch_size=64", "channels-last=off"]) == \
+        {"precision": "fp32", "batch_size": 64, "channels_last": False}
+    for bad in ("precision", "speed=11", "batch_size=-2", "compile=maybe"):
+        with pytest.raises(UsageError, match="--fix"):
+            parse_fix([bad])
+    assert parse_memory("16G", None) == 16 * 2**30
+    assert parse_memory("50%", 1000) == 500
+    with pytest.raises(UsageError, match="--max-memory"):
+        parse_memory("lots", None)
+
+
+@pytest.mark.slow
+def test_real_short_tune_on_tinycnn(tmp_path):
+    from dlscale import api
+
+    rec = api.tune("tinycnn", budget_s=20, steps=3, warmup_steps=1, max_batch=64, db=str(tmp_path / "r.db"),
+                   output=str(tmp_path / "best.yaml"), device="cpu", fix=["compile=false"])
+    assert rec.kind == "tune" and rec.metrics["trials_run"] >= 2
+    assert rec.metrics["throughput_start"] > 0
+    assert configfile.load(tmp_path / "best.yaml")["model"] == "tinycnn"
+
+
+# -- the hint of dlscale train -----------------------------------------------------------------
+
+def _train_rec(precision: str, channels_last: bool, thr: float, batch: int = 32) -> RunRecord:
+    return RunRecord(kind="train", workload="resnet50", system={"hostname": "box"},
+                     config={"batch_size": batch, "precision": precision, "channels_last": channels_last,
+                             "compile": False, "device": "cpu", "device_name": "cpu x"},
+                     metrics={"throughput": thr, "world_size": 1})
+
+
+def test_hint_names_a_much_faster_precision_measured_here(tmp_path):
+    from dlscale.tune.hint import hint_for
+
+    with Store.open(tmp_path / "h.db") as store:
+        mine = _train_rec("fp32", True, 10.0)
+        store.insert(_train_rec("bf16", True, 12.0))  # 1.2x: not "much faster"
+        store.insert(_train_rec("bf16", False, 30.0, batch=64))  # another batch: not comparable
+        store.insert(mine)
+        assert hint_for(mine, store) is None
+        fast = _train_rec("bf16", False, 25.0)
+        store.insert(fast)
+        line = hint_for(mine, store)
+    assert line == (f"hint: resnet50 ran 2.5x faster on this machine with --precision bf16 --no-channels-last "
+                    f"(run {fast.run_id}); `dlscale tune resnet50` searches every knob")
+
+
+def test_a_failed_larger_batch_stops_growth_without_bisecting(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, batch_curve=lambda b: b / (b + 16), half=0.001)
+        real = dev.__call__
+
+        def runner(options, key, timeout_s):
+            rec = real(options, key, timeout_s)
+            if options["batch_size"] == 128:  # e.g. killed at its timeout: not a memory limit
+                rec.fail("timed out after 60 s (timeout_per_run) and was killed")
+            return rec
+
+        rec = run_tune("tinycnn", db=str(tmp_path / "r.db"), device="cpu", runner=runner, clock=dev.clock,
+                       output=str(tmp_path / "b.yaml"), max_memory="64G", steps=5, max_batch=1024,
+                       fix={"precision": "fp32", "channels_last": True, "compile": False,
+                            "threads_per_rank": dev_threads()})
+    row = next(r for r in rec.raw["ablation"] if r["knob"] == "batch_size")
+    assert row["tried"] == [64, 128] and row["value"] == 64
+
+
+@pytest.mark.slow
+def test_memory_watch_kills_a_child_over_the_limit():
+    import subprocess
+    import sys
+
+    from dlscale.tune.run import MemoryWatch
+
+    grow = "import time\nx = bytearray(400 * 2**20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(20)\n"
+    with MemoryWatch(200 * 2**20, every_s=0.05) as watch:
+        proc = subprocess.run([sys.executable, "-c", grow], timeout=30)
+    assert proc.returncode == -9 and watch.killed
+    with MemoryWatch(2**40, every_s=0.05) as watch:
+        proc = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, timeout=30)
+    assert proc.returncode == 0 and not watch.killed
