@@ -48,3 +48,22 @@ def test_report_command_includes_inference(cli, db_path, tmp_path):
     assert r.code == 0, r.stderr
     text = next((tmp_path / "rep").glob("*.md")).read_text()
     assert "Inference throughput and latency by batch size: images/s" in text
+
+
+def test_tune_section_shows_the_ablation_table():
+    from dlscale.report.tune_section import tune_section
+
+    rec = RunRecord(kind="tune", workload="resnet50", tag="t", system=SYSTEM, config={},
+                    metrics={"gain": 2.0}, units={"throughput_best": "images/s"},
+                    raw={"ablation": [{"knob": "start", "value": "fp32", "throughput": 10.0, "ci": [9.5, 10.5],
+                                       "gain": 1.0, "cumulative": 1.0, "kept": True, "note": ""},
+                                      {"knob": "precision", "value": "bf16", "throughput": 20.0, "ci": [19.0, None],
+                                       "gain": 2.0, "cumulative": 2.0, "kept": True, "note": ""}],
+                         "config_file": "/tmp/best.yaml", "not_searched": ["compile modes: needs a field"]})
+    sec = tune_section([rec])
+    (table,) = sec.tables
+    assert table.columns[2] == "throughput (images/s)"
+    assert table.rows[1][:6] == ["precision", "bf16", "20.0", "19.0 - inf", "x2.00", "x2.00"]
+    assert "x2.00 over the starting configuration" in table.caption
+    assert sec.notes == ["resnet50: not searched: compile modes: needs a field"]
+    assert tune_section([]) is None

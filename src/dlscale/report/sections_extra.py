@@ -187,5 +187,11 @@ def _inference_sections(records: Sequence[RunRecord]) -> list[Section]:
     return inference_sections(records)
 
 
-BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, micro_section, tta_section,
-            monitoring_section)
+def _tune_section(records: Sequence[RunRecord]) -> Section | None:
+    from dlscale.report.tune_section import tune_section
+
+    return tune_section(records)
+
+
+BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, _tune_section, micro_section,
+            tta_section, monitoring_section)
