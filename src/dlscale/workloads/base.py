@@ -246,11 +246,7 @@ def _load_builtin() -> None:
     import importlib
 
     for mod in BUILTIN_MODULES:
-        try:
-            importlib.import_module(f"dlscale.workloads.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"dlscale.workloads.{mod}":  # a module that exists but fails to import is a bug
-                raise
+        importlib.import_module(f"dlscale.workloads.{mod}")
 
 
 def names() -> list[str]:
