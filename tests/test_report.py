@@ -59,7 +59,7 @@ def test_report_has_every_section_and_escapes_user_strings(cli, store_with_every
     page = (tmp_path / "rep" / "report.html").read_text()
     for title in ("System inventory", "Throughput per model and device count (measured): images/s",
                   "Imported and reference results: images/s", "Domain scaling by device count (seed 000, Figure 3)",
-                  "Scaling efficiency against ideal: images/s", "Scale-up vs scale-out", "Time to accuracy",
+                  "Scaling efficiency against ideal: images/s", "Scale-up vs scale-out", "Time to quality",
                   "Monitoring during the run", "Failed runs"):
         assert f"<h2>{title}</h2>" in page, title
     assert "tokens/s" not in page and "samples/s" not in page  # only image runs here, labelled as such

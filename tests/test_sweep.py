@@ -200,3 +200,54 @@ def test_the_sweep_does_not_import_the_cli():
     from test_layering import cli_imports
 
     assert not [hit for f in src.glob("*.py") for hit in cli_imports(f)]
+
+
+# -- config: FILE (the YAML of `dlscale train --config`, e.g. what `dlscale tune` wrote) ---------------
+
+BEST = "model: tinycnn\nbatch_size: 16\nprecision: bf16\nchannels_last: false\nthreads_per_rank: 1\n"
+
+
+def test_a_config_file_merges_under_the_points_own_keys(tmp_path):
+    _write(tmp_path, BEST, "best.yaml")
+    _write(tmp_path, "batch_size: 2\ncompile_mode: max-autotune\noptimizer_impl: fused\n", "other.yaml")
+    text = ("name: c\nfixed: {config: best.yaml, image_size: 32, channels_last: true}\nmatrix:\n  batch_size: [4]\n"
+            "include:\n  - {model: tinycnn}\n  - {config: other.yaml, model: tinycnn}\n")
+    sw = spec.load(_write(tmp_path, text))
+    by = [p.options for p in sw.points]
+    # the matrix's batch size and fixed's channels_last win over the file; the file fills the rest
+    assert by[0] == {"model": "tinycnn", "batch_size": 4, "precision": "bf16", "channels_last": True,
+                     "threads_per_rank": 1, "image_size": 32, "tag": "c"}
+    assert by[1]["batch_size"] == 16 and by[1]["precision"] == "bf16"  # the point takes its model and batch from it
+    assert by[2]["batch_size"] == 2 and by[2]["compile_mode"] == "max-autotune" and "precision" not in by[2]
+    assert "--compile-mode" in sw.points[2].argv and "--optimizer-impl" in sw.points[2].argv
+    assert "config" not in by[0] and "--threads-per-rank" in sw.points[0].argv
+
+
+def test_config_file_problems_name_both_places(tmp_path):
+    _write(tmp_path, "batch_size: 8\nprecison: bf16\n", "bad.yaml")
+    with pytest.raises(UsageError, match=r"sweep\.yaml:1: fixed\.config: .*bad\.yaml:2: precison: unknown field"):
+        spec.load(_write(tmp_path, "fixed: {config: bad.yaml, model: tinycnn}\nmatrix:\n  steps: [2]\n"))
+    _write(tmp_path, BEST, "best.yaml")
+    with pytest.raises(UsageError, match=r"sweep\.yaml:3: include\.0\.config: .*is for model 'tinycnn', not 'resnet18'"):
+        spec.load(_write(tmp_path, "name: t\ninclude:\n  - {config: best.yaml, model: resnet18}\n"))
+    with pytest.raises(UsageError, match=r"include\.0\.config: .*cannot read it"):
+        spec.load(_write(tmp_path, "name: t\ninclude:\n  - {config: missing.yaml, model: tinycnn}\n"))
+    with pytest.raises(UsageError, match=r"sweep\.yaml:3: matrix\.config\.0: expected the name of"):
+        spec.load(_write(tmp_path, "name: t\nmatrix:\n  config: [3]\n"))
+    # a value from the file that its point cannot take: the error points at the config: line
+    _write(tmp_path, "model: tinycnn\nprecision: tf64\n", "prec.yaml")
+    with pytest.raises(UsageError, match=r"sweep\.yaml:2: fixed\.config: unknown --precision 'tf64'"):
+        spec.load(_write(tmp_path, "name: t\nfixed: {config: prec.yaml}\ninclude:\n  - {steps: 2}\n"))
+
+
+def test_new_train_knobs_are_sweep_fields(tmp_path):
+    text = ("name: k\nfixed: {model: tinycnn, steps: 2}\nmatrix:\n  compile_mode: [max-autotune]\n"
+            "  optimizer_impl: [foreach, fused]\n")
+    sw = spec.load(_write(tmp_path, text))
+    argv = sw.points[1].argv
+    assert argv[argv.index("--compile-mode") + 1] == "max-autotune" and argv[argv.index("--optimizer-impl") + 1] == "fused"
+    ddp = "name: d\nfixed: {model: tinycnn, ddp_static_graph: true}\nmatrix:\n  nproc_per_node: [2]\n"
+    assert "--ddp-static-graph" in spec.load(_write(tmp_path, ddp, "d.yaml")).points[0].argv
+    one = "name: d\nfixed: {model: tinycnn}\nmatrix:\n  ddp_bucket_mb: [10]\n"
+    with pytest.raises(UsageError, match=r"d1\.yaml:4: matrix\.ddp_bucket_mb\.0: --ddp-bucket-mb applies to"):
+        spec.load(_write(tmp_path, one, "d1.yaml"))

@@ -80,3 +80,102 @@ def test_results_filters_and_export(cli, db_path):
     assert float(rows[0]["metrics.throughput"]) > 0 and rows[0]["config.batch_size"] == "4"
     full = json.loads(cli("results", "export", "--format", "json", "--tag", "b").stdout)
     assert len(full) == 1 and full[0]["raw"]["step_times_s"]
+
+
+# -- the knobs dlscale tune searches: compile mode, optimizer implementation, DDP, input pipeline -------
+
+def test_compile_mode_implies_compile_and_gpu_only_options_are_refused_on_cpu(tmp_path):
+    from dlscale.config import TrainConfig
+    from dlscale.errors import UsageError
+
+    cfg = TrainConfig("tinycnn", compile_mode="max-autotune")
+    assert cfg.compile is True and cfg.to_dict()["compile_mode"] == "max-autotune"
+    assert TrainConfig("tinycnn", compile=True).compile_mode is None  # --compile alone: torch's default mode
+    with pytest.raises(UsageError, match=r"unknown --compile-mode 'fast'; choose one of default, reduce-overhead"):
+        TrainConfig("tinycnn", compile_mode="fast")
+    with pytest.raises(UsageError, match=r"--compile-mode reduce-overhead records CUDA graphs and needs a CUDA"):
+        TrainConfig("tinycnn", compile_mode="reduce-overhead").resolve("cpu")
+    assert TrainConfig("tinycnn", compile_mode="reduce-overhead").resolve("cuda").compile_mode == "reduce-overhead"
+    with pytest.raises(UsageError, match=r"unknown --optimizer-impl 'apex'"):
+        TrainConfig("tinycnn", optimizer_impl="apex")
+
+
+def test_ddp_options_need_ddp_and_several_ranks():
+    from dlscale.config import TrainConfig
+    from dlscale.distributed.worker import ddp_options
+    from dlscale.errors import UsageError
+
+    cfg = TrainConfig("tinycnn", ddp_bucket_mb=4.5, ddp_grad_as_bucket_view=True, ddp_static_graph=True)
+    assert ddp_options(cfg) == {"bucket_cap_mb": 4.5, "gradient_as_bucket_view": True, "static_graph": True}
+    assert ddp_options(TrainConfig("tinycnn")) == {"gradient_as_bucket_view": False, "static_graph": False}
+    cfg.check_layout(distributed=True)
+    with pytest.raises(UsageError, match=r"^--ddp-bucket-mb applies to data-parallel runs of several ranks"):
+        cfg.check_layout(distributed=False)
+    with pytest.raises(UsageError, match=r"^--ddp-static-graph is a DistributedDataParallel option; --parallel fsdp"):
+        TrainConfig("llama_tiny", parallel="fsdp", ddp_static_graph=True)
+    with pytest.raises(UsageError, match=r"--ddp-bucket-mb must be > 0"):
+        TrainConfig("tinycnn", ddp_bucket_mb=0)
+
+
+def test_input_pipeline_options_need_data_and_pinning_a_gpu(tmp_path):
+    from types import SimpleNamespace
+
+    from dlscale.config import TrainConfig
+    from dlscale.data.loader import pipeline_options
+    from dlscale.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^--pin-memory is an input-pipeline option of --data"):
+        TrainConfig("tinycnn", pin_memory=False)
+    with pytest.raises(UsageError, match=r"^--prefetch-factor is an input-pipeline option of --data"):
+        TrainConfig("tinycnn", prefetch_factor=4)
+    (tmp_path / "train").mkdir()
+    with pytest.raises(UsageError, match=r"^--prefetch-factor needs --workers >= 1"):
+        TrainConfig("tinycnn", data=str(tmp_path), workers=0, prefetch_factor=4)
+    with pytest.raises(UsageError, match=r"^--pin-memory needs a CUDA device"):
+        TrainConfig("tinycnn", data=str(tmp_path), pin_memory=True).resolve("cpu")
+    assert TrainConfig("tinycnn", data=str(tmp_path)).resolve("cpu").pin_memory is False  # recorded as it ran
+    assert TrainConfig("tinycnn", data=str(tmp_path)).resolve("cuda").pin_memory is True
+    assert TrainConfig("tinycnn").resolve("cpu").pin_memory is None  # synthetic: nothing to pin
+    opts = lambda **kw: SimpleNamespace(**{"pin_memory": None, "prefetch_factor": None, **kw})  # noqa: E731
+    assert pipeline_options(opts(), "cpu") == {"pin_memory": False, "prefetch_factor": None}
+    assert pipeline_options(opts(prefetch_factor=4), "cuda") == {"pin_memory": True, "prefetch_factor": 4}
+    assert pipeline_options(opts(pin_memory=False), "cuda")["pin_memory"] is False
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_optimizer_implementations_run_and_are_recorded(cli, db_path, impl):
+    for opt in ("sgd", "adamw"):
+        res = cli("train", "tinycnn", "--batch-size", "4", "--warmup-steps", "1", "--steps", "2", "--optimizer", opt,
+                  "--optimizer-impl", impl, "--breakdown-steps", "0", "--monitor-interval", "0", "--format", "json")
+        assert res.code == 0, res.stderr
+        rec = json.loads(res.stdout)
+        assert rec["config"]["optimizer_impl"] == impl and rec["metrics"]["throughput"] > 0
+
+
+def test_the_optimizer_gets_the_implementation():
+    import torch
+
+    from dlscale.config import TrainConfig
+    from dlscale.train.shorttest import _optimizer
+
+    model = torch.nn.Linear(4, 2)
+    assert _optimizer(TrainConfig("tinycnn", optimizer_impl="fused"), model).defaults["fused"] is True
+    assert _optimizer(TrainConfig("tinycnn", optimizer="adamw", optimizer_impl="foreach"), model).defaults["foreach"]
+    assert not _optimizer(TrainConfig("tinycnn"), model).defaults.get("fused")
+
+
+def test_single_rank_run_refuses_ddp_options(cli, db_path):
+    res = cli("train", "tinycnn", "--steps", "2", "--ddp-grad-as-bucket-view")
+    assert res.code == 2 and "--ddp-grad-as-bucket-view applies to data-parallel runs of several ranks" in res.stderr
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_with_bucket_options_and_fused_optimizer(cli_subprocess):
+    res = cli_subprocess("train", "tinycnn", "--batch-size", "4", "--warmup-steps", "1", "--steps", "3",
+                         "--nproc-per-node", "2", "--threads-per-rank", "1", "--ddp-bucket-mb", "1",
+                         "--ddp-grad-as-bucket-view", "--ddp-static-graph", "--optimizer-impl", "fused",
+                         "--breakdown-steps", "0", "--monitor-interval", "0", "--format", "json")
+    assert res.code == 0, res.stderr
+    rec = json.loads(res.stdout)
+    assert rec["metrics"]["world_size"] == 2 and rec["config"]["ddp_bucket_mb"] == 1.0
+    assert rec["config"]["ddp_grad_as_bucket_view"] is True and rec["config"]["ddp_static_graph"] is True

@@ -19,17 +19,19 @@ from dlscale.store import Store
 from dlscale.tune import configfile
 from dlscale.tune.run import parse_fix, parse_memory
 from dlscale.tune.run import tune as run_tune
-from dlscale.tune.search import Result, Search, decide
+from dlscale.tune.search import Result, decide
 
 
 class FakeDevice:
     """Trials without torch: throughput = base x the gain of each knob's value x a noise factor
-    per repeat; CI = throughput x (1 +- half); out of memory above ``oom_batch``; a fake clock
-    advancing ``trial_s`` per trial. Every trial is stored as a record, as the real runner does."""
+    per repeat x ``drift`` to the power of the trials run before (a load that drifts slowly);
+    CI = throughput x (1 +- half); out of memory above ``oom_batch``; a fake clock advancing
+    ``trial_s`` per trial. Every trial is stored as a record, as the real runner does."""
 
-    def __init__(self, store, gains=None, noise=None, half=0.02, oom_batch=10**9, batch_curve=None, trial_s=10.0):
+    def __init__(self, store, gains=None, noise=None, half=0.02, oom_batch=10**9, batch_curve=None, trial_s=10.0,
+                 drift=1.0):
         self.store, self.gains, self.noise, self.half = store, gains or {}, noise or {}, half
-        self.oom_batch, self.batch_curve, self.trial_s = oom_batch, batch_curve, trial_s
+        self.oom_batch, self.batch_curve, self.trial_s, self.drift = oom_batch, batch_curve, trial_s, drift
         self.now, self.calls = 0.0, []
 
     def clock(self) -> float:
@@ -54,6 +56,7 @@ class FakeDevice:
         else:
             repeat = sum(1 for c in self.calls if c == options) - 1
             thr = self.throughput(options) * self.noise.get((key_knobs(options), repeat), 1.0)
+            thr *= self.drift ** (len(self.calls) - 1)
             rec.metrics = {"throughput": thr, "throughput_ci95": [thr * (1 - self.half), thr * (1 + self.half)],
                            "peak_memory_bytes": options["batch_size"] * 10**6}
             rec.units = {"throughput": "images/s"}
@@ -172,6 +175,58 @@ def test_over_max_memory_counts_as_not_fitting(tmp_path):
     assert row["value"] == 104
 
 
+@pytest.mark.parametrize("drift", [0.9, 1 / 0.9])
+def test_a_drifting_load_does_not_make_a_no_gain_knob_a_gain(tmp_path, drift):
+    # The machine gets 10% slower (or faster) with every trial; no knob changes anything. Compared
+    # with the incumbent's trial of minutes before, compile would look 0.9^k or 1.11^k times as fast
+    # (CIs +-2%: apart); beside a fresh incumbent trial on each side the ratio is 1: nothing is kept.
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, drift=drift)
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32", "threads_per_rank": dev_threads()})
+    rows = {r["knob"]: r for r in rec.raw["ablation"]}
+    assert [k for k, r in rows.items() if r["kept"] and k != "start"] == []
+    assert rec.metrics["gain"] == 1.0 and rec.raw["best_config"]["compile"] is False
+    trials = rec.raw["trials"]
+    first = trials[0]["throughput"]
+    compiled = next(t for t in trials if t["settings"]["compile"] is True)
+    assert compiled["throughput"] / first == pytest.approx(drift ** compiled["seq"])  # what the old rule saw
+    assert abs(compiled["throughput"] / first - 1) > 0.1
+    assert "no gain" in rows["compile"]["note"] and "1.00x" in rows["compile"]["note"]
+
+
+def test_each_candidate_is_followed_by_a_fresh_incumbent_trial(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("channels_last", False): 1.3}, drift=0.9)
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32", "threads_per_rank": dev_threads(),
+                                            "compile_mode": "max-autotune"})
+    # start (channels_last on); [off, start]: kept 1.3x; then optimizer_impl foreach/fused, each followed
+    # by the incumbent (channels_last off)
+    seq = [(c["channels_last"], c.get("optimizer_impl")) for c in dev.calls]
+    assert seq == [(True, None), (False, None), (True, None),
+                   (False, "foreach"), (False, None), (False, "fused"), (False, None)]
+    assert {c["compile_mode"] for c in dev.calls} == {"max-autotune"} and all(c["compile"] for c in dev.calls)
+    rows = {r["knob"]: r for r in rec.raw["ablation"]}
+    # the candidate (trial 1) against the incumbent interpolated between trials 0 and 2: 1.3 exactly,
+    # though the raw ratio with the first trial is 1.3 x 0.9 and with the one after it 1.3 / 0.9
+    assert rows["channels_last"]["kept"] and rows["channels_last"]["gain"] == pytest.approx(1.3)
+    assert rows["compile"]["note"] == rows["compile_mode"]["note"] == "fixed by --fix"
+    assert rec.raw["best_config"]["compile_mode"] == "max-autotune" and rec.raw["best_config"]["compile"] is True
+    assert not rows["optimizer_impl"]["kept"] and rows["optimizer_impl"]["tried"] == ["foreach", "fused"]
+
+
+def test_the_drift_correction_interpolates_the_incumbent():
+    from dlscale.tune.search import reference
+
+    before = Result("i", {}, "ok", 100.0, (98.0, 102.0), seq=3)
+    after = Result("i", {}, "ok", 81.0, (79.38, 82.62), seq=5)
+    mid = reference(before, after, 4)  # halfway in log: sqrt(100 x 81) = 90
+    assert mid.throughput == pytest.approx(90.0) and mid.ci == pytest.approx((98 * 0.9, 102 * 0.9))
+    assert reference(before, after, 3).throughput == pytest.approx(100.0)
+    later = Result("i", {}, "ok", 72.9, (0.0, math.inf), seq=6)  # a third of the way from 100 to 72.9: 90
+    ref = reference(before, later, 4)
+    assert ref.throughput == pytest.approx(90.0) and ref.ci[0] == pytest.approx(98 * 2 / 3) and ref.ci[1] == math.inf
+
+
 def test_fix_is_honoured(tmp_path):
     with Store.open(tmp_path / "r.db") as store:
         dev = FakeDevice(store, gains={("precision", "bf16"): 3.0})
@@ -214,6 +269,41 @@ def test_the_tune_record_links_its_trials(tmp_path):
         ids = rec.raw["trial_run_ids"]
         assert ids and all(store.get(i).kind == "train" and store.get(i).tag == rec.tag for i in ids)
         assert store.get(rec.run_id).raw["trial_run_ids"] == ids
+    assert any(line.startswith("DDP bucket size") and "one process" in line for line in rec.raw["not_searched"])
+    assert any("reduce-overhead" in line and "CUDA" in line for line in rec.raw["not_searched"])
+
+
+def test_knobs_by_device_and_input():
+    from dlscale.tune.run import device_knobs
+
+    cands, left = device_knobs("cpu", images=True, data=True)
+    assert cands["compile_mode"] == ["max-autotune"] and cands["optimizer_impl"] == ["foreach", "fused"]
+    assert cands["prefetch_factor"] == [4] and 0 in cands["workers"] and "pin_memory" not in cands
+    assert any(line.startswith("pinned memory: only with a CUDA device") for line in left)
+    cands, left = device_knobs("cpu", images=False, data=False)
+    assert not {"workers", "prefetch_factor", "pin_memory", "channels_last"} & set(cands)
+
+
+@pytest.mark.parametrize("fast_workers, prefetch_tried", [(0, []), (1, [4])])
+def test_with_data_workers_and_prefetch_are_searched(tmp_path, fast_workers, prefetch_tried):
+    (tmp_path / "imgs" / "train").mkdir(parents=True)
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("workers", fast_workers): 1.5})
+        rec = tune_fake(tmp_path, dev, data=str(tmp_path / "imgs"), fix={"precision": "fp32"})
+    rows = {r["knob"]: r for r in rec.raw["ablation"]}
+    assert rows["workers"]["kept"] and rows["workers"]["value"] == fast_workers
+    assert rows["prefetch_factor"]["tried"] == prefetch_tried  # prefetching needs worker processes
+    assert "pin_memory" not in rows and rec.raw["best_config"]["workers"] == fast_workers
+
+
+def test_fix_compile_off_drops_the_compile_modes(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("compile_mode", "max-autotune"): 2.0})
+        rec = tune_fake(tmp_path, dev, fix={"compile": False})
+    assert not any(c.get("compile_mode") for c in dev.calls) and "compile_mode" not in rec.config["candidates"]
+    assert "compile mode: --fix compile=false" in rec.raw["not_searched"]
+    with pytest.raises(UsageError, match="contradicts"):
+        tune_fake(tmp_path, dev, fix={"compile": False, "compile_mode": "default"})
 
 
 # -- the YAML ------------------------------------------------------------------------------------
@@ -271,6 +361,8 @@ def test_config_file_errors_name_file_and_line(tmp_path, cli, db_path):
 def test_fix_and_memory_parsing():
     assert parse_fix(["precision=fp32", "batch_size=64", "channels-last=off"]) == \
         {"precision": "fp32", "batch_size": 64, "channels_last": False}
+    assert parse_fix(["compile_mode=max-autotune", "optimizer_impl=fused", "pin_memory=no", "prefetch_factor=4"]) == \
+        {"compile_mode": "max-autotune", "optimizer_impl": "fused", "pin_memory": False, "prefetch_factor": 4}
     for bad in ("precision", "speed=11", "batch_size=-2", "compile=maybe"):
         with pytest.raises(UsageError, match="--fix"):
             parse_fix([bad])
@@ -284,7 +376,7 @@ def test_fix_and_memory_parsing():
 def test_real_short_tune_on_tinycnn(tmp_path):
     from dlscale import api
 
-    rec = api.tune("tinycnn", budget_s=20, steps=3, warmup_steps=1, max_batch=64, db=str(tmp_path / "r.db"),
+    rec = api.tune("tinycnn", budget_s=30, steps=3, warmup_steps=1, max_batch=64, db=str(tmp_path / "r.db"),
                    output=str(tmp_path / "best.yaml"), device="cpu", fix=["compile=false"])
     assert rec.kind == "tune" and rec.metrics["trials_run"] >= 2
     assert rec.metrics["throughput_start"] > 0

@@ -95,8 +95,9 @@ def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
 
 def tta(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
         **options: Any) -> list[Any]:
-    """Train to a target accuracy (time to accuracy); the records of every run, and with ``runs`` > 1
-    the olympic aggregate last. ``options`` are ``TTAConfig`` fields (data, target_top1, ...)."""
+    """Train to a quality target (top-1 for classifiers, the task's metric for every other family);
+    the records of every run, and with ``runs`` > 1 the olympic aggregate last. ``options`` are
+    ``TTAConfig`` fields (data, target_top1 or target, ...)."""
     from dataclasses import replace
 
     from dlscale.longtest.config import TTAConfig

@@ -17,6 +17,11 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
 PARALLELS = ("ddp", "fsdp")  # data parallelism: replicated (DDP) or fully sharded (FSDP2)
+# torch.compile modes; reduce-overhead records CUDA graphs (a GPU feature), max-autotune also does on CUDA.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")  # torch.optim's implementations: for-loop choice, multi-tensor, fused
+DDP_FIELDS = (("ddp_bucket_mb", "--ddp-bucket-mb"), ("ddp_grad_as_bucket_view", "--ddp-grad-as-bucket-view"),
+              ("ddp_static_graph", "--ddp-static-graph"))
 
 
 @dataclass(frozen=True)
@@ -31,9 +36,11 @@ class TrainConfig:
     precision: str = "fp32"
     channels_last: bool | None = None  # None: the fast default for the device
     compile: bool = False
+    compile_mode: str | None = None  # a torch.compile mode (COMPILE_MODES); giving one implies compile
     warmup_steps: int = 10
     steps: int = 100
     optimizer: str = "sgd"
+    optimizer_impl: str = "default"  # default | foreach | fused (torch.optim's foreach=True / fused=True)
     lr: float | None = None  # None: the model's default (0.01 for most; Workload.default_lr)
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -44,6 +51,8 @@ class TrainConfig:
     # Input pipeline, monitoring and the step breakdown (dlscale/data, dlscale/monitor).
     data: str | None = None  # ImageNet-layout JPEG tree; None: synthetic device-resident batch
     workers: int | None = None  # DataLoader workers; None: one per core left (data.loader.default_workers)
+    pin_memory: bool | None = None  # --data: page-locked host batches; None: on with CUDA (refused on CPU)
+    prefetch_factor: int | None = None  # --data: batches each worker loads ahead; None: torch's default (2)
     strict: bool = False  # an unreadable image fails the run instead of being skipped
     monitor_interval: float = 1.0  # seconds between resource samples; 0 turns the monitor off
     breakdown_steps: int = 10  # instrumented steps after the window (phase times); 0 turns them off
@@ -52,6 +61,9 @@ class TrainConfig:
     # Parallelism of multi-rank runs (distributed/worker.py).
     parallel: str = "ddp"
     activation_checkpointing: bool = False
+    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (gradients all-reduced per bucket); None: torch's 25
+    ddp_grad_as_bucket_view: bool = False  # DDP gradient_as_bucket_view: gradients alias the buckets (no copy)
+    ddp_static_graph: bool = False  # DDP static_graph: the same parameters are used every step
 
     def __post_init__(self) -> None:
         from dlscale import workloads
@@ -76,11 +88,35 @@ class TrainConfig:
         check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
+        self._check_knobs()
         self._check_pipeline()
+
+    def _check_knobs(self) -> None:
+        """Compile mode, optimizer implementation and DDP options: known values, the right parallelism."""
+        if self.compile_mode is not None:
+            check_choice("--compile-mode", self.compile_mode, COMPILE_MODES)
+            object.__setattr__(self, "compile", True)  # a mode is a way of compiling
+        check_choice("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        if self.ddp_bucket_mb is not None and not self.ddp_bucket_mb > 0:
+            raise UsageError(f"--ddp-bucket-mb must be > 0 (MiB per gradient bucket), got {self.ddp_bucket_mb}")
+        if self.parallel == "fsdp":
+            for name, flag in DDP_FIELDS:
+                if getattr(self, name) not in (None, False):
+                    raise UsageError(f"{flag} is a DistributedDataParallel option; --parallel fsdp has no buckets: "
+                                     "drop it or use --parallel ddp")
 
     def _check_pipeline(self) -> None:
         if self.workers is not None and self.workers < 0:
             raise UsageError(f"--workers must be >= 0, got {self.workers}")
+        for flag, v in (("--pin-memory", self.pin_memory), ("--prefetch-factor", self.prefetch_factor)):
+            if v is not None and self.data is None:
+                raise UsageError(f"{flag} is an input-pipeline option of --data (synthetic batches are made on the "
+                                 "device); drop it or give --data DIR")
+        if self.prefetch_factor is not None:
+            _positive("--prefetch-factor", self.prefetch_factor)
+            if self.workers == 0:
+                raise UsageError("--prefetch-factor needs --workers >= 1 (worker processes load batches ahead; "
+                                 "--workers 0 decodes in the training process)")
         if self.monitor_interval < 0:
             raise UsageError(f"--monitor-interval must be >= 0 seconds (0 turns the monitor off), got {self.monitor_interval}")
         if self.breakdown_steps < 0:
@@ -99,8 +135,8 @@ class TrainConfig:
         from dlscale import workloads
 
         w = workloads.get(self.model)
-        if device_type == "cpu" and self.precision == "tf32":
-            raise UsageError("--precision tf32 needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU")
+        if device_type == "cpu":
+            self._check_cpu()
         from dlscale.harness.device import default_channels_last
 
         channels_last = self.channels_last
@@ -110,8 +146,29 @@ class TrainConfig:
             raise UsageError("--parallel fsdp shards contiguous parameters only; drop --channels-last")
         if not w.images_in or self.parallel == "fsdp":
             channels_last = False  # a memory format of 4-D image tensors; nothing to lay out otherwise
-        return replace(self, device=device_type, channels_last=channels_last,
+        pin = self.pin_memory if self.pin_memory is not None or self.data is None else device_type == "cuda"
+        return replace(self, device=device_type, channels_last=channels_last, pin_memory=pin,
                        lr=self.lr if self.lr is not None else w.default_lr, **w.resolve(self))
+
+    def _check_cpu(self) -> None:
+        """Options that need a GPU are refused on CPU rather than silently doing nothing there."""
+        if self.precision == "tf32":
+            raise UsageError("--precision tf32 needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU")
+        if self.compile_mode == "reduce-overhead":
+            raise UsageError("--compile-mode reduce-overhead records CUDA graphs and needs a CUDA device (on CPU "
+                             "torch.compile skips them); use --compile-mode default or max-autotune on CPU")
+        if self.pin_memory:
+            raise UsageError("--pin-memory needs a CUDA device (page-locked host memory speeds copies to a GPU; "
+                             "a CPU run has no copy); drop it on CPU")
+
+    def check_layout(self, distributed: bool) -> None:
+        """DDP's options apply to runs of several ranks (DDP wraps the model only there)."""
+        if distributed:
+            return
+        for name, flag in DDP_FIELDS:
+            if getattr(self, name) not in (None, False):
+                raise UsageError(f"{flag} applies to data-parallel runs of several ranks (DDP wraps the model only "
+                                 "there); add --nproc-per-node N or drop it")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

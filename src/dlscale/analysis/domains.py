@@ -26,10 +26,11 @@ from dlscale.stats import mean
 
 UNIT_ORDER = ("images", "tokens", "samples")
 # what makes two runs of one model the same test (per-device batch, shape of a sample, precision)
-TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision")
+TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision",
+             "target", "target_top1", "target_top5")  # the targets: a tta run's test includes what it trains to
 # what a reference must share with a run to be "the same model and config" (MLPerf v0.5 lets each
 # system choose its batch size and precision; the shape of a sample unit must be the same)
-SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows")
+SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "target", "target_top1")
 # metrics whose unit is "sample units per second" (or per sample unit): split by unit
 UNIT_METRICS = ("throughput", "throughput_ci95", "repeat_throughputs", "epoch_throughputs", "flops_per_sample",
                 "flops_per_sample_forward", "samples_per_step")

@@ -30,8 +30,9 @@ from dlscale.analysis.formulas import pct_difference, scaling_efficiency, speedu
 from dlscale.stats import mean
 
 TEST_KEYS = ("system", "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
-             "parallel", "activation_checkpointing", "precision", "channels_last", "compile", "optimizer", "device",
-             "threads_per_rank")
+             "parallel", "activation_checkpointing", "precision", "channels_last", "compile", "compile_mode",
+             "optimizer", "optimizer_impl", "ddp_bucket_mb", "ddp_grad_as_bucket_view", "ddp_static_graph",
+             "pin_memory", "prefetch_factor", "device", "threads_per_rank")
 
 
 @dataclass
@@ -68,6 +69,8 @@ class Ladder:
 
     def point(self, nodes: int, per_node: int) -> Point | None:
         return next((p for p in self.points if p.nodes == nodes and p.devices_per_node == per_node), None)
+# what a record written before a TrainConfig field existed ran with (so old and new runs still meet)
+OLD_DEFAULTS = {"optimizer_impl": "default", "ddp_grad_as_bucket_view": False, "ddp_static_graph": False}
 
 
 def layout_of(rec: Any) -> tuple[int, int]:
@@ -94,7 +97,7 @@ def ladders(records: Iterable[Any]) -> list[Ladder]:
     for r in records:
         if r.kind != "train" or r.status != "ok" or r.metrics.get("throughput") is None:
             continue
-        key = (r.workload, *(_norm(r.config.get(k)) for k in TEST_KEYS))
+        key = (r.workload, *(_norm(r.config.get(k, OLD_DEFAULTS.get(k))) for k in TEST_KEYS))
         nodes, per_node = layout_of(r)
         groups[key][link_of(r) if nodes > 1 else None][(nodes, per_node)].append(r)
     out = []
@@ -192,6 +195,10 @@ def describe(workload: str, test: dict[str, Any]) -> str:
         parts.append(f"tables <= {test['max_table_rows']:,} rows")
     if test.get("parallel") and test["parallel"] != "ddp":
         parts.append(str(test["parallel"]))
+    if test.get("target_top1") is not None:
+        parts.append(f"to top-1 {test['target_top1']:g}")
+    if test.get("target") is not None:
+        parts.append(f"to {test['target']:g}")
     parts.extend(str(test[k]) for k in ("precision", "device") if test.get(k))
     if test.get("threads_per_rank"):
         parts.append(f"{test['threads_per_rank']} thread(s)/rank")

@@ -18,9 +18,10 @@ def models(fmt: FormatOpt = Format.human) -> None:
         print_json(rows)
         return
     t = Table("model", "family", "unit", "source", "default shape", "description")
-    for r in sorted(rows, key=lambda r: (FAMILY_ORDER.index(r["family"]), r["name"])):
+    from dlscale.workloads.base import FAMILIES
+
+    order = list(FAMILIES)
+    for r in sorted(rows, key=lambda r: (order.index(r["family"]) if r["family"] in order else len(order), r["name"])):
         t.add_row(r["name"], r["family"], r["sample_unit"], r["source"], r["defaults"], r["description"])
     out.print(t)
 
-
-FAMILY_ORDER = ["classification", "detection", "translation", "recommendation", "llm"]

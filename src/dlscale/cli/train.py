@@ -42,15 +42,19 @@ def train(
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16 (autocast; fp16 with a grad scaler).")] = "fp32",
     channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
+    compile_mode: Annotated[Optional[str], typer.Option("--compile-mode", help="torch.compile mode, implies --compile: default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs; CUDA only).", show_default=False)] = None,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before the measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps.")] = 100,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (momentum 0.9) | adamw.")] = "sgd",
+    optimizer_impl: Annotated[str, typer.Option("--optimizer-impl", help="default | foreach (multi-tensor) | fused: torch.optim's implementation.")] = "default",
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: the model's, 0.01 for most; `dlscale models --format json` lists it).", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     repeat: Annotated[int, typer.Option("--repeat", "-r", help="Independent repeats (fresh model each); CI over repeats when >= 2.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic data.")] = 0,
     data: dataopt.DataOpt = None,
     workers: dataopt.WorkersOpt = None,
+    pin_memory: Annotated[Optional[bool], typer.Option("--pin-memory/--no-pin-memory", help="With --data: page-locked host batches for fast copies to the GPU (default: on with CUDA; refused on CPU).", show_default=False)] = None,
+    prefetch_factor: Annotated[Optional[int], typer.Option("--prefetch-factor", help="With --data: batches each loader worker prepares ahead (default: 2).", show_default=False)] = None,
     strict: dataopt.StrictOpt = False,
     monitor_interval: dataopt.MonitorOpt = 1.0,
     breakdown_steps: dataopt.BreakdownOpt = 10,
@@ -72,6 +76,9 @@ def train(
     threads_per_rank: dopt.ThreadsOpt = None,
     parallel: sopt.ParallelOpt = "ddp",
     activation_checkpointing: sopt.CheckpointOpt = False,
+    ddp_bucket_mb: Annotated[Optional[float], typer.Option("--ddp-bucket-mb", help="Multi-rank DDP: MiB of gradients per all-reduce bucket (default: torch's 25).", show_default=False)] = None,
+    ddp_grad_as_bucket_view: Annotated[bool, typer.Option("--ddp-grad-as-bucket-view", help="Multi-rank DDP: gradients are views into the all-reduce buckets (saves a copy and memory).")] = False,
+    ddp_static_graph: Annotated[bool, typer.Option("--ddp-static-graph", help="Multi-rank DDP: declare the graph static (same parameters used every step).")] = False,
     config: Annotated[Optional[str], typer.Option("--config", help="YAML file of option: value defaults (TrainConfig fields and threads_per_rank, as `dlscale tune` writes them); options given on the command line win.", show_default=False)] = None,
 ) -> None:
     from dlscale import api
@@ -81,9 +88,11 @@ def train(
         model=model, batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
         model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
         activation_checkpointing=activation_checkpointing, precision=precision,
-        channels_last=channels_last, compile=compile, warmup_steps=warmup_steps, steps=steps,
-        optimizer=optimizer, lr=lr, device=device, repeat=repeat, seed=seed, tag=tag,
-        data=data, workers=workers, strict=strict, monitor_interval=monitor_interval,
+        channels_last=channels_last, compile=compile, compile_mode=compile_mode, warmup_steps=warmup_steps,
+        steps=steps, optimizer=optimizer, optimizer_impl=optimizer_impl, lr=lr, device=device, repeat=repeat,
+        seed=seed, tag=tag, data=data, workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+        strict=strict, monitor_interval=monitor_interval, ddp_bucket_mb=ddp_bucket_mb,
+        ddp_grad_as_bucket_view=ddp_grad_as_bucket_view, ddp_static_graph=ddp_static_graph,
         breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps, threads_per_rank=threads_per_rank,
     )
     if config is not None:
@@ -94,6 +103,7 @@ def train(
     cfg = TrainConfig(**opts)
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank)
+    cfg.check_layout(layout.distributed)
     if threads_per_rank is not None and not layout.distributed:
         import torch  # one process: its intra-op threads (ranks of a job get theirs from the launcher)
 

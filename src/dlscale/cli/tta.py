@@ -9,40 +9,50 @@ import typer
 from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
 
-HELP = """Long test: train MODEL to a target accuracy and record the time to reach it.
+HELP = """Long test: train MODEL to a quality target and record the time to reach it.
 
-Trains on an ImageNet-layout JPEG tree until the validation top-1 (and top-5) accuracy
-reaches the target, evaluating every epoch (or every --eval-every epochs), and record the
-accuracy/loss curve against epochs and wall-clock time, the time and epochs to target, and the
-training throughput. The time-to-target clock runs from the run's start and includes set-up,
-evaluation and checkpoints; each is also recorded on its own (docs/METRICS.md)."""
+An image classifier trains on an ImageNet-layout JPEG tree until its validation top-1 (and
+top-5) accuracy reaches --target-top1. Every other family trains to --target of its domain's
+metric: COCO mAP (detection), BLEU (translation), HR@10 (recommendation), validation
+log-perplexity (LLM, lower is better) and mean episode return (reinforcement learning, --data
+is a gymnasium environment id). `dlscale dataset DOMAIN DIR` makes a small dataset for each;
+--data also reads the real datasets' layouts. Evaluation follows every epoch (or every
+--eval-every epochs). The record holds the quality curve against epochs and wall-clock time, the
+time and epochs to target, and the training throughput. The time-to-target clock runs from the
+run's start and includes set-up, evaluation and checkpoints; each is also recorded on its own
+(docs/METRICS.md)."""
 
 EPILOG = """Examples:\n\n
   dlscale dataset digits /tmp/digits\n\n
   dlscale tta tinycnn --data /tmp/digits --image-size 16 --target-top1 0.9 --max-epochs 10 --threads 1\n\n
   dlscale tta tinycnn --data /tmp/digits --image-size 16 --target-top1 0.9 --optimizer lars --lr 16 --lr-schedule poly --end-lr 0.0001 --warmup-epochs 1 --mlperf-log mlperf.log\n\n
   dlscale tta tinycnn --data /tmp/digits --image-size 16 --target-top1 0.9 --nproc-per-node 2\n\n
-  dlscale tta resnet50 --data /data/imagenet --target-top1 0.759 --lr-schedule '0.4;10;0.04;60;0.004' --lr-scaling none --runs 5"""
+  dlscale tta resnet50 --data /data/imagenet --target-top1 0.759 --lr-schedule '0.4;10;0.04;60;0.004' --lr-scaling none --runs 5\n\n
+  dlscale dataset translation /tmp/tr && dlscale tta transformer_tiny --data /tmp/tr\n\n
+  dlscale tta ppo_mlp --data CartPole-v1 --target 475"""
 
 
 def tta(
     model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
-    data: Annotated[str, typer.Option("--data", help="ROOT with ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg.", show_default=False)],
-    target_top1: Annotated[float, typer.Option("--target-top1", help="Target validation top-1 accuracy, a fraction (0.759).", show_default=False)],
-    target_top5: Annotated[Optional[float], typer.Option("--target-top5", help="Also require this top-5 accuracy (fraction).", show_default=False)] = None,
-    max_epochs: Annotated[int, typer.Option("--max-epochs", help="Stop here if the target is not reached (also the schedule's length).")] = 90,
+    data: Annotated[Optional[str], typer.Option("--data", help="Classifiers: ROOT with ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg; other families: their dataset directory (`dlscale dataset DOMAIN`) or real layout; RL: a gymnasium environment id (default CartPole-v1).", show_default=False)] = None,
+    target_top1: Annotated[Optional[float], typer.Option("--target-top1", help="Classifiers: target validation top-1 accuracy, a fraction (0.759).", show_default=False)] = None,
+    target_top5: Annotated[Optional[float], typer.Option("--target-top5", help="Classifiers: also require this top-5 accuracy (fraction).", show_default=False)] = None,
+    target: Annotated[Optional[float], typer.Option("--target", help="Other families: the target of the domain's metric (default: the domain's; `dlscale tta --help` lists them in docs/METRICS.md).", show_default=False)] = None,
+    max_epochs: Annotated[Optional[int], typer.Option("--max-epochs", help="Stop here if the target is not reached (also the schedule's length; default 90 for classifiers, the domain's otherwise).", show_default=False)] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Evaluate every K epochs (and after the last).")] = 1,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Per-rank batch size.")] = 32,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Per-rank batch size (default 32 for classifiers, the domain's otherwise).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="LLM context length in tokens (default: the task's).", show_default=False)] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Translation/LLM: a local tokenizer file (default DATA/tokenizer.json).", show_default=False)] = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (momentum) | lars.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Base LR; the peak is lr x global batch / 256 under --lr-scaling linear.")] = 0.1,
-    lr_scaling: Annotated[str, typer.Option("--lr-scaling", help="linear (lr x global batch / 256) | none.")] = "linear",
-    lr_schedule: Annotated[str, typer.Option("--lr-schedule", help="cosine | poly | constant | piecewise 'lr;epoch;lr;...' (e.g. '0.4;10;0.04;60;0.004').")] = "cosine",
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (momentum) | lars (classifiers) | adam | adamw (default: sgd for classifiers, the domain's otherwise).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Base LR (default 0.1 for classifiers, the domain's otherwise); classifiers' peak is lr x global batch / 256 under --lr-scaling linear.", show_default=False)] = None,
+    lr_scaling: Annotated[Optional[str], typer.Option("--lr-scaling", help="linear (lr x global batch / 256; classifiers' default) | none (other families).", show_default=False)] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="cosine | poly | constant | piecewise 'lr;epoch;lr;...' (default: cosine for classifiers, the domain's otherwise).", show_default=False)] = None,
     warmup_epochs: Annotated[float, typer.Option("--warmup-epochs", help="Linear warm-up to the peak LR over this many epochs.")] = 0.0,
     end_lr: Annotated[float, typer.Option("--end-lr", help="Final LR of cosine/poly decay.")] = 0.0,
     poly_power: Annotated[float, typer.Option("--poly-power", help="Power of the poly decay.")] = 2.0,
     momentum: Annotated[float, typer.Option("--momentum")] = 0.9,
-    weight_decay: Annotated[float, typer.Option("--weight-decay")] = 1e-4,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="Default 1e-4 for classifiers, the domain's otherwise.", show_default=False)] = None,
     lars_eta: Annotated[float, typer.Option("--lars-eta", help="LARS trust coefficient.")] = 0.001,
     label_smoothing: Annotated[float, typer.Option("--label-smoothing")] = 0.0,
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 (autocast).")] = "fp32",
@@ -51,7 +61,7 @@ def tta(
     threads: Annotated[Optional[int], typer.Option("--threads", help="Torch threads per process (default: torch's; 1 for tiny models on a busy CPU).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, shuffling and augmentation (run i of --runs uses seed + i).")] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Independent runs; >= 3 adds MLPerf's olympic mean (drop fastest and slowest).")] = 1,
-    mlperf_log: Annotated[Optional[str], typer.Option("--mlperf-log", help="Write MLPerf :::MLLOG lines here (rank 0; resnet, closed division).", show_default=False)] = None,
+    mlperf_log: Annotated[Optional[str], typer.Option("--mlperf-log", help="Write MLPerf :::MLLOG lines here (rank 0; classifiers as resnet, closed division; other families as their benchmark, open division).", show_default=False)] = None,
     checkpoint_dir: Annotated[Optional[str], typer.Option("--checkpoint-dir", help="Write an atomic checkpoint here after every epoch.", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from --checkpoint-dir's last checkpoint.")] = False,
     nproc_per_node: dopt.NprocOpt = None,
@@ -75,13 +85,13 @@ def tta(
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout)
     cfg = TTAConfig(
-        model=model, data=data, target_top1=target_top1, target_top5=target_top5, max_epochs=max_epochs,
+        model=model, data=data, target_top1=target_top1, target_top5=target_top5, target=target, max_epochs=max_epochs,
         eval_every=eval_every, batch_size=batch_size, image_size=image_size, optimizer=optimizer, lr=lr,
         lr_scaling=lr_scaling, lr_schedule=lr_schedule, warmup_epochs=warmup_epochs, end_lr=end_lr,
         poly_power=poly_power, momentum=momentum, weight_decay=weight_decay, lars_eta=lars_eta,
         label_smoothing=label_smoothing, precision=precision, device=device, workers=workers, threads=threads,
         seed=seed, runs=runs, mlperf_log=mlperf_log, checkpoint_dir=checkpoint_dir, resume=resume,
-        world_size=layout.world_size, tag=tag,
+        world_size=layout.world_size, seq_len=seq_len, tokenizer=tokenizer, tag=tag,
     )
     with failed_as_json(fmt, db):
         recs = api.tta(config=cfg, layout=layout, db=db)
@@ -111,19 +121,35 @@ def report(rec: Any, fmt: Format, quiet: bool = False) -> None:
         out.print(_summary_table(rec))
 
 
+def _quality(rec: Any) -> tuple[str, Any, Any]:
+    """(target words, final-quality words, throughput unit) of a tta record of any family."""
+    from dlscale.cli.render import fmt_num, fmt_pct
+
+    m, c = rec.metrics, rec.config
+    if c.get("quality_metric"):
+        op = ">=" if c.get("higher_is_better", True) else "<="
+        figs = ", ".join(f"{k[6:]} {fmt_num(v)}" for k, v in m.items() if k.startswith("final_")
+                         and k not in ("final_quality", "final_loss") and isinstance(v, (int, float)))
+        return (f"{c['quality_label']} {op} {fmt_num(c.get('target'))}", figs or fmt_num(m.get("final_quality")),
+                c.get("sample_unit", "samples"))
+    target = f"top-1 {fmt_pct(c.get('target_top1'))}" + ("" if c.get("target_top5") is None else f", top-5 {fmt_pct(c['target_top5'])}")
+    return target, f"top-1 {fmt_pct(m.get('final_top1'))} / top-5 {fmt_pct(m.get('final_top5'))}", "samples"
+
+
 def _summary_table(rec: Any) -> Any:
     from rich.table import Table
 
-    from dlscale.cli.render import fmt_num, fmt_pct, fmt_seconds
+    from dlscale.cli.render import fmt_num, fmt_seconds
 
     m, c = rec.metrics, rec.config
     t = Table(title=f"dlscale tta {rec.workload}  [{rec.status}]", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("run id", rec.run_id)
+    shape = f"{c['image_size']}px, " if c.get("image_size") else ""
     t.add_row("config", f"batch {c.get('batch_size')} x {c.get('world_size')} rank(s) = {c.get('global_batch')}, "
-              f"{c.get('image_size')}px, {c.get('optimizer')}, lr schedule {c.get('lr_schedule')}, peak lr {fmt_num(m.get('peak_lr'))}")
-    target = f"top-1 {fmt_pct(c.get('target_top1'))}" + ("" if c.get("target_top5") is None else f", top-5 {fmt_pct(c['target_top5'])}")
+              f"{shape}{c.get('optimizer')}, lr schedule {c.get('lr_schedule')}, peak lr {fmt_num(m.get('peak_lr'))}")
+    target, final, unit = _quality(rec)
     if m.get("reached_target"):
         t.add_row("time to target", f"[bold]{fmt_seconds(m['time_to_target'])}[/bold] ({target}) in {m['epochs_to_target']} epochs")
     else:
@@ -131,8 +157,8 @@ def _summary_table(rec: Any) -> Any:
     ckpt = fmt_seconds(m.get("checkpoint_time")) if c.get("checkpoint_dir") else "none written"
     t.add_row("of which", f"training {fmt_seconds(m.get('train_time'))}, evaluation {fmt_seconds(m.get('eval_time'))}, "
               f"checkpoints {ckpt}, set-up {fmt_seconds(m.get('setup_time'))}")
-    t.add_row("final top-1 / top-5", f"{fmt_pct(m.get('final_top1'))} / {fmt_pct(m.get('final_top5'))}")
-    t.add_row("training throughput", f"{fmt_num(m.get('throughput'))} samples/s")
+    t.add_row("final quality", final)
+    t.add_row("training throughput", f"{fmt_num(m.get('throughput'))} {unit}/s")
     if m.get("speedup") is not None:
         t.add_row("speed-up vs 1 node", f"{m['speedup']:.2f}x = throughput {m['throughput_speedup']:.2f}x "
                   f"x epochs {m['epochs_ratio']:.2f} (+ eval/set-up)  [ref {m['reference_run_id']}]")
@@ -142,14 +168,22 @@ def _summary_table(rec: Any) -> Any:
 
 
 def summary_tables(rec: Any) -> list[Any]:
-    """The headline figures and the accuracy curve of one tta record (for `dlscale results show`)."""
+    """The headline figures and the quality curve of one tta record (for `dlscale results show`)."""
     from rich.table import Table
 
     from dlscale.cli.render import fmt_num, fmt_pct, fmt_seconds
 
+    curve = rec.raw.get("curve", [])
+    if rec.config.get("quality_metric"):
+        t = Table("epoch", "wall (s)", "train (s)", "train loss", "lr", rec.config.get("quality_label", "quality"),
+                  "eval", title="quality curve", title_justify="left")
+        for c in curve:
+            t.add_row(str(c["epoch"]), f"{c['wall_s']:.2f}", f"{c['train_s']:.2f}", fmt_num(c["train_loss"]),
+                      fmt_num(c["lr"]), fmt_num(c["quality"]), fmt_seconds(c["eval_s"]))
+        return [_summary_table(rec), t]
     t = Table("epoch", "wall (s)", "train (s)", "train loss", "lr", "top-1", "top-5", "val loss", "eval",
               title="accuracy curve", title_justify="left")
-    for c in rec.raw.get("curve", []):
+    for c in curve:
         t.add_row(str(c["epoch"]), f"{c['wall_s']:.2f}", f"{c['train_s']:.2f}", fmt_num(c["train_loss"]),
                   fmt_num(c["lr"]), fmt_pct(c["top1"]), fmt_pct(c["top5"]), fmt_num(c["loss"]), fmt_seconds(c["eval_s"]))
     return [_summary_table(rec), t]

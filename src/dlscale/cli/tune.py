@@ -9,15 +9,18 @@ import typer
 
 from dlscale.cli import dataopts as dataopt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json, warn
 
 HELP = """Search the short test's knobs of MODEL for the fastest configuration that fits, and record it.
 
 Starts from what `dlscale train MODEL` runs by default and tries, in the order of their expected
 gain: precision (what the device supports), batch size (x2 until it no longer fits or gets
-faster, then bisect), memory format (image models), torch.compile, intra-op threads (CPU) and
-data-loader workers (with --data). Every trial is a real short test recorded under one tag; a
-change is kept only when its gain is clear of the noise (docs/METRICS.md). Prints the ablation
+faster, then bisect), memory format (image models), torch.compile, intra-op threads (CPU),
+data-loader workers (with --data), the compile mode (max-autotune; CUDA graphs on GPUs), the
+optimizer's implementation (foreach / fused), pinned memory and prefetch (with --data). Every trial is a real short
+test recorded under one tag, and each candidate is measured right beside a fresh trial of the
+incumbent, so a slow drift of the machine's load cancels; a change is kept only when its gain is
+clear of the noise (docs/METRICS.md). Prints the ablation
 table (each knob's value, throughput with its 95% CI, gain over the previous row, cumulative
 gain) and writes the best configuration as YAML for `dlscale train --config FILE`."""
 
@@ -32,7 +35,7 @@ def tune(
     model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
     budget: Annotated[Optional[float], typer.Option("--budget", help="Wall seconds; no trial starts once spent (default: no limit).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the trials of an earlier tune under the same --tag instead of running them again.")] = False,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="KNOB=VALUE left alone (repeatable): precision, batch_size, channels_last, compile, threads_per_rank, workers.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="KNOB=VALUE left alone (repeatable): precision, batch_size, channels_last, compile, compile_mode, threads_per_rank, workers, optimizer_impl, pin_memory, prefetch_factor.", show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Largest peak memory a batch may use, e.g. 16G or 70% (default on CPU: 80% of RAM; GPUs: what fits).", show_default=False)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Starting per-device batch size.")] = 32,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Largest batch size tried.")] = 1024,

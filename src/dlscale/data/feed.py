@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dlscale.data.loader import ImageLoader, build_loader, normalize_on_device
+from dlscale.data.loader import ImageLoader, build_loader, normalize_on_device, pipeline_options
 
 
 class DeviceFeed:
@@ -54,7 +54,7 @@ def open_feed(cfg: Any, device: Any, rank: int = 0, world_size: int = 1) -> Devi
     on_cpu = device.type == "cpu"
     loader = build_loader(
         cfg.data, "train", cfg.batch_size, cfg.image_size, cfg.workers, train=True, strict=cfg.strict,
-        normalize=on_cpu, channels_last=cfg.channels_last, pin_memory=not on_cpu,
+        normalize=on_cpu, channels_last=cfg.channels_last, **pipeline_options(cfg, device.type),
         distributed=(rank, world_size) if world_size > 1 else None, seed=cfg.seed,
     )
     return DeviceFeed(loader, device, cfg.channels_last)

@@ -238,7 +238,7 @@ def build_loader(
     distributed: tuple[int, int] | None = None,
     seed: int = 0,
     drop_last: bool | None = None,
-    prefetch_factor: int = 2,
+    prefetch_factor: int | None = None,
     timeout: float = 120.0,
     plain_resize: bool = False,
 ) -> ImageLoader:
@@ -246,7 +246,8 @@ def build_loader(
 
     ``workers`` None: ``default_workers()``; 0 decodes in the calling process. ``channels_last``
     makes batches NHWC in the workers (the fast layout for convolutions on CPUs). ``pin_memory``
-    None: on when CUDA is available. ``distributed=(rank, world_size)`` shards the samples with a
+    None: on when CUDA is available (pinning without a GPU buys nothing). ``prefetch_factor``: batches
+    each worker loads ahead (None: 2, torch's default). ``distributed=(rank, world_size)`` shards the samples with a
     ``DistributedSampler`` (shuffled for training, seeded). ``drop_last`` defaults to ``train``.
     ``plain_resize`` resizes every image to ``image_size`` square, no crop and no random
     augmentation, for every split (tiny images such as the digits).
@@ -279,10 +280,17 @@ def build_loader(
         ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
         collate_fn=functools.partial(collate, channels_last=channels_last),
         pin_memory=pin, drop_last=drop_last, generator=g,
-        persistent_workers=workers > 0, prefetch_factor=prefetch_factor if workers > 0 else None,
+        persistent_workers=workers > 0, prefetch_factor=(prefetch_factor or 2) if workers > 0 else None,
         timeout=timeout if workers > 0 else 0,
     )
     return ImageLoader(loader, sampler, classes, normalized=normalize)
+
+
+def pipeline_options(cfg: Any, device_type: str) -> dict[str, Any]:
+    """``build_loader``'s pin_memory and prefetch_factor from a TrainConfig: pinned only where batches are
+    copied to a GPU (``TrainConfig.resolve`` refuses --pin-memory on CPU), prefetch as given (None: 2)."""
+    pin = cfg.pin_memory if cfg.pin_memory is not None else device_type != "cpu"
+    return {"pin_memory": bool(pin) and device_type != "cpu", "prefetch_factor": cfg.prefetch_factor}
 
 
 _STATS: dict[str, tuple[Any, Any]] = {}

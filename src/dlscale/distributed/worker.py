@@ -83,7 +83,7 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
     from dlscale.train.shorttest import build_setup, run_short_test
 
     def plain(model: Any) -> Any:
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_options(cfg))
 
     def sync() -> None:
         dev.synchronize(device)
@@ -112,6 +112,14 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
             "step_times": out.raw["step_times_s"], "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes,
             "comm_step_times": [comm_step_times]}
     return _rank0_figures(cfg, env, out, mine)
+
+
+def ddp_options(cfg: Any) -> dict[str, Any]:
+    """DDP's keyword arguments from the config's DDP fields (torch's defaults where not given)."""
+    opts: dict[str, Any] = {"gradient_as_bucket_view": cfg.ddp_grad_as_bucket_view, "static_graph": cfg.ddp_static_graph}
+    if cfg.ddp_bucket_mb is not None:
+        opts["bucket_cap_mb"] = cfg.ddp_bucket_mb
+    return opts
 
 
 def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> Any:

@@ -37,7 +37,12 @@ def check_resume(cfg: Any) -> None:
 def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
     """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
     (rank 0's; an empty list off node 0)."""
-    check_data(cfg.data)
+    if cfg.family == "classification":
+        check_data(cfg.data)
+    elif layout.distributed:  # a malformed file is one line here, not one failure per rank
+        from dlscale.longtest import tasks
+
+        tasks.get(cfg.family).open(cfg.data, cfg)
     check_resume(cfg)
     info(f"lr: {cfg.lr_rule()}")
     recs = []
@@ -70,15 +75,20 @@ def run_one(cfg: Any, layout: Any, store: Any) -> Any:
         from dlscale.distributed.job import run_job
 
         info(f"dlscale tta {cfg.model}: {layout.world_size} ranks ({layout.nodes} node(s) x {layout.nproc_per_node}), "
-             f"global batch {cfg.global_batch}, target top-1 {cfg.target_top1}")
+             f"global batch {cfg.global_batch}, target {target_words(cfg)}")
         return run_job("tta", asdict(cfg), layout, str(store.path))
     device = dev.select_device(cfg.device)
     resolved = cfg.resolve(device.type)
     dev.check_precision(resolved.precision, device)
-    info(f"dlscale tta {resolved.model}: target top-1 {resolved.target_top1}, batch {resolved.batch_size}, "
-         f"{resolved.image_size}px, up to {resolved.max_epochs} epochs, on {device}")
+    shape = f"{resolved.image_size}px, " if resolved.image_size else ""
+    info(f"dlscale tta {resolved.model}: target {target_words(resolved)}, batch {resolved.batch_size}, "
+         f"{shape}up to {resolved.max_epochs} epochs, on {device}")
 
     def body(_rec: Any) -> Any:
+        if resolved.family != "classification":
+            from dlscale.longtest.domain import run_domain
+
+            return run_domain(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
         from dlscale.longtest.tta import run_tta
 
         return run_tta(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
@@ -120,7 +130,22 @@ def add_reference(out: Any, config: dict[str, Any], store: Any) -> None:
     out.units.update({"speedup": "x", "throughput_speedup": "x", "epochs_ratio": "x", "train_time_speedup": "x"})
 
 
+def target_words(cfg: Any) -> str:
+    """"top-1 0.9" for a classifier, "BLEU 30" for a translation model, ..."""
+    if cfg.family == "classification":
+        return f"top-1 {cfg.target_top1}" + ("" if cfg.target_top5 is None else f", top-5 {cfg.target_top5}")
+    from dlscale.longtest import tasks
+
+    task = tasks.get(cfg.family)
+    return f"{task.metric_label} {'>=' if task.higher_is_better else '<='} {cfg.target:g}"
+
+
 def epoch_line(p: dict[str, Any]) -> None:
+    if "quality" in p:  # another family's curve point
+        figs = ", ".join(f"{k} {v:.4g}" for k, v in (p["figures"] or {}).items())
+        info(f"epoch {p['epoch']}: {p['wall_s']:.2f} s since start, train loss {p['train_loss']:.4f}, "
+             f"{p['throughput']:.1f} units/s" + (f", {figs}" if figs else ""))
+        return
     acc = "" if p["top1"] is None else f", top-1 {p['top1']:.4f}, top-5 {p['top5']:.4f}, val loss {p['loss']:.4f}"
     info(f"epoch {p['epoch']}: {p['wall_s']:.2f} s since start, train loss {p['train_loss']:.4f}, "
          f"{p['throughput']:.1f} samples/s{acc}")

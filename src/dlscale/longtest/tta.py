@@ -146,14 +146,23 @@ def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], 
          on_epoch: Callable[[dict[str, Any]], None] | None, t0: float) -> Outcome:
     """Set up, train epoch by epoch until the target or ``max_epochs``, and assemble the figures."""
     s = build_setup(cfg, device, ranks, wrap_model, platform, t0)
-    p = s.progress
+    run_epochs(s, train_one_epoch, evaluate_point, on_epoch)
+    return assemble_outcome(s)
+
+
+def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Callable[[Any, int, dict], None],
+               on_epoch: Callable[[dict[str, Any]], None] | None) -> None:
+    """The epoch loop of every time-to-quality run (this module's and longtest/domain.py's ``s``):
+    train, evaluate on the cadence, log the point, checkpoint; stop at the target or
+    ``max_epochs``; the MLPerf log's run_stop says which, and ``s.close()`` always runs."""
+    p, cfg = s.progress, s.cfg
     try:
         for epoch in range(p.start_epoch, cfg.max_epochs):
             if p.hit:
                 break
-            point = train_one_epoch(s, epoch)
+            point = train(s, epoch)
             if evaluates_after(cfg, epoch):
-                evaluate_point(s, epoch, point)
+                evaluate(s, epoch, point)
             log_point(s, point, on_epoch)
             if cfg.checkpoint_dir:
                 save_checkpoint(s, epoch)
@@ -165,7 +174,6 @@ def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], 
         raise
     finally:
         s.close()
-    return assemble_outcome(s)
 
 
 def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], Any] | None, platform: str,
@@ -195,7 +203,7 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
               base=base, opt=_optimizer(cfg, model, sched.peak), amp=dev.autocast_dtype(cfg.precision),
               channels_last=channels_last, progress=Progress(t0=t0), mlog=mlog, log_problems=log_problems)
     if cfg.resume:
-        s.progress = _resume(s, t0)
+        s.progress = resume_progress(s, t0)
     elif mlog:
         mlog.init_stop_run_start()
     s.progress.acc["setup_time"] += time.perf_counter() - t0
@@ -241,7 +249,7 @@ def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
     return torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def _resume(s: Setup, t0: float) -> Progress:
+def resume_progress(s: Any, t0: float) -> Progress:
     """Load the last checkpoint of the same config into the model and optimizer; the progress it held."""
     state = checkpoint.load(s.cfg.checkpoint_dir, s.key)
     s.base.load_state_dict(state["model"])
@@ -303,7 +311,7 @@ def evaluate_point(s: Setup, epoch: int, point: dict[str, Any]) -> None:
     point["reached"] = reached(cfg, ev.top1, ev.top5)
 
 
-def log_point(s: Setup, point: dict[str, Any], on_epoch: Callable[[dict[str, Any]], None] | None) -> None:
+def log_point(s: Any, point: dict[str, Any], on_epoch: Callable[[dict[str, Any]], None] | None) -> None:
     """Stamp ``point`` with the run's clock, add it to the curve, and keep it if it reached the target."""
     p = s.progress
     point["wall_s"] = p.clock()
@@ -314,7 +322,7 @@ def log_point(s: Setup, point: dict[str, Any], on_epoch: Callable[[dict[str, Any
         on_epoch(point)
 
 
-def save_checkpoint(s: Setup, epoch: int) -> None:
+def save_checkpoint(s: Any, epoch: int) -> None:
     """Rank 0 writes the model, optimizer and progress after epoch ``epoch``; every rank waits for it."""
     p = s.progress
     tc = time.perf_counter()

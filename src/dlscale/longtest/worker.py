@@ -39,12 +39,16 @@ def run_rank(spec: Any, env: Any) -> Any:
     ranks = Ranks(rank=env.rank, world=env.world_size, all_reduce=_all_reduce(device), barrier=dist.barrier,
                   sync_buffers=_sync_buffers)
 
-    def wrap(model: Any) -> Any:
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    def wrap(model: Any, task: Any = None) -> Any:
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                   find_unused_parameters=bool(getattr(task, "find_unused_parameters", False)))
 
     def body(rec: Any) -> Any:
-        out = run_tta(resolved, device, ranks, wrap_model=wrap, platform=platform_name(device, env.world_size),
-                      on_epoch=epoch_line if env.rank == 0 else None)
+        run = run_tta
+        if resolved.family != "classification":
+            from dlscale.longtest.domain import run_domain as run
+        out = run(resolved, device, ranks, wrap_model=wrap, platform=platform_name(device, env.world_size),
+                  on_epoch=epoch_line if env.rank == 0 else None)
         if store is not None:
             add_reference(out, {**config, **out.config}, store)
         return out

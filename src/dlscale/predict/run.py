@@ -32,7 +32,7 @@ UNITS = {"throughput": "samples/s", "speedup": "x", "efficiency": "fraction", "i
          "inter_node_efficiency": "fraction", "comm_fraction": "fraction", "exposed_comm": "s", "step_time": "s",
          "contention": "x", "world_size": "ranks"}
 TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision",
-             "channels_last", "optimizer", "device")
+             "channels_last", "compile_mode", "optimizer", "optimizer_impl", "device")
 
 
 def source_run(store: Any, run: str) -> Any:

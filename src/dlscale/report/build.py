@@ -48,9 +48,10 @@ def build(records: Sequence[RunRecord], title: str, filters: str, db: str,
                               (True, "Imported and reference results")):
         for unit, recs in domains.by_unit(r for r in train if r.imported == imported).items():
             rep.sections.append(throughput_section(recs, f"{heading}: {domains.rate_unit(unit)}"))
-    dom = domain_section(ok, reference, reference_label)
-    if dom is not None:
-        rep.sections.append(dom)
+    for metric in ("throughput", "time_to_target"):
+        dom = domain_section(ok, reference, reference_label, metric=metric)
+        if dom is not None:
+            rep.sections.append(dom)
     for build_extra in sections_extra.BUILDERS:
         sec = build_extra(ok)
         rep.sections.extend([sec] if isinstance(sec, Section) else sec or [])

@@ -36,11 +36,14 @@ def _reference_note(table: list[dict[str, Any]], label: str | None) -> str:
 
 
 def domain_section(records: Sequence[RunRecord], reference: Sequence[RunRecord] | None = None,
-                   reference_label: str | None = None) -> Section | None:
-    """Seed 000's table for the report's train runs; None when no domain has two device counts or a score."""
+                   reference_label: str | None = None, metric: str = "throughput") -> Section | None:
+    """Seed 000's table for the report's train runs (``metric`` throughput) or tta runs (``metric``
+    time_to_target); None when no domain has two device counts or a score."""
     from dlscale.analysis.domains import domain_table, rate_unit
 
-    table = domain_table(records, reference)
+    timed = metric == "time_to_target"
+    table = domain_table(records, reference, metric=metric, higher_is_better=not timed,
+                         kinds=("tta",) if timed else None)
     shown = [d for d in table if len(d["rows"]) > 1 or any(r["score"] is not None for r in d["rows"])]
     if not shown:
         return None
@@ -56,6 +59,8 @@ def domain_section(records: Sequence[RunRecord], reference: Sequence[RunRecord] 
     if series:
         png = plots.speedups(series, "Speed-up over the smallest device count, per domain (dotted: ideal N / n0)")
         fig = Figure("domains", png, "speed-up against device count per domain")
+    if timed:
+        return _time_section(tables, fig, reference, shown, reference_label)
     data = [TableData(["model and test", "devices", rate_unit(unit), "speed-up", "device ratio", "efficiency",
                        "score", "systems", "scaling"], rows, caption=f"{fam} ({rate_unit(unit)})")
             for (fam, unit), rows in tables.items()]
@@ -67,3 +72,23 @@ def domain_section(records: Sequence[RunRecord], reference: Sequence[RunRecord] 
         "score X_N / X_ref over a reference system. Scaling: linear = efficiency 90-105% at the largest count, "
         "super-linear above, flat = speed-up under 1.1x (seed 000's words for its domains).",
         figure=fig, tables=data, notes=notes)
+
+
+def _time_section(tables: dict[tuple[str, str], list[list[str]]], fig: Figure | None,
+                  reference: Sequence[RunRecord] | None, shown: list[dict[str, Any]],
+                  reference_label: str | None) -> Section:
+    """The same table in time to train (seed 000 ranks servers by MLPerf time to train per domain)."""
+    if fig is not None:
+        fig = Figure("domains-tta", fig.png, "time-to-train speed-up against device count per domain")
+    data = [TableData(["model and test", "devices", "time to train (s)", "speed-up", "device ratio", "efficiency",
+                       "score", "systems", "scaling"], rows, caption=fam) for (fam, _unit), rows in tables.items()]
+    notes = []
+    if reference is not None:
+        found = sum(1 for d in shown if d["reference"] and d["reference"]["value"] is not None)
+        notes.append(f"Scores are over the reference {reference_label}: T_ref / T_N, T_ref its time to train the same "
+                     f"model to the same target at its smallest device count ({found} of {len(shown)} domains have one).")
+    return Section(
+        "Time to train by domain and device count (seed 000)",
+        "Per domain (family, model, target): the time to train T_N at each device count, speed-up = T_n0 / T_N over "
+        "the smallest device count n0, efficiency = speed-up / (N / n0), and with --reference the MLPerf score "
+        "T_ref / T_N over a reference system.", figure=fig, tables=data, notes=notes)

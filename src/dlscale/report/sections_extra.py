@@ -114,28 +114,6 @@ def layouts_section(records: Sequence[RunRecord]) -> Section | None:
     )
 
 
-def tta_section(records: Sequence[RunRecord]) -> Section | None:
-    runs = [r for r in records if r.kind == "tta" and r.raw.get("curve")]
-    if not runs:
-        return None
-    series, rows = {}, []
-    for r in runs[:8]:
-        pts = [c for c in r.raw["curve"] if c.get("top1") is not None and c.get("wall_s") is not None]
-        label = f"{r.workload} {r.run_id[-8:]}"
-        if pts:
-            series[label] = ([c["wall_s"] for c in pts], [c["top1"] * 100 for c in pts])
-        m = r.metrics
-        rows.append([r.run_id, r.workload, str(m.get("world_size") or 1), fmt_pct(m.get("target_top1"), 1),
-                     "yes" if m.get("reached_target") else "no", fmt_fixed(m.get("time_to_target")),
-                     str(m.get("epochs_to_target") or "-"), fmt_pct(m.get("best_top1"), 1)])
-    fig = Figure("tta", plots.lines(series, "wall-clock time (s)", "top-1 accuracy (%)",
-                                    "Accuracy against training time"), "accuracy against time") if series else None
-    return Section("Time to accuracy", "Validation top-1 accuracy against wall-clock time; time to target "
-                   "counts training only up to the first evaluation at or above the target.", figure=fig,
-                   tables=[TableData(["run id", "model", "devices", "target top-1", "reached", "time to target (s)",
-                                      "epochs", "best top-1"], rows)])
-
-
 def monitoring_section(records: Sequence[RunRecord]) -> Section | None:
     runs = [r for r in records if isinstance(r.raw.get("monitor"), dict) and r.raw["monitor"].get("columns")]
     if not runs:
@@ -187,6 +165,12 @@ def _inference_sections(records: Sequence[RunRecord]) -> list[Section]:
     return inference_sections(records)
 
 
+def _tta_sections(records: Sequence[RunRecord]) -> list[Section]:
+    from dlscale.report.tta_section import tta_section
+
+    return tta_section(records)
+
+
 def _tune_section(records: Sequence[RunRecord]) -> Section | None:
     from dlscale.report.tune_section import tune_section
 
@@ -194,4 +178,4 @@ def _tune_section(records: Sequence[RunRecord]) -> Section | None:
 
 
 BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, _tune_section, micro_section,
-            tta_section, monitoring_section)
+            _tta_sections, monitoring_section)

@@ -54,18 +54,25 @@ TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig an
     "max_table_rows": Opt("train", "max_table_rows", "--max-table-rows"),
     "parallel": Opt("train", "parallel", "--parallel"),
     "activation_checkpointing": Opt("train", "activation_checkpointing", "--activation-checkpointing", "flag"),
+    "ddp_bucket_mb": Opt("train", "ddp_bucket_mb", "--ddp-bucket-mb"),
+    "ddp_grad_as_bucket_view": Opt("train", "ddp_grad_as_bucket_view", "--ddp-grad-as-bucket-view", "flag"),
+    "ddp_static_graph": Opt("train", "ddp_static_graph", "--ddp-static-graph", "flag"),
     "precision": Opt("train", "precision", "--precision"),
     "channels_last": Opt("train", "channels_last", "--channels-last", "switch"),
     "compile": Opt("train", "compile", "--compile", "flag"),
+    "compile_mode": Opt("train", "compile_mode", "--compile-mode"),
     "warmup_steps": Opt("train", "warmup_steps", "--warmup-steps"),
     "steps": Opt("train", "steps", "--steps"),
     "optimizer": Opt("train", "optimizer", "--optimizer"),
+    "optimizer_impl": Opt("train", "optimizer_impl", "--optimizer-impl"),
     "lr": Opt("train", "lr", "--lr"),
     "device": Opt("train", "device", "--device"),
     "repeat": Opt("train", "repeat", "--repeat"),
     "seed": Opt("train", "seed", "--seed"),
     "data": Opt("train", "data", "--data"),
     "workers": Opt("train", "workers", "--workers"),
+    "pin_memory": Opt("train", "pin_memory", "--pin-memory", "switch"),
+    "prefetch_factor": Opt("train", "prefetch_factor", "--prefetch-factor"),
     "strict": Opt("train", "strict", "--strict", "flag"),
     "monitor_interval": Opt("train", "monitor_interval", "--monitor-interval"),
     "breakdown_steps": Opt("train", "breakdown_steps", "--breakdown-steps"),
@@ -194,7 +201,9 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
     if command == "train":
         from dlscale.config import TrainConfig
 
-        return [TrainConfig(**fields["train"]), layout()]
+        cfg, lay = TrainConfig(**fields["train"]), layout()
+        cfg.check_layout(lay.distributed)
+        return [cfg, lay]
     if command == "infer":
         from dlscale.infer.config import InferConfig
 

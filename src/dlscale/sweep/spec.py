@@ -25,6 +25,11 @@ one-line error at the point's ``file:line`` before anything runs; a micro kind t
 fields it reads (``micro.run.READS``). A point runs as the command line a user would type
 (``to_argv``). ``timeout_per_run`` may also be set per point.
 
+A train point (or ``fixed:``, or a ``matrix:`` list) may name a config file, ``config: FILE``: the
+YAML of ``dlscale train --config FILE`` (what ``dlscale tune`` writes), a path relative to the
+sweep file's folder. Its keys merge under the point's own keys, which win (``fixed:`` keys count
+as the point's own); a ``model:`` in it must match the point's model, or gives the point its model.
+
 ``slurm:`` (optional) names the resources of each point's job for ``dlscale sweep --executor
 slurm`` (``sweep.slurm``); the local executor ignores it::
 
@@ -56,6 +61,7 @@ SLURM_TEXT = ("partition", "account", "constraint", "qos", "mem")  # slurm: fiel
 SWEEP_ONLY = ("timeout_per_run",)  # point fields the sweep consumes instead of passing on
 RESERVED = ("db", "format", "help")  # the sweep chooses these for every point
 DEFAULT_TIMEOUT_S = 1800.0
+CONFIG_FILE = "config"  # a train point's `dlscale train --config` file, merged under the point's own keys
 
 
 @dataclass(frozen=True)
@@ -254,6 +260,7 @@ def _expand(parts: _Parts, lines: _Lines) -> Sweep:
                   source=lines.source)
     seen: set[str] = set()
     for opts, origin in raw_points:
+        opts, origin = with_config_file(opts, origin, lines)
         point_timeout = _timeout(opts.pop("timeout_per_run", parts.timeout), lines, ("timeout_per_run",))
         opts.setdefault("tag", parts.tag)
         h = point_hash(command, opts)
@@ -280,6 +287,30 @@ def _raw_points(parts: _Parts) -> tuple[list[tuple[dict[str, Any], dict[str, tup
     for n, entry in enumerate(parts.include):
         points.append(({**parts.fixed, **entry}, {**from_fixed, **{k: ("include", n, k) for k in entry}}))
     return points, excluded
+
+
+def with_config_file(opts: dict[str, Any], origin: dict[str, tuple], lines: _Lines
+                     ) -> tuple[dict[str, Any], dict[str, tuple]]:
+    """A point with ``config: FILE`` replaced by the file's keys, under the point's own (which win);
+    a problem in the file is a UsageError at the point's ``config:`` line naming the file's line too."""
+    if CONFIG_FILE not in opts:
+        return opts, origin
+    from dlscale.tune import configfile
+
+    opts, origin = dict(opts), dict(origin)
+    where = origin.pop(CONFIG_FILE, (CONFIG_FILE,))
+    path = Path(opts.pop(CONFIG_FILE)).expanduser()
+    if not path.is_absolute():
+        path = Path(lines.source).parent / path
+    try:
+        values = configfile.load(path)
+    except UsageError as e:
+        raise lines.fail(where, str(e)) from None
+    model = values.get("model")
+    if model is not None and opts.get("model", model) != model:
+        raise lines.fail(where, f"{path} is for model {model!r}, not {opts['model']!r}; drop `model:` from the file "
+                                "or sweep that model")
+    return {**values, **opts}, {**{k: where for k in values}, **origin}
 
 
 def _labelled(points: list[Point]) -> list[Point]:
@@ -310,8 +341,13 @@ def check_value(table: dict[str, Opt], key: str, value: Any, lines: _Lines, path
     value_path, path = path, (path[:-1] if isinstance(path[-1], int) else path)
     if key in RESERVED:
         raise lines.fail(path, f"{key!r} is set by the sweep for every point (use `dlscale sweep --db` for the database)")
+    if key == CONFIG_FILE and table is COMMANDS["train"]:
+        if not isinstance(value, str) or not value.strip():
+            raise lines.fail(value_path, f"expected the name of a `dlscale train --config` file, got {value!r}")
+        return
     if key not in table:
-        raise lines.fail(path, f"unknown field {key!r}; options of this command: {', '.join(sorted(table) + list(SWEEP_ONLY))}")
+        extra = [*SWEEP_ONLY, *([CONFIG_FILE] if table is COMMANDS["train"] else [])]
+        raise lines.fail(path, f"unknown field {key!r}; options of this command: {', '.join(sorted(table) + extra)}")
     problem = type_problem(table[key], value)
     if problem:
         raise lines.fail(value_path, problem)

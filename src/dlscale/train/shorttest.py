@@ -74,7 +74,8 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
     if wrap_model is not None:
         model = wrap_model(model)
     opt = _optimizer(cfg, model)
-    fwd = torch.compile(model) if cfg.compile else model
+    fwd = torch.compile(model, mode=cfg.compile_mode) if cfg.compile else model  # mode None: "default"
+    graphs = cfg.compile_mode == "reduce-overhead"  # CUDA graph trees: each step starts a new generation
     fetch, to_device, next_batch = _batches(w, cfg, device, seed, memory_format, feed)
     amp_dtype = dev.autocast_dtype(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
@@ -93,6 +94,8 @@ def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[
             opt.step()
 
     def step() -> Any:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         loss = forward_loss(*next_batch())
         backward(loss)
@@ -114,12 +117,15 @@ def checkpoint_blocks(w: Any, model: Any) -> None:
 
 
 def _optimizer(cfg: TrainConfig, model: Any) -> Any:
+    """SGD with momentum or AdamW; ``optimizer_impl`` picks torch's multi-tensor (foreach) or fused kernels
+    (both run on CPU and CUDA in torch >= 2.4), "default" lets torch choose."""
     import torch
 
     lr = cfg.lr if cfg.lr is not None else workloads.get(cfg.model).default_lr
+    impl = {cfg.optimizer_impl: True} if cfg.optimizer_impl != "default" else {}
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **impl)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay, **impl)
 
 
 def _batches(w: Any, cfg: TrainConfig, device: Any, seed: int, memory_format: Any,

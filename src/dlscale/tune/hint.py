@@ -12,7 +12,8 @@ from typing import Any
 
 FACTOR = 1.5  # "much faster": below this, load noise on a shared machine could make the hint wrong
 SAME = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "compile",
-        "optimizer", "device", "device_name", "parallel", "data")
+        "compile_mode", "optimizer", "optimizer_impl", "device", "device_name", "parallel", "data")
+DEFAULTS = {"optimizer_impl": "default"}  # what a record made before the field existed ran with
 LOOKED_AT = 500  # newest records of the model read from the store
 
 
@@ -25,7 +26,7 @@ def hint_for(rec: Any, store: Any) -> str | None:
         c = other.config
         if other.run_id == rec.run_id or other.hostname != rec.hostname or other.imported:
             continue
-        if any(c.get(k) != mine.get(k) for k in SAME) or \
+        if any(c.get(k, DEFAULTS.get(k)) != mine.get(k, DEFAULTS.get(k)) for k in SAME) or \
                 other.metrics.get("world_size", 1) != rec.metrics.get("world_size", 1):
             continue
         if (c.get("precision"), c.get("channels_last")) == (mine.get("precision"), mine.get("channels_last")):

@@ -1,8 +1,8 @@
 """``dlscale tune MODEL`` end to end: what to search on this device, the trials, the ``tune`` record.
 
 ``plan`` decides the starting configuration (what ``dlscale train MODEL`` runs by default, with
-the shape options given), the candidates of each knob the device supports, and the knobs the
-configuration cannot express yet ("not searched: needs X"). Each trial is a real short test run
+the shape options given), the candidates of each knob the device supports, and what is not
+searched here, with why ("not searched: ..."). Each trial is a real short test run
 as ``dlscale train`` in its own process, exactly as a sweep point (``sweep.run.run_point``): its
 peak memory (process peak RSS on CPU) is its own, its intra-op threads are set by
 ``--threads-per-rank``, an out-of-memory kill does not take the search down, and its record
@@ -27,13 +27,13 @@ SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_
 TRIAL_ONLY = ("steps", "warmup_steps", "breakdown_steps", "monitor_interval", "tag", "device")
 BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
 ALWAYS_NOT_SEARCHED = (
-    "torch.compile modes max-autotune / reduce-overhead (CUDA graphs): needs a compile-mode field in TrainConfig "
-    "(compile is on or off)",
-    "fused / foreach optimizer: needs an optimizer-implementation field in TrainConfig",
-    "DDP bucket size, gradient_as_bucket_view, static_graph: needs TrainConfig DDP fields and a multi-rank tune "
-    "(trials run one process)",
+    "DDP bucket size, gradient_as_bucket_view, static_graph: tune trials run one process (no --nproc-per-node "
+    "yet) and DDP wraps the model only with several ranks; set them with `dlscale train --nproc-per-node N "
+    "--ddp-bucket-mb MB --ddp-grad-as-bucket-view --ddp-static-graph` or in a sweep",
     "CPU affinity / NUMA binding per rank: needs an affinity field in Layout",
 )
+BOOL_KNOBS = ("channels_last", "compile", "pin_memory")
+TEXT_KNOBS = ("precision", "compile_mode", "optimizer_impl")
 
 
 def parse_fix(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -45,11 +45,11 @@ def parse_fix(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         if not sep or knob not in KNOBS:
             raise UsageError(f"--fix {item!r}: give KNOB=VALUE with KNOB one of {', '.join(KNOBS)}")
         text = text.strip()
-        if knob in ("channels_last", "compile"):
+        if knob in BOOL_KNOBS:
             if text.lower() not in BOOL_WORDS:
                 raise UsageError(f"--fix {item!r}: {knob} takes true or false")
             out[knob] = BOOL_WORDS[text.lower()]
-        elif knob == "precision":
+        elif knob in TEXT_KNOBS:
             out[knob] = text
         elif text.isdigit() and int(text) > 0:
             out[knob] = int(text)
@@ -79,10 +79,12 @@ def parse_memory(text: str | None, total: int | None) -> int | None:
 
 
 def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, list[Any]], list[str]]:
-    """The candidate values of each knob this device and model can take, and what is left out (with why)."""
+    """The candidate values of each knob this device and model can take, and what is left out (with why).
+    Compile modes: "default" is the compile knob's True; CUDA graphs (reduce-overhead) only on CUDA."""
     import torch
 
-    cands: dict[str, list[Any]] = {"batch_size": [], "compile": [False, True]}
+    cands: dict[str, list[Any]] = {"batch_size": [], "compile": [False, True], "optimizer_impl": ["foreach", "fused"]}
+    cands["compile_mode"] = ["max-autotune"] + (["reduce-overhead"] if device_type == "cuda" else [])
     left = list(ALWAYS_NOT_SEARCHED)
     if device_type == "cuda":
         major, _ = torch.cuda.get_device_capability()
@@ -96,6 +98,7 @@ def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, 
         cands["precision"] = ["fp32", "bf16"] if bf16 else ["fp32"]
         if not bf16:
             left.append("precision bf16: this CPU has neither AVX512-BF16 nor AMX (bf16 would be emulated)")
+        left.append("compile mode reduce-overhead: CUDA graphs need a CUDA device")
         n = os.cpu_count() or 1
         cands["threads_per_rank"] = sorted({n, max(1, n // 2), torch.get_num_threads()})
     if images:
@@ -105,7 +108,11 @@ def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, 
     if data:
         n = os.cpu_count() or 1
         cands["workers"] = sorted({0, max(1, n // 2), n})
-        left.append("pinned memory, prefetch factor: needs data-loader fields in TrainConfig")
+        cands["prefetch_factor"] = [4]  # torch's default is 2 batches per worker
+        if device_type == "cuda":
+            cands["pin_memory"] = [False]  # on by default with CUDA
+        else:
+            left.append("pinned memory: only with a CUDA device (a CPU run copies no batch to a GPU)")
     else:
         left.append("data-loader workers, pinned memory, prefetch: only with --data (synthetic batches stay on the device)")
     return cands, left
@@ -130,10 +137,17 @@ def plan(model: str, options: dict[str, Any], fixed: dict[str, Any], device_type
         start["channels_last"] = default_channels_last(device_type, "fp32")
     if device_type == "cpu":
         start["threads_per_rank"] = torch.get_num_threads()
-    start.update({k: v for k, v in fixed.items() if k in cands or k == "batch_size"})
     for k in fixed:
         if k not in cands and k != "batch_size":
             raise UsageError(f"--fix {k}: not a knob of this model and device; searched: {', '.join(cands)}")
+    if fixed.get("compile") is False:
+        if "compile_mode" in fixed:
+            raise UsageError("--fix compile=false contradicts --fix compile_mode (a mode turns compile on); drop one")
+        cands.pop("compile_mode")
+        left.append("compile mode: --fix compile=false")
+    start.update(fixed)
+    if "compile_mode" in fixed:
+        start["compile"] = fixed["compile"] = True  # the mode compiles: the compile knob is decided too
     from dlscale.config import TrainConfig
 
     TrainConfig(**{k: v for k, v in start.items() if k != "threads_per_rank"})  # bad model options fail here
@@ -258,19 +272,20 @@ def tune(model: str, *, db: str | None = None, budget_s: float | None = None, re
     if steps < 2:
         raise UsageError(f"--steps must be >= 2 (a trial needs a confidence interval), got {steps}")
     device_type = _device_type(device)
+    fix = dict(fix or {})  # plan() adds what a fixed knob implies (a compile mode fixes compile)
     system = collect_cached()
     limit = parse_memory(max_memory or ("80%" if device_type == "cpu" else None), _total_memory())
     tag = tag or f"tune-{model}"
     trial = {"steps": steps, "warmup_steps": warmup_steps, "breakdown_steps": 0, "monitor_interval": 0.0,
              "device": device_type, "tag": tag}
-    start, cands, left = plan(model, options, fix or {}, device_type, trial)
-    config = {"model": model, "start": {k: v for k, v in start.items() if k != "tag"}, "fix": fix or {},
+    start, cands, left = plan(model, options, fix, device_type, trial)
+    config = {"model": model, "start": {k: v for k, v in start.items() if k != "tag"}, "fix": fix,
               "budget_s": budget_s, "max_memory_bytes": limit, "max_batch": max_batch, "resume": resume,
               "candidates": cands}
     with Store.open(db) as store:
         search = Search(start, cands, runner or subprocess_runner(store, f"tune:{model}", limit), clock or time.monotonic,
                         budget_s, limit, max_batch, done=finished_trials(store, tag) if resume else {},
-                        fixed=fix or {}, unit=_unit(model))
+                        fixed=fix, unit=_unit(model))
         return execute(kind="tune", workload=model, config=config, tag=tag, store=store, system=system,
                        body=search_body(search, output, model, left))
 

@@ -1,13 +1,19 @@
 """The knob search of ``dlscale tune``: one knob at a time, kept only when its gain is clear of the noise.
 
 The search starts from the configuration ``dlscale train MODEL`` runs by default and visits the
-knobs in the order of their expected gain (``KNOBS``). For each knob it measures the candidates
-(real short tests through a ``TrialRunner``), takes the fastest, and keeps it only when
-``decide`` says its gain exceeds the noise of the two measurements. The batch-size knob grows the
-batch x2 until it no longer fits (out of memory, or a peak over ``max_memory``) or stops getting
-faster, then bisects between the last batch that fitted and the first that did not. Every trial
-has a key (a hash of its options and repeat index); trials already in ``done`` (the store, with
-``--resume``) are reused instead of run. No trial starts once the budget is spent. The clock and
+knobs in the order of their expected gain (``KNOBS``). Every candidate is measured beside the
+incumbent (A/B alternation): each candidate trial is followed at once by a fresh trial of the
+incumbent, and the candidate is compared with the incumbent *as it would have measured at the
+candidate's place in the sequence*, interpolated log-linearly between the incumbent's trials just
+before and just after it (``reference``). A load that drifts slowly (the machine getting busier or
+quieter over minutes) then scales both sides alike and cancels from the ratio. On top of that,
+``decide`` keeps the fastest candidate only when its gain exceeds the noise of the two
+measurements (CIs apart, or a consistent repeat pair). The batch-size knob grows the batch x2 until
+it no longer fits (out of memory, or a peak over ``max_memory``) or stops getting faster, then
+bisects between the last batch that fitted and the first that did not; the incumbent is measured
+again after the growth. Every trial has a key (a hash of its options and repeat index); trials
+already in ``done`` (the store, with ``--resume``) are reused instead of run, in the same order, so
+a resumed search makes the same decisions. No trial starts once the budget is spent. The clock and
 the runner are injected, so the search runs in tests on a fake device. No torch at import time.
 """
 
@@ -20,7 +26,10 @@ from typing import Any
 
 from dlscale.record import RunRecord, config_hash
 
-KNOBS = ("precision", "batch_size", "channels_last", "compile", "threads_per_rank", "workers")
+# compile_mode after threads and workers: max-autotune compiles for minutes and gains less on CPU.
+KNOBS = ("precision", "batch_size", "channels_last", "compile", "threads_per_rank", "workers", "compile_mode",
+         "optimizer_impl", "pin_memory", "prefetch_factor")
+TIE = 1e-9  # ratios within this of 1 are equal (floating-point rounding of the drift correction)
 TrialRunner = Callable[[dict[str, Any], str, float], RunRecord]  # (options, key, timeout_s) -> the trial's record
 
 
@@ -37,6 +46,7 @@ class Result:
     run_id: str | None = None
     error: str | None = None
     reused: bool = False  # found in the store (--resume), not run again
+    seq: int = -1  # its place in the search's sequence of trials (the drift correction interpolates on it)
 
     @property
     def fits(self) -> bool:
@@ -119,30 +129,62 @@ def result_of(rec: RunRecord, settings: dict[str, Any], key: str, max_memory: in
     return res
 
 
+def reference(before: Result, after: Result, at: int) -> Result:
+    """The incumbent as it would have measured at place ``at`` of the sequence: its throughput and CI
+    bounds interpolated log-linearly between its trials ``before`` and ``after`` (a load drifting by a
+    constant factor per trial cancels exactly; ``before`` and ``after`` at one place: their geometric mean)."""
+    span = after.seq - before.seq
+    f = (at - before.seq) / span if span > 0 else 0.5
+
+    def mix(a: float, b: float) -> float:
+        if math.isinf(a) or math.isinf(b):
+            return math.inf
+        if a <= 0 or b <= 0:
+            return a + (b - a) * f  # a zero lower bound has no logarithm: linear
+        return a * (b / a) ** f
+
+    return Result(after.key, after.settings, "ok", mix(before.throughput, after.throughput),
+                  (mix(before.ci[0], after.ci[0]), mix(before.ci[1], after.ci[1])), run_id=after.run_id, seq=at)
+
+
 def decide(inc: Result, cand: Result, rerun: Callable[[], tuple[Result | None, Result | None]] | None) -> Decision:
     """Whether ``cand`` is clearly faster than the incumbent ``inc`` (docs/METRICS.md, "dlscale tune").
 
-    Kept when the candidate's CI lies wholly above the incumbent's. Rejected when it does not fit,
-    when its throughput is not above the incumbent's, or when its CI lies wholly below. Otherwise
-    (the intervals overlap) both are measured once more (``rerun``) and the candidate is kept only
-    when it is faster in both pairs and the mean of the two ratios exceeds 1 by more than the ratios
-    differ (the gain is larger than its own run-to-run spread).
+    ``inc`` is the incumbent measured beside the candidate (``reference``). Kept when the candidate's
+    CI lies wholly above the incumbent's. Rejected when it does not fit, when its throughput is not
+    above the incumbent's, or when its CI lies wholly below. Otherwise (the intervals overlap) both
+    are measured once more, side by side (``rerun``: the incumbent reference and the candidate), and
+    the candidate is kept only when it is faster in both pairs and the mean of the two ratios exceeds
+    1 by more than the ratios differ (the gain is larger than its own run-to-run spread).
     """
     if not cand.fits:
         return Decision(False, 0.0, f"{cand.status}")
     ratio = cand.throughput / inc.throughput if inc.throughput > 0 else math.inf
     if cand.ci[0] > inc.ci[1]:
         return Decision(True, ratio, f"{ratio:.2f}x, CIs apart")
-    if ratio <= 1.0 or cand.ci[1] < inc.ci[0]:
+    if ratio <= 1.0 + TIE or cand.ci[1] < inc.ci[0]:
         return Decision(False, ratio, f"{ratio:.2f}x, no gain")
     again = rerun() if rerun is not None else (None, None)
     if again[0] is None or again[1] is None or not (again[0].fits and again[1].fits):
         return Decision(False, ratio, f"{ratio:.2f}x, CIs overlap and no repeat could run")
     r2 = again[1].throughput / again[0].throughput
     mean = (ratio + r2) / 2
-    keep = min(ratio, r2) > 1.0 and mean - 1.0 > abs(ratio - r2)
+    keep = min(ratio, r2) > 1.0 + TIE and mean - 1.0 > abs(ratio - r2)
     word = "kept" if keep else "within noise"
     return Decision(keep, mean, f"{mean:.2f}x ({ratio:.2f}x, repeat {r2:.2f}x: CIs overlapped), {word}")
+
+
+def changes(knob: str, value: Any) -> dict[str, Any]:
+    """The option changes that set ``knob`` to ``value`` (a compile mode also turns compile on)."""
+    return {knob: value, "compile": True} if knob == "compile_mode" else {knob: value}
+
+
+def applies(knob: str, settings: dict[str, Any]) -> bool:
+    """Whether the knob can be tried from these settings (prefetch needs loader workers)."""
+    return not (knob == "prefetch_factor" and settings.get("workers") == 0)
+
+
+Pair = tuple[Any, Result | None, Result | None]  # (value, candidate trial, incumbent reference beside it)
 
 
 @dataclass
@@ -182,19 +224,33 @@ class Search:
                 return None
             timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 60.0))
             res = result_of(self.runner(dict(settings), key, timeout), settings, key, self.max_memory)
+        res.seq = len(self.trials)
         self.trials.append(res)
         return res
 
-    def rerun(self, inc: Result, cand: Result) -> Callable[[], tuple[Result | None, Result | None]]:
-        """Measure the incumbent and the candidate once more, each as a fresh trial (its next repeat index)."""
-        def again(settings: dict[str, Any]) -> Result | None:
-            return self.measure(settings, sum(1 for t in self.trials if t.settings == settings))
+    def fresh(self, settings: dict[str, Any]) -> Result | None:
+        """A new trial of ``settings`` (its next repeat index), never an earlier one reused."""
+        return self.measure(settings, sum(1 for t in self.trials if t.settings == settings))
 
-        return lambda: (again(inc.settings), again(cand.settings))
+    def latest(self, settings: dict[str, Any]) -> Result | None:
+        """The newest trial of ``settings`` that ran fine."""
+        return next((t for t in reversed(self.trials) if t.settings == settings and t.fits), None)
+
+    def pair(self, settings: dict[str, Any], inc: dict[str, Any]) -> tuple[Result | None, Result | None]:
+        """Measure ``settings``, then the incumbent ``inc`` right after it: the candidate's trial and the
+        incumbent's reference at its place (None when the candidate did not fit or the incumbent could not run)."""
+        before = self.latest(inc)
+        cand = self.fresh(settings)
+        if cand is None or not cand.fits or before is None:
+            return cand, None
+        after = self.fresh(inc)
+        if after is None or not after.fits:
+            return cand, None
+        return cand, reference(before, after, cand.seq)
 
     def run(self) -> Outcome:
         """Every knob in order; the ablation table; what was left out."""
-        start = self.measure(self.start)
+        start = self.fresh(self.start)
         if start is None or not start.fits:
             from dlscale.errors import RunFailure
 
@@ -216,37 +272,56 @@ class Search:
         return Outcome(start, inc, steps, self.trials, [], self.budget_spent)
 
     def knob(self, knob: str, inc: Result, cumulative: float) -> tuple[Result, Step]:
-        """Try one knob's candidates against the incumbent; the new incumbent and the table row."""
-        if knob == "batch_size":
-            tried, measured = self.grow_batch(inc)
-        else:
-            values = [v for v in self.candidates[knob] if v != inc.settings.get(knob)]
-            tried, measured = values, [self.measure({**inc.settings, knob: v}) for v in values]
-        fitting = [r for r in measured if r is not None and r.fits and r.key != inc.key]
+        """Try one knob's candidates, each beside the incumbent; the new incumbent and the table row."""
+        pairs = self.batch_pairs(inc) if knob == "batch_size" else self.value_pairs(knob, inc)
         same = inc.settings.get(knob)
-        ran = [v for v, r in zip(tried, measured) if r is not None]  # the table shows what was measured
-        if not fitting:
-            if not tried:
-                why = "no other value applies"
-            elif any(r is None for r in measured):
-                why = "budget spent"
-            else:
-                why = "; ".join(f"{v}: {r.status}" for v, r in zip(tried, measured) if not r.fits) or "no change"
-            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, cumulative, False, why, inc.run_id)
-        cand = max(fitting, key=lambda r: r.throughput)
-        d = decide(inc, cand, self.rerun(inc, cand))
+        ran = [v for v, c, _ in pairs if c is not None]  # the table shows what was measured
+        judged = [(c, ref) for _, c, ref in pairs if c is not None and c.fits and ref is not None]
+        if not judged:
+            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, cumulative, False,
+                             why_none(pairs, self.budget_spent), inc.run_id)
+        cand, ref = max(judged, key=lambda p: p[0].throughput / p[1].throughput if p[1].throughput > 0 else math.inf)
+        d = decide(ref, cand, lambda: self.again(cand.settings, inc.settings))
         if not d.keep:
             return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, cumulative, False,
                              f"best {cand.settings.get(knob)}: {d.reason}", inc.run_id)
         return cand, Step(knob, cand.settings.get(knob), ran, cand.throughput, cand.ci, d.gain,
                           cumulative * d.gain, True, d.reason, cand.run_id)
 
+    def again(self, cand: dict[str, Any], inc: dict[str, Any]) -> tuple[Result | None, Result | None]:
+        """The repeat of ``decide``: the candidate and the incumbent once more, side by side (reference, candidate)."""
+        c, ref = self.pair(cand, inc)
+        return ref, c
+
+    def value_pairs(self, knob: str, inc: Result) -> list[Pair]:
+        """Each other value of the knob, measured and followed by the incumbent; stops once the budget is spent."""
+        pairs: list[Pair] = []
+        if not applies(knob, inc.settings):
+            return pairs
+        for v in (v for v in self.candidates[knob] if v != inc.settings.get(knob)):
+            c, ref = self.pair({**inc.settings, **changes(knob, v)}, inc.settings)
+            pairs.append((v, c, ref))
+            if c is None:
+                break
+        return pairs
+
+    def batch_pairs(self, inc: Result) -> list[Pair]:
+        """The batch sizes of ``grow_batch``, then the incumbent once more: each fitting batch against
+        the incumbent interpolated at its place between the trials before and after the growth."""
+        before = self.latest(inc.settings)
+        tried, measured = self.grow_batch(inc)
+        after = self.fresh(inc.settings) if any(r is not None and r.fits for r in measured) else None
+        ok = before is not None and after is not None and after.fits
+        return [(v, r, reference(before, after, r.seq) if ok and r is not None and r.fits else None)
+                for v, r in zip(tried, measured)]
+
     def grow_batch(self, inc: Result) -> tuple[list[Any], list[Result | None]]:
-        """Batch x2 while it fits and gets faster, then bisect towards the first batch that ran out of memory."""
-        lo, hi, best = inc.settings["batch_size"], None, inc
+        """Batch x2 while it fits and gets faster, then bisect towards the first batch that ran out of memory.
+        (Whether to go on compares neighbouring trials; the kept batch is judged against the incumbent.)"""
+        lo, hi, best = inc.settings["batch_size"], None, self.latest(inc.settings) or inc
         tried, measured = [], []
         while lo * 2 <= self.max_batch:
-            r = self.measure({**inc.settings, "batch_size": lo * 2})
+            r = self.fresh({**inc.settings, "batch_size": lo * 2})
             tried.append(lo * 2)
             measured.append(r)
             if r is None:
@@ -262,10 +337,21 @@ class Search:
             mid = (lo + hi) // 2
             if mid <= lo or hi - lo <= max(1, lo // 8):
                 break
-            r = self.measure({**inc.settings, "batch_size": mid})
+            r = self.fresh({**inc.settings, "batch_size": mid})
             tried.append(mid)
             measured.append(r)
             if r is None:
                 break
             lo, hi = (mid, hi) if r.fits else (lo, mid)
         return tried, measured
+
+
+def why_none(pairs: list[Pair], budget_spent: bool) -> str:
+    """The table's note when no candidate could be judged."""
+    if not pairs:
+        return "no other value applies"
+    if any(c is None for _, c, _ in pairs) or budget_spent and any(c.fits for _, c, _ in pairs):
+        return "budget spent"
+    if any(c.fits for _, c, _ in pairs):
+        return "the incumbent's measurement beside the candidate failed"
+    return "; ".join(f"{v}: {c.status}" for v, c, _ in pairs if c is not None and not c.fits) or "no change"

@@ -31,6 +31,7 @@ FAMILIES = {
     "translation": "tokens",  # target (non-padding) tokens, as translation benchmarks count
     "recommendation": "samples",  # user-item interactions (NCF) or click-log rows (DLRM)
     "llm": "tokens",  # trained tokens (batch x sequence length)
+    "reinforcement": "env_steps",  # environment transitions collected and trained on
 }
 
 # The TrainConfig fields that give a batch its shape, and the families each applies to.
@@ -239,7 +240,7 @@ def register(w: Workload) -> Workload:
 
 
 # Modules whose import registers workloads; none imports torch at module level.
-BUILTIN_MODULES = ("tinycnn", "vision", "detection", "translation", "recommendation", "llm")
+BUILTIN_MODULES = ("tinycnn", "vision", "detection", "translation", "recommendation", "llm", "rl")
 
 
 def _load_builtin() -> None:

@@ -247,3 +247,74 @@ register(Detector("ssd300", _ssd300, 300, 268, "SSD300, VGG-16 backbone, 35.6M p
 # 320 px, and BatchNorm cannot train on one value per channel, hence two images per rank.
 register(Detector("ssdlite", _ssdlite, 320, 32, "SSDlite320, MobileNetV3-Large backbone, 3.4M parameters: "
                   "quick on a CPU", min_batch_size=2))
+
+
+# -- detector_tiny: the time-to-quality default (dlscale tta on the made shapes dataset) -------------------------
+
+TINY_SIZE = 64  # native size: the made shapes dataset's images (``dlscale dataset detection``)
+TINY_WIDTH = 64  # channels of the pyramid and the head (GroupNorm(32) in FCOS's head needs a multiple of 32)
+
+
+def tiny_backbone() -> "torch.nn.Module":
+    """A four-stage convolutional backbone with a feature pyramid: outputs at strides 4, 8 and 16.
+
+    Each stage is two 3x3 convolutions with BatchNorm, the first with stride 2; the pyramid
+    (torchvision's ``FeaturePyramidNetwork``) brings every level to ``TINY_WIDTH`` channels, as
+    FCOS's head expects (``out_channels``).
+    """
+    from collections import OrderedDict
+
+    import torch
+    from torch import nn
+    from torchvision.ops import FeaturePyramidNetwork
+
+    def stage(c_in: int, c_out: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, 2, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
+                             nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+
+    class TinyBackbone(nn.Module):
+        """Stages at strides 2, 4, 8, 16 (16, 32, 64, 128 channels); the last three feed the pyramid."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = nn.ModuleList([stage(3, 16), stage(16, 32), stage(32, 64), stage(64, 128)])
+            self.fpn = FeaturePyramidNetwork([32, 64, 128], TINY_WIDTH)
+            self.out_channels = TINY_WIDTH
+
+        def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+            feats = OrderedDict()
+            for i, s in enumerate(self.stages):
+                x = s(x)
+                if i >= 1:
+                    feats[f"p{i + 1}"] = x
+            return self.fpn(feats)
+
+    return TinyBackbone()
+
+
+def tiny_fcos(size: int, num_classes: int = NUM_CLASSES) -> "torch.nn.Module":
+    """FCOS (anchor-free, one location per feature cell) on ``tiny_backbone`` for ``size`` px images.
+
+    The anchor sizes (one per level, equal to its stride: 4, 8, 16 px at 64 px) set FCOS's
+    size ranges: objects whose farthest side is under 32 px from a location train on the stride-4
+    level, 32-64 px on stride 8, larger on stride 16; they scale with ``size`` / 64 so that a
+    larger input keeps the same split. The head has two convolutions per branch (FCOS has four).
+    ``num_classes`` counts the background (torchvision's convention: label 0 is never a box).
+    """
+    from torchvision.models.detection import FCOS
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.fcos import FCOSHead
+
+    k = max(1, round(size / TINY_SIZE))
+    anchors = AnchorGenerator(sizes=((4 * k,), (8 * k,), (16 * k,)), aspect_ratios=((1.0,),) * 3)
+    head = FCOSHead(TINY_WIDTH, 1, num_classes, num_convs=2)
+    return FCOS(tiny_backbone(), num_classes, min_size=size, max_size=size, anchor_generator=anchors, head=head,
+                score_thresh=0.05, detections_per_img=100)
+
+
+# Learns the made shapes in minutes on 2 CPU cores (dlscale tta's detection default); at 64 px a step of
+# 2 images is milliseconds. Stride 16 is its coarsest level, so 32 px is the least size with a 2x2 map there;
+# FCOS's transform pads to a multiple of 32.
+register(Detector("detector_tiny", tiny_fcos, TINY_SIZE, 32,
+                  "FCOS, 4-stage CNN + 3-level FPN, 2-conv head (dlscale's tiny detector for the made shapes), "
+                  "0.62M parameters", size_multiple=32, default_lr=1e-3))

@@ -1,0 +1,162 @@
+"""What a time-to-quality task is: the interface each domain's long test implements.
+
+Image classification trains to a top-1 target on an ImageNet-layout tree (longtest/tta.py). Every
+other workload family trains to a target of its own community's quality metric (COCO mAP for
+detection, BLEU for translation, HR@10 for recommendation, validation log-perplexity for LLM
+pretraining, mean episode return for reinforcement learning) through one loop, longtest/domain.py,
+which owns the clock, the LR schedule, the optimizer step, evaluation cadence, checkpoints and
+resume, the distributed ranks and the MLPerf log. A ``Task`` says only what is domain-specific:
+
+* ``make_dataset`` writes a small dataset with a learnable structure, deterministic from a seed
+  (``dlscale dataset DOMAIN DIR``); ``open`` reads it, or the real dataset's layout, and checks it
+  (a malformed file is a ``UsageError`` naming its path and line, raised before training starts);
+* ``build_model`` sizes the family's model to the data (vocabulary, users and items, classes);
+* ``batches`` yields this rank's batches of one epoch, exactly ``steps_per_epoch`` of them on every
+  rank (DDP needs equal step counts), seeded from ``ctx.seed`` so that a resumed run repeats what an
+  uninterrupted run would have done; ``loss`` is the training loss of one batch and ``units`` its
+  sample units (the family's throughput unit);
+* ``evaluate`` computes the quality metric with a well-kept library on rank 0's model over the
+  whole validation set; it returns a dict that holds ``metric`` and may hold more figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.errors import UsageError
+
+
+def layout_error(path: Any, line: int | None, what: str) -> UsageError:
+    """A malformed real-layout or made file: one line naming the file (and line) and the fault."""
+    where = f"{path}:{line}" if line is not None else f"{path}"
+    return UsageError(f"{where}: {what}")
+
+
+@dataclass
+class TaskData:
+    """What ``Task.open`` read: the splits, their sizes, and what the model must be sized to."""
+
+    root: str
+    n_train: int  # training samples (MLPerf's train_samples: images, sentence pairs, interactions, ...)
+    n_eval: int  # evaluation samples (images, sentences, users, tokens, episodes)
+    describe: str  # one line for the log: "COCO layout, 400 train + 100 val images, 3 classes"
+    info: dict[str, Any] = field(default_factory=dict)  # recorded in the run's config (data_info)
+
+
+@dataclass
+class EpochContext:
+    """Where one epoch runs: the loop builds it and hands it to ``batches`` and ``evaluate``."""
+
+    epoch: int  # 0-based
+    seed: int  # seed of this epoch on this rank: derive every random choice of the epoch from it
+    rank: int
+    world: int
+    device: Any  # torch.device
+    cfg: Any  # the resolved TTAConfig
+    amp: Any = None  # autocast dtype or None (the loop enters autocast around ``loss``; evaluate may too)
+
+
+class Task:
+    """One domain's time-to-quality long test; subclasses set the class attributes and implement
+    the methods below. Register an instance with ``dlscale.longtest.tasks.register``."""
+
+    family: str  # a workloads.FAMILIES key (or "reinforcement")
+    metric: str  # the key of evaluate()'s dict the target applies to ("map", "bleu", "hr10", ...)
+    metric_label: str  # how tables name it ("mAP@[.5:.95]", "BLEU", "HR@10", "log-perplexity")
+    metric_unit: str  # its unit in the record ("fraction", "BLEU", "nats/token", "return")
+    higher_is_better: bool = True
+    library: str = ""  # who computes the metric ("pycocotools", "sacrebleu", ...)
+    default_model: str = ""  # the small model that reaches default_target on the made dataset
+    default_target: float = 0.0
+    default_data: str | None = None  # a --data default (an environment id for RL); None: --data required
+    default_optimizer: str = "adamw"
+    default_lr: float = 1e-3
+    default_weight_decay: float = 0.0
+    default_batch_size: int = 32
+    default_max_epochs: int = 50
+    default_lr_schedule: str = "constant"
+    clip_grad_norm: float | None = None
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam/AdamW betas the loop's optimizer uses (torch's default)
+    adam_eps: float = 1e-8
+    find_unused_parameters: bool = False  # DDP's flag, where some parameters get no gradient in a step
+    mlperf_benchmark: str | None = None  # submission_benchmark of the MLPerf log
+    mlperf_ruleset: str | None = None  # the installed mlperf-logging ruleset it passes in open division
+    dataset_help: str = ""  # `dlscale dataset DOMAIN --help`
+
+    # -- data -------------------------------------------------------------------------------------
+    def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
+        """Write the made dataset under ``root``; a JSON-able summary. ``scale`` multiplies its size."""
+        raise NotImplementedError
+
+    def open(self, data: str, cfg: Any) -> TaskData:
+        """Read and check ``data`` (made or real layout); a UsageError naming path:line if malformed."""
+        raise NotImplementedError
+
+    # -- model and training -----------------------------------------------------------------------
+    def check_model(self, model: str) -> None:
+        """Raise a UsageError if this task cannot train ``model`` (its family's models by default)."""
+        from dlscale import workloads
+
+        w = workloads.get(model)
+        if w.family != self.family:
+            raise UsageError(f"{model} is a {w.family} model, not a {self.family} one")
+
+    def build_model(self, cfg: Any, data: TaskData) -> Any:
+        raise NotImplementedError
+
+    def steps_per_epoch(self, data: TaskData, cfg: Any) -> int:
+        """Optimizer steps of one epoch on every rank (same on all ranks; cfg.world_size ranks)."""
+        raise NotImplementedError
+
+    def batches(self, data: TaskData, model: Any, ctx: EpochContext) -> Iterator[Any]:
+        """This rank's ``steps_per_epoch`` batches of epoch ``ctx.epoch``, on ``ctx.device``.
+
+        ``model`` is the bare module (RL collects rollouts with it; others ignore it)."""
+        raise NotImplementedError
+
+    def loss(self, model: Any, batch: Any) -> Any:
+        """The scalar training loss of one batch; ``model`` may be a DDP wrapper (only call it)."""
+        raise NotImplementedError
+
+    def units(self, batch: Any) -> int:
+        """Sample units in ``batch`` (the family's throughput unit: images, tokens, samples, steps)."""
+        raise NotImplementedError
+
+    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
+        """The quality figures of ``model`` (bare, in eval mode, under no_grad) on the whole
+        validation set; must hold ``self.metric``."""
+        raise NotImplementedError
+
+    # -- MLPerf -----------------------------------------------------------------------------------
+    def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:
+        """Hyperparameter events of the MLPerf log header (key -> value), beyond the common ones.
+
+        ``data`` is what ``open`` returned and ``steps_per_epoch`` the loop's step count per epoch."""
+        return {}
+
+    def closed_division_problems(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> list[str]:
+        """The closed-division rules of ``mlperf_benchmark`` this config breaks (said before the run)."""
+        return []
+
+    def mlperf_benchmark_for(self, cfg: Any) -> str | None:
+        """The MLPerf benchmark this config logs as (one task may cover two, e.g. NCF and DLRM)."""
+        return self.mlperf_benchmark
+
+    def mlperf_ruleset_for(self, cfg: Any) -> str | None:
+        """The mlperf-logging ruleset whose open division that log passes (None: no ruleset)."""
+        return self.mlperf_ruleset
+
+    def mlperf_accuracy(self, figures: dict[str, float]) -> float:
+        """The value logged as eval_accuracy (MLPerf's quality figure; the metric by default)."""
+        return float(figures[self.metric])
+
+    # -- derived ----------------------------------------------------------------------------------
+    def reached(self, value: float | None, target: float) -> bool:
+        if value is None:
+            return False
+        return value >= target if self.higher_is_better else value <= target
+
+
+LossFn = Callable[[Any, Any], Any]

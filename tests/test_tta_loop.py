@@ -1,0 +1,158 @@
+"""The time-to-quality loop every non-classification task runs in (longtest/domain.py), with a fake
+task whose quality is a known function of training: target checks in both directions, evaluation
+cadence, the step-count contract, resume equal to the uninterrupted run, and the config's family
+defaults and refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlscale.errors import UsageError
+from dlscale.longtest import tasks
+from dlscale.longtest.config import TTAConfig, same_config_key
+from dlscale.longtest.tasks import Task, TaskData
+
+
+class FakeTask(Task):
+    """Fit y = 3x with one weight; quality = 1 - |w - 3| / 3 (reaches 1 as w -> 3)."""
+
+    family = "recommendation"
+    metric = "fit"
+    metric_label = "fit"
+    metric_unit = "fraction"
+    default_model = "ncf"
+    default_target = 0.9
+    default_optimizer = "sgd"
+    default_lr = 0.01
+    default_batch_size = 4
+    default_max_epochs = 30
+
+    def __init__(self, steps_override: int | None = None, lower_is_better: bool = False):
+        self.steps_override = steps_override
+        self.higher_is_better = not lower_is_better
+
+    def check_model(self, model: str) -> None:
+        pass
+
+    def open(self, data: str, cfg) -> TaskData:
+        if data == "bad":
+            raise tasks.layout_error("bad/ratings.csv", 3, "expected 4 fields, got 2")
+        return TaskData(root=data, n_train=16, n_eval=4, describe="fake", info={"rows": 16})
+
+    def build_model(self, cfg, data):
+        import torch
+
+        return torch.nn.Linear(1, 1, bias=False)
+
+    def steps_per_epoch(self, data, cfg) -> int:
+        return data.n_train // (cfg.batch_size * cfg.world_size)
+
+    def batches(self, data, model, ctx):
+        import torch
+
+        g = torch.Generator().manual_seed(ctx.seed)
+        n = self.steps_override if self.steps_override is not None else self.steps_per_epoch(data, ctx.cfg)
+        for _ in range(n):
+            x = torch.randn(ctx.cfg.batch_size, 1, generator=g)
+            yield x, 3 * x
+
+    def loss(self, model, batch):
+        x, y = batch
+        return ((model(x) - y) ** 2).mean()
+
+    def units(self, batch) -> int:
+        return len(batch[0])
+
+    def evaluate(self, model, data, ctx):
+        w = model.weight.item()
+        fit = 1 - abs(w - 3) / 3
+        return {"fit": fit if self.higher_is_better else 1 - fit, "w": w}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    task = FakeTask()
+    monkeypatch.setitem(tasks._TASKS, "recommendation", task)
+    return task
+
+
+def _run(cfg, **kw):
+    import torch
+
+    from dlscale.longtest.domain import run_domain
+
+    return run_domain(cfg.resolve("cpu"), torch.device("cpu"), **kw)
+
+
+def test_defaults_come_from_the_task_and_classifier_options_are_refused(fake):
+    cfg = TTAConfig(model="ncf", data="d")
+    assert (cfg.target, cfg.optimizer, cfg.lr, cfg.batch_size, cfg.max_epochs, cfg.lr_scaling) == \
+        (0.9, "sgd", 0.01, 4, 30, "none")
+    assert cfg.peak_lr == 0.01  # --lr is the peak: no batch scaling for these families
+    for kw, words in ((dict(target_top1=0.5), "--target"), (dict(optimizer="lars"), "lars"),
+                      (dict(lr_scaling="linear"), "--lr-scaling"), (dict(image_size=32), "--image-size"),
+                      (dict(seq_len=64), "--seq-len")):
+        with pytest.raises(UsageError, match=words):
+            TTAConfig(model="ncf", data="d", **kw)
+
+
+def test_classifier_keeps_its_defaults_and_key():
+    cfg = TTAConfig(model="tinycnn", data="d", target_top1=0.9)
+    assert (cfg.optimizer, cfg.lr, cfg.batch_size, cfg.max_epochs, cfg.lr_scaling, cfg.target) == \
+        ("sgd", 0.1, 32, 90, "linear", None)
+    assert TTAConfig(model="tinycnn", data="d", target=0.9).target_top1 == 0.9  # --target is top-1 here
+    # the fields added for other families do not enter a classifier's config key while unset
+    d = cfg.to_dict()
+    assert same_config_key(d) == same_config_key({k: v for k, v in d.items()
+                                                 if k not in ("target", "seq_len", "tokenizer")})
+    with pytest.raises(UsageError, match="--target-top1"):
+        TTAConfig(model="tinycnn", data="d")
+
+
+def test_reaches_the_target_and_records_the_curve(fake):
+    out = _run(TTAConfig(model="ncf", data="d", target=0.9, threads=1))
+    m, curve = out.metrics, out.raw["curve"]
+    assert m["reached_target"] and m["epochs_to_target"] == len(curve) == m["epochs_run"]
+    assert curve[-1]["quality"] >= 0.9 > curve[0]["quality"]
+    assert m["final_quality"] == curve[-1]["quality"] and m["final_w"] == curve[-1]["figures"]["w"]
+    assert m["throughput"] == pytest.approx(16 * len(curve) / m["train_time"])
+    assert out.units["throughput"] == "samples/s" and out.config["quality_metric"] == "fit"
+    assert m["time_to_target"] == curve[-1]["wall_s"] >= m["train_time"] + m["eval_time"]
+
+
+def test_lower_is_better_and_eval_cadence(monkeypatch):
+    task = FakeTask(lower_is_better=True)
+    monkeypatch.setitem(tasks._TASKS, "recommendation", task)
+    out = _run(TTAConfig(model="ncf", data="d", target=0.1, eval_every=3, max_epochs=7, momentum=0, lr=0.05, threads=1))
+    evaluated = [c["epoch"] for c in out.raw["curve"] if c["quality"] is not None]
+    assert evaluated[:2] == [3, 6] and all(e % 3 == 0 or e == 7 for e in evaluated)
+    assert out.metrics["reached_target"] and out.metrics["epochs_to_target"] % 3 == 0
+    assert out.metrics["best_quality"] == min(c["quality"] for c in out.raw["curve"] if c["quality"] is not None)
+
+
+def test_a_task_that_breaks_its_step_promise_fails_loudly(monkeypatch):
+    monkeypatch.setitem(tasks._TASKS, "recommendation", FakeTask(steps_override=1))
+    with pytest.raises(RuntimeError, match="not the 4 it promised"):
+        _run(TTAConfig(model="ncf", data="d", threads=1))
+
+
+def test_resume_repeats_the_uninterrupted_run(fake, tmp_path):
+    full = _run(TTAConfig(model="ncf", data="d", target=0.999, max_epochs=6, threads=1))
+    ck = str(tmp_path / "ck")
+    _run(TTAConfig(model="ncf", data="d", target=0.999, max_epochs=3, threads=1, checkpoint_dir=ck))
+    # the same config (max_epochs is part of it) resumes from epoch 3: a stand-in for a kill after epoch 3
+    import torch
+
+    state = torch.load(f"{ck}/last.pt", weights_only=False)
+    state["config_key"] = same_config_key(TTAConfig(model="ncf", data="d", target=0.999, max_epochs=6,
+                                                    threads=1).resolve("cpu").to_dict())
+    torch.save(state, f"{ck}/last.pt")
+    resumed = _run(TTAConfig(model="ncf", data="d", target=0.999, max_epochs=6, threads=1, checkpoint_dir=ck,
+                             resume=True))
+    assert resumed.metrics["resumed_from_epoch"] == 3
+    assert [c["quality"] for c in resumed.raw["curve"]] == [c["quality"] for c in full.raw["curve"]]
+
+
+def test_malformed_data_is_a_usage_error_naming_path_and_line(fake, cli, db_path):
+    res = cli("tta", "ncf", "--data", "bad")
+    assert res.code == 2 and "bad/ratings.csv:3: expected 4 fields" in res.stderr
