@@ -44,7 +44,10 @@ def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
 
         tasks.get(cfg.family).open(cfg.data, cfg)
     check_resume(cfg)
-    info(f"lr: {cfg.lr_rule()}")
+    if cfg.family == "classification":
+        info(f"lr: {cfg.lr_rule()}")
+    else:
+        info(f"lr: peak {cfg.peak_lr:g} ({cfg.optimizer}, {cfg.lr_schedule} schedule; no batch-size scaling)")
     recs = []
     for i in range(cfg.runs):
         run_cfg = cfg if cfg.runs == 1 else replace(
