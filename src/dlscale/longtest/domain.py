@@ -239,7 +239,8 @@ def evaluate_point(s: DomainSetup, epoch: int, point: dict[str, Any]) -> None:
     if s.ranks.rank == 0:
         s.base.eval()
         with torch.no_grad():
-            figures = {k: float(v) for k, v in task.evaluate(s.base, s.data, context(s, epoch, cfg.seed)).items()}
+            figures = {k: v if isinstance(v, int) and not isinstance(v, bool) else float(v)  # counts stay counts
+                       for k, v in task.evaluate(s.base, s.data, context(s, epoch, cfg.seed)).items()}
         s.base.train()
         if task.metric not in figures:
             raise RuntimeError(f"the {task.family} task's evaluation gave no {task.metric!r}")
