@@ -57,6 +57,21 @@ class EpochContext:
     cfg: Any  # the resolved TTAConfig
     amp: Any = None  # autocast dtype or None (the loop enters autocast around ``loss``; evaluate may too)
 
+    def rank_indices(self, n: int, batch_size: int, steps: int, shuffle: bool = True) -> Iterator[Any]:
+        """This rank's sample indices (a numpy int array of ``batch_size``) at each of ``steps`` steps.
+
+        Every rank draws the same permutation of ``range(n)`` (seeded from the run's seed and the
+        epoch, not ``seed``, which differs by rank; ``shuffle=False`` keeps the order); step s's
+        global batch is positions ``[s * world * b, (s + 1) * world * b)`` of it and rank r takes the
+        r-th slice, so the ranks see disjoint samples and a resumed epoch repeats itself. Positions
+        past ``n`` wrap around to the start."""
+        import numpy as np
+
+        order = np.random.default_rng([int(self.cfg.seed), self.epoch]).permutation(n) if shuffle else np.arange(n)
+        for step in range(steps):
+            first = (step * self.world + self.rank) * batch_size
+            yield order[np.arange(first, first + batch_size) % n]
+
 
 class Task:
     """One domain's time-to-quality long test; subclasses set the class attributes and implement

@@ -152,13 +152,10 @@ class DetectionTask(Task):
 
         cfg = ctx.cfg
         masks = getattr(workloads.get(cfg.model), "masks", False)
-        order = np.random.default_rng([cfg.seed, ctx.epoch]).permutation(data.n_train)
         flips = np.random.default_rng(ctx.seed)
-        per_step = cfg.batch_size * ctx.world
-        for step in range(self.steps_per_epoch(data, cfg)):
-            start = step * per_step + ctx.rank * cfg.batch_size
+        for idx in ctx.rank_indices(data.n_train, cfg.batch_size, self.steps_per_epoch(data, cfg)):
             images, targets = [], []
-            for i in order[np.arange(start, start + cfg.batch_size) % data.n_train]:
+            for i in idx:
                 image, target = self._sample(data.train, int(i), masks)
                 if flips.random() < 0.5:
                     image, target = _hflip(image, target)

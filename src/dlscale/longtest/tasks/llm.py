@@ -165,13 +165,11 @@ class LLMTask(Task):
         r-th slice of every step: ranks see disjoint windows and a resumed epoch repeats itself."""
         import torch
 
-        steps, b, world = self.steps_per_epoch(data, ctx.cfg), int(ctx.cfg.batch_size), ctx.world
-        g = torch.Generator().manual_seed(int(getattr(ctx.cfg, "seed", 0)) * 1_000_003 + ctx.epoch)
-        order = torch.randperm(data.train_windows, generator=g)[: steps * world * b].view(steps, world, b)
+        steps = self.steps_per_epoch(data, ctx.cfg)
         tokens = torch.from_numpy(data.train)
         span = torch.arange(data.seq_len + 1)
-        for step in range(steps):
-            rows = tokens[(order[step, ctx.rank] * data.seq_len)[:, None] + span].long().to(ctx.device)
+        for idx in ctx.rank_indices(data.train_windows, int(ctx.cfg.batch_size), steps):
+            rows = tokens[(torch.from_numpy(idx) * data.seq_len)[:, None] + span].long().to(ctx.device)
             yield rows[:, :-1], rows[:, 1:]
 
     def loss(self, model: Any, batch: Any) -> Any:

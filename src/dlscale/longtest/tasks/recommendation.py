@@ -120,10 +120,10 @@ class RecommendationTask(Task):
         cfg = ctx.cfg
         ids, labels = self.epoch_samples(data, cfg, ctx.epoch)
         ids, labels = torch.from_numpy(ids), torch.from_numpy(labels)
-        b, n = cfg.batch_size, len(ids)
         dlrm = self.is_dlrm(cfg.model)
-        for step in range(self.steps_per_epoch(data, cfg)):
-            idx = torch.arange((step * ctx.world + ctx.rank) * b, (step * ctx.world + ctx.rank + 1) * b) % n
+        # epoch_samples already shuffled them alike on every rank: take this rank's slices in order
+        for idx in ctx.rank_indices(len(ids), cfg.batch_size, self.steps_per_epoch(data, cfg), shuffle=False):
+            idx = torch.from_numpy(idx)
             x = ids[idx].to(ctx.device)
             yield (self._inputs(x, dlrm), labels[idx].to(ctx.device))
 

@@ -25,7 +25,6 @@ translation is deterministic, so the attainable BLEU is 100.
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -192,12 +191,8 @@ class TranslationTask(Task):
         """This rank's batches: every rank shuffles alike (seed, epoch) and takes every world-th batch."""
         assert isinstance(data, TranslationData)
         cfg = ctx.cfg
-        order = list(range(data.n_train))
-        random.Random(f"translation:{cfg.seed}:{ctx.epoch}").shuffle(order)
-        b = cfg.batch_size
-        for step in range(self.steps_per_epoch(data, cfg)):
-            first = (step * ctx.world + ctx.rank) * b
-            yield make_pair_batch(data, order[first: first + b], ctx.device)
+        for idx in ctx.rank_indices(data.n_train, cfg.batch_size, self.steps_per_epoch(data, cfg)):
+            yield make_pair_batch(data, idx.tolist(), ctx.device)
 
     def loss(self, model: Any, batch: PairBatch) -> Any:
         """Label-smoothed (0.1) cross-entropy over the non-padding target tokens."""
