@@ -67,6 +67,7 @@ def _session(precision: str = "fp32", runtime: str = "torch", model: str = "tiny
     return open_session(cfg.resolve("cpu"), torch.device("cpu"))
 
 
+@pytest.mark.isa
 @pytest.mark.slow
 def test_int8_output_is_close_to_fp32():
     """PT2E int8 (x86 inductor quantizer, compiled) against fp32 on the same 16 samples: the largest
@@ -206,6 +207,7 @@ def test_config_resolves_shape_and_refuses_what_the_device_cannot_run():
         InferConfig("tinycnn", scenario="offline", find_peak=True)
 
 
+@pytest.mark.isa
 @pytest.mark.slow
 def test_int8_resnet18_quantises_its_shared_relu_and_stays_close():
     """ResNet reuses one ReLU module per block: strict export keeps one partition per call, which the

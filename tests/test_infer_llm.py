@@ -107,7 +107,8 @@ def test_decode_feeds_one_token_per_step_into_a_growing_cache(tiny):
 
     def hook(_module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        seen.append((ids.shape[0], ids.shape[1], kwargs["past_key_values"].get_seq_length()))
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.x renamed the keyword
+        seen.append((ids.shape[0], ids.shape[1], cache.get_seq_length()))
 
     handle = model.model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -154,6 +155,7 @@ def test_run_reports_every_figure_with_units():
     json.dumps(raw)  # the record stores it
 
 
+@pytest.mark.isa
 def test_bf16_runs_with_bf16_weights_and_one_generation_warns():
     m, _, raw, warnings = run_llm_inference("llama_tiny", batch_sizes=[2], prompt_len=4, output_len=2,
                                             precision="bf16", device="cpu", warmup=0, iters=1)
@@ -199,3 +201,20 @@ def test_other_models_are_refused():
                              precision="fp32", device="cpu")
     assert "--model-config" in _refused(llm_config, "llama", None, 8, 4, "fp32")
     _refused(llm_config, "no_such_model", None, 8, 4, "fp32")
+
+
+def test_cache_keyword_follows_the_installed_forward_signature():
+    """transformers 5.x takes the KV cache as ``cache``; 4.x as ``past_key_values``: the adapter reads
+    the model's own forward, so either end of the declared range gets the keyword it knows."""
+    from dlscale.infer.llm import cache_keyword
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0, **kwargs):
+            pass
+
+    class New:
+        def forward(self, input_ids=None, cache=None, use_cache=None, logits_to_keep=0, **kwargs):
+            pass
+
+    assert cache_keyword(Old()) == "past_key_values"
+    assert cache_keyword(New()) == "cache"

@@ -16,11 +16,14 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
     commands = _readme_commands()
     assert len(commands) == 2, commands
     main_job, test_cmd = commands
-    assert "dlscale train" in main_job and "pip install -e ." in main_job
-    assert "pytest" in test_cmd
+    assert "pip install -c requirements.lock -e ." in main_job
+    assert "pip install -c requirements.lock -e '.[test]'" in test_cmd and "pytest" in test_cmd
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
-    assert ci_lines[-1] == test_cmd.strip()
+    # CI runs exactly the README's test command, then only the ISA-sensitive tests again capped at AVX2
+    assert ci_lines[-2] == test_cmd.strip()
+    assert ci_lines[-1] == ("DLSCALE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 "
+                            ".venv/bin/python -m pytest -q -m isa")
 
 
 def test_pyproject_pins_torch_and_torchvision():

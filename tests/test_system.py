@@ -152,3 +152,42 @@ def test_no_nvml_bindings_means_no_topology(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     acc = system.collect()["accelerators"]
     assert acc["count"] == 1 and acc["topology"] is None
+
+
+def test_isa_cap_takes_the_lowest_of_dlscale_aten_and_onednn_caps():
+    assert system.isa_cap({}) is None
+    assert system.isa_cap({"DLSCALE_CPU_ISA": "avx2"}) == {"level": "avx2", "set_by": ["DLSCALE_CPU_ISA=avx2"]}
+    both = system.isa_cap({"ATEN_CPU_CAPABILITY": "avx512", "DNNL_MAX_CPU_ISA": "AVX2"})
+    assert both == {"level": "avx2", "set_by": ["ATEN_CPU_CAPABILITY=avx512", "DNNL_MAX_CPU_ISA=AVX2"]}
+    assert system.isa_cap({"ATEN_CPU_CAPABILITY": "default"})["level"] == "sse4_2"
+    assert system.isa_cap({"DNNL_MAX_CPU_ISA": "AVX512_CORE_BF16"})["level"] == "avx512_bf16"
+    # values that cap no x86 level (oneDNN's ALL, ATen's Power/s390x kernels) are not caps
+    assert system.isa_cap({"DNNL_MAX_CPU_ISA": "ALL", "ATEN_CPU_CAPABILITY": "zvector"}) is None
+
+
+def test_isa_cap_of_an_unknown_level_is_a_usage_error():
+    import pytest
+
+    from dlscale.errors import UsageError
+
+    with pytest.raises(UsageError, match="DLSCALE_CPU_ISA='avx3'.*avx2"):
+        system.isa_cap({"DLSCALE_CPU_ISA": "avx3"})
+
+
+def test_effective_isa_drops_every_flag_above_the_cap():
+    sapphire = {"sse4_2", "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    capped = system.effective_isa(sapphire, {"level": "avx2", "set_by": []})
+    assert {f for f, on in capped.items() if on} == {"sse4_2", "avx", "avx2", "fma"}
+    assert system.effective_isa(sapphire, None) == {f: f in sapphire for f in system.ISA_FLAGS}
+    # a cap above what the CPU has changes nothing: a cap never adds a flag
+    zen3 = {"sse4_2", "avx", "avx2", "fma"}
+    assert system.effective_isa(zen3, {"level": "amx", "set_by": []}) == system.effective_isa(zen3, None)
+
+
+def test_live_inventory_reports_the_cap_beside_the_hardware(monkeypatch):
+    monkeypatch.setenv("DLSCALE_CPU_ISA", "avx")
+    cpu = system.cpu_info()
+    assert cpu["isa_cap"]["level"] == "avx"
+    assert not cpu["isa"]["avx2"] and not cpu["isa"]["avx512f"]
+    assert set(cpu["isa_hardware"]) == set(system.ISA_FLAGS)

@@ -54,6 +54,7 @@ def test_resnet18_small_image_end_to_end(cli, db_path):
     _check_record(json.loads(res.stdout), "resnet18", 4, 32, 5)
 
 
+@pytest.mark.isa
 def test_repeats_bf16_and_human_output(cli, db_path):
     res = cli("train", "tinycnn", "--batch-size", "4", "--warmup-steps", "1", "--steps", "4",
               "--repeat", "2", "--precision", "bf16")

@@ -149,6 +149,7 @@ def test_dlrm_dcnv2_flops_by_hand():
     assert fl["forward"] == forward and fl["train"] == 3 * forward - 2 * 13 * 512
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("model", ["dlrm_tiny", "ncf"])
 def test_bf16_autocast_step_and_blocks(model):
     """Under CPU bf16 autocast the loss is an fp32 scalar; the named blocks are in the model."""

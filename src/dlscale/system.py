@@ -26,6 +26,72 @@ ISA_FLAGS = (
     "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve",
 )
 
+# x86 ISA levels, lowest first, and the flags each adds. A cap at a level keeps the flags of that
+# level and the ones below it; Arm flags (asimd, sve) are not x86 levels and no cap touches them.
+ISA_LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("sse4_2", ("sse4_2",)),
+    ("avx", ("avx",)),
+    ("avx2", ("avx2", "fma")),
+    ("avx2_vnni", ("avx_vnni",)),
+    ("avx512", ("avx512f", "avx512bw", "avx512vl")),
+    ("avx512_vnni", ("avx512_vnni",)),
+    ("avx512_bf16", ("avx512_bf16",)),
+    ("avx512_fp16", ("avx512_fp16",)),
+    ("amx", ("amx_tile", "amx_bf16", "amx_int8")),
+)
+_LEVEL_NAMES = tuple(name for name, _ in ISA_LEVELS)
+# The values torch's ATen dispatcher and oneDNN take for their own caps, as dlscale levels. ATen's
+# "default" is its scalar (no-AVX) kernels; oneDNN's DEFAULT/ALL mean no cap. Other values (Power,
+# s390x, Arm) do not cap an x86 ISA.
+_ATEN_CAPS = {"default": "sse4_2", "avx2": "avx2", "avx512": "avx512"}
+_DNNL_CAPS = {"sse41": "sse4_2", "avx": "avx", "avx2": "avx2", "avx2_vnni": "avx2_vnni",
+              "avx2_vnni_2": "avx2_vnni", "avx512_core": "avx512", "avx512_core_vnni": "avx512_vnni",
+              "avx512_core_bf16": "avx512_bf16", "avx512_core_fp16": "avx512_fp16",
+              "avx10_1_512": "avx512_fp16", "avx512_core_amx": "amx", "avx512_core_amx_fp16": "amx",
+              "avx10_1_512_amx": "amx", "avx10_1_512_amx_fp16": "amx"}
+
+
+def isa_cap(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The lowest x86 ISA level the environment caps this process at, and which variables said so.
+
+    ``DLSCALE_CPU_ISA`` (a dlscale level: sse4_2, avx, avx2, avx2_vnni, avx512, avx512_vnni,
+    avx512_bf16, avx512_fp16, amx) lets a test or a user run as a smaller CPU; torch's
+    ``ATEN_CPU_CAPABILITY`` and oneDNN's ``DNNL_MAX_CPU_ISA`` (or ``ONEDNN_MAX_CPU_ISA``) cap the
+    kernels those libraries pick, so dlscale honours them too. None: no cap.
+    """
+    env = os.environ if environ is None else environ
+    found: list[tuple[str, str]] = []  # (level, "VAR=value")
+    own = env.get("DLSCALE_CPU_ISA", "").strip()
+    if own:
+        level = own.lower().replace("-", "_")
+        if level not in _LEVEL_NAMES:
+            from dlscale.errors import UsageError
+
+            raise UsageError(f"DLSCALE_CPU_ISA={own!r} is not an ISA level; use one of {', '.join(_LEVEL_NAMES)}")
+        found.append((level, f"DLSCALE_CPU_ISA={own}"))
+    aten = env.get("ATEN_CPU_CAPABILITY", "").strip()
+    if aten.lower() in _ATEN_CAPS:
+        found.append((_ATEN_CAPS[aten.lower()], f"ATEN_CPU_CAPABILITY={aten}"))
+    for var in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA"):
+        dnnl = env.get(var, "").strip()
+        if dnnl.lower() in _DNNL_CAPS:
+            found.append((_DNNL_CAPS[dnnl.lower()], f"{var}={dnnl}"))
+    if not found:
+        return None
+    level = min((lv for lv, _ in found), key=_LEVEL_NAMES.index)
+    return {"level": level, "set_by": [what for _, what in found]}
+
+
+def effective_isa(flags: set[str], cap: dict[str, Any] | None) -> dict[str, bool]:
+    """The ISA flags this process may use: the CPU's flags less every level above ``cap``."""
+    isa = {f: (f in flags) for f in ISA_FLAGS}
+    if cap is not None:
+        above = ISA_LEVELS[_LEVEL_NAMES.index(cap["level"]) + 1:]
+        for _, level_flags in above:
+            for f in level_flags:
+                isa[f] = False
+    return isa
+
 
 def _read(path: str) -> str | None:
     try:
@@ -90,7 +156,11 @@ def cpu_info() -> dict[str, Any]:
     m = re.search(r"@\s*([\d.]+)\s*GHz", info["model"] or "")
     info["nominal_ghz"] = float(m.group(1)) if m else None
     info["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    info["isa"] = {f: (f in flags) for f in ISA_FLAGS}
+    cap = isa_cap()
+    info["isa"] = effective_isa(flags, cap)
+    if cap is not None:  # the record says the CPU could do more than this run was allowed to use
+        info["isa_cap"] = cap
+        info["isa_hardware"] = {f: (f in flags) for f in ISA_FLAGS}
     info["architecture"] = platform.machine()
     return info
 

@@ -44,6 +44,10 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
     t.add_row("sockets / cores / threads", f"{cpu['sockets']} / {cpu['physical_cores']} / {cpu['logical_cpus']}")
     t.add_row("NUMA nodes", ", ".join(f"node{n['node']}: cpus {_ranges(n['cpus'])}" for n in inv["numa"]) or "-")
     t.add_row("ISA", " ".join(k for k, v in cpu["isa"].items() if v) or "-")
+    if cpu.get("isa_cap"):
+        cap = cpu["isa_cap"]
+        t.add_row("ISA cap", f"{cap['level']} (set by {', '.join(cap['set_by'])}); the CPU itself has: "
+                  + (" ".join(k for k, v in cpu["isa_hardware"].items() if v) or "-"))
     t.add_row("memory", fmt_bytes(inv["memory"]["total_bytes"]))
     if acc["count"]:
         for d in acc["devices"]:

@@ -29,6 +29,7 @@ are the t-intervals of the mean per-generation time, mapped through the reciproc
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -145,6 +146,12 @@ def llm_config(model: str, model_config: str | None, prompt_len: int, output_len
     return replace(cfg, seq_len=prompt_len)
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a causal LM's forward takes its KV cache under: ``cache`` from transformers 5.x
+    (which deprecates ``past_key_values`` and drops it in 5.40), ``past_key_values`` before it."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def greedy_generate(model: Any, prompt: Any, output_len: int, device: Any, amp_dtype: Any = None,
                     clock: Callable[[], float] = time.perf_counter) -> Generation:
     """Prefill ``prompt`` into a fresh KV cache, then ``output_len - 1`` one-token greedy decode steps.
@@ -160,14 +167,15 @@ def greedy_generate(model: Any, prompt: Any, output_len: int, device: Any, amp_d
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         start = clock()
         cache = DynamicCache(config=model.config)
-        out = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        key = cache_keyword(model)
+        out = model(prompt, **{key: cache}, use_cache=True, logits_to_keep=1)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         synchronize(device)
         prefill = clock() - start
         tokens, steps = [token], []
         for _ in range(output_len - 1):
             start = clock()
-            out = model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(token, **{key: cache}, use_cache=True, logits_to_keep=1)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             synchronize(device)
             steps.append(clock() - start)
