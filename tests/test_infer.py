@@ -160,6 +160,8 @@ def test_find_max_batch_on_a_real_model_under_a_tiny_cap(db_path):
     (["--latency-bound", "0.1"], "--latency-bound"),
     (["--prompt-len", "8", "--output-len", "4"], "--prompt-len"),
     (["--runtime", "onnxruntime", "--precision", "bf16"], "--runtime onnxruntime"),
+    (["--max-memory", "1000"], "--max-memory caps the --find-max-batch search"),
+    (["--find-max-batch", "--max-memory", "lots"], "--max-memory 'lots'"),
 ])
 def test_bad_inputs_exit_2_with_one_line(cli, db_path, args, option):
     r = cli("infer", "tinycnn", *args)
@@ -235,3 +237,68 @@ def _config(model: str, **kw):
     from dlscale.infer.config import InferConfig
 
     return InferConfig(model, batch_sizes="1", **kw).resolve("cpu")
+
+
+@pytest.mark.parametrize("cap", ["1K", "0.0001%"])
+def test_max_memory_takes_tunes_forms(cli, db_path, cap):
+    """infer --max-memory reads 16G or 70% as tune does (dlscale.memsize); a cap below the process's
+    own RSS fits no batch, which keeps the search to one probe. A share is of the machine's memory."""
+    r = cli("infer", "tinycnn", "--batch-sizes", "1", "--iters", "2", "--warmup", "0", "--find-max-batch",
+            "--max-memory", cap, "--format", "json")
+    assert r.code == 0, r.stderr
+    m = json.loads(r.stdout)["metrics"]
+    if cap.endswith("%"):
+        from dlscale.memsize import total_memory
+
+        assert m["max_memory_cap"] == int(0.0001 / 100 * total_memory())
+    else:
+        assert m["max_memory_cap"] == 1024
+    assert m["max_batch_size"] == 0
+
+
+def test_max_memory_share_is_of_the_gpus_memory_on_cuda(monkeypatch):
+    import torch
+
+    from dlscale.infer.config import InferConfig
+    from dlscale.infer.run import memory_cap
+    from fakes_gpu import GB, fake_cuda
+
+    fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"])
+    def cfg(cap):
+        return InferConfig("tinycnn", find_max_batch=True, max_memory=cap)
+
+    assert memory_cap(cfg("50%").max_memory, torch.device("cuda", 0)) == 40 * GB
+    assert memory_cap(cfg("16G").max_memory, torch.device("cuda", 0)) == 16 * 2**30
+    assert cfg(8_000_000_000).max_memory == 8_000_000_000
+    with pytest.raises(UsageError, match="--max-memory 'lots'"):
+        cfg("lots")
+
+
+def test_mlperf_durations_help_says_it_sets_the_server_bound(cli):
+    r = cli("infer", "--help")
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "and for server its latency bound (e.g. 15 ms for resnet50, 10 ms for models mlperf.conf does not" in text
+
+
+def test_printout_shows_mlperfs_figure_then_the_raw_one_named_as_such():
+    from rich.console import Console
+
+    from dlscale.cli.infer import extra_table
+    from dlscale.record import RunRecord
+
+    def shown(**metrics) -> str:
+        rec = RunRecord(kind="inference", workload="tinycnn", config={}, metrics=metrics,
+                        units={"scenario_metric": "s", "latency_p90": "s", "latency_bound_s": "s",
+                               "max_query_count": "queries", "scheduled_samples_per_s": "images/s"})
+        console = Console(width=200, record=True)
+        console.print(extra_table(rec))
+        return console.export_text()
+
+    text = shown(scenario="single-stream", scenario_metric_name="early_stopping_latency_p90", scenario_metric=0.001357,
+                 scenario_raw_name="latency_p90", latency_p90=0.00114, mlperf_result_key="early_stopping_latency_ss")
+    assert text.index("1.36 ms") < text.index("latency p90 (raw, not MLPerf's figure) │ 1.14 ms")
+    text = shown(scenario="server", scenario_metric_name="completed_samples_per_s", scenario_metric=None,
+                 scenario_raw_name="scheduled_samples_per_s", scheduled_samples_per_s=93336.2, latency_bound_s=0.001,
+                 latency_bound_source="--latency-bound", max_query_count=128, valid=False)
+    assert "scenario metric" in text and "none (the warnings say why)" in text
+    assert "max query count" in text and "128 queries" in text and "latency bound source" in text

@@ -56,9 +56,10 @@ def check_common(r, name: str, unit: str) -> None:
 def test_single_stream_p90_is_the_per_sample_time(tmp_path):
     s = SleepSession(0.005)
     r = run("single-stream", s, tmp_path)
-    check_common(r, "latency_p90", "s")
-    assert 0.005 <= r.metrics["scenario_metric"] < 0.005 * 4 + 0.02
-    assert r.metrics["scenario_metric"] == r.metrics["latency_p90"]
+    check_common(r, "early_stopping_latency_p90", "s")
+    assert 0.005 <= r.metrics["latency_p90"] <= r.metrics["scenario_metric"] < 0.005 * 4 + 0.02
+    assert r.metrics["mlperf_result_key"] == "early_stopping_latency_ss"
+    assert r.metrics["scenario_raw_name"] == "latency_p90"  # the raw percentile, kept beside it
     assert set(s.sizes) == {1}
     assert r.metrics["query_count"] >= 64  # 1 s at ~5 ms a query, and the short minimum of 64 queries
     assert r.metrics["min_duration_met"] and r.metrics["min_queries_met"]
@@ -67,17 +68,33 @@ def test_single_stream_p90_is_the_per_sample_time(tmp_path):
 
 
 def test_multi_stream_query_of_8_at_batch_4_takes_two_batches(tmp_path):
-    s = SleepSession(0.003)
-    r = run("multi-stream", s, tmp_path, max_batch=4, latency_bound_s=0.01)
-    check_common(r, "latency_p99", "s")
-    assert r.metrics["samples_per_query"] == 8
+    """A short multi-stream run makes the 662 queries LoadGen's early-stopping estimate of the 99th
+    percentile needs. With exactly 662 the rule lets no query over the percentile (662 is the least n
+    with P(at most 1 of n over it) = 0.99^n + n 0.01 0.99^(n-1) <= 0.01), so the estimate, MLPerf's
+    multi-stream figure, is the largest per-query latency."""
+    s = SleepSession(0.001)
+    r = run("multi-stream", s, tmp_path, max_batch=4, latency_bound_s=0.01, duration_s=0.2)
+    check_common(r, "early_stopping_latency_p99", "s")
+    assert r.metrics["samples_per_query"] == 8 and r.metrics["query_count"] == 662
     assert set(s.sizes) == {4} and r.metrics["sut_mean_batch"] == 4.0
-    assert 2 * 0.003 <= r.metrics["latency_p50"] < 2 * 0.003 * 4 + 0.02
-    assert r.metrics["scenario_metric"] >= r.metrics["latency_p50"]
+    assert 2 * 0.001 <= r.metrics["latency_p50"] < 2 * 0.001 * 4 + 0.02
+    assert r.metrics["scenario_metric"] == r.metrics["latency_max"] >= r.metrics["latency_p99"]
+    assert r.metrics["mlperf_result_key"] == "early_stopping_latency_ms" and r.metrics["scenario_raw_name"] == "latency_p99"
     assert any("2 batches of up to 4" in w for w in r.warnings)
     assert any("latency bound applies to the server scenario only" in w for w in r.warnings)
-    if not r.valid:  # ~150 queries in 1 s: LoadGen's early stopping wants 662 for the 99th percentile
-        assert any("early stopping" in w.lower() for w in r.warnings)
+
+
+def test_single_stream_headline_is_loadgens_early_stopping_estimate(tmp_path):
+    """64 queries, LoadGen's least for a 90th-percentile estimate: P(at most 1 of 64 over it) =
+    0.9^64 + 64 x 0.1 x 0.9^63 = 0.0096 <= 0.01, while 2 over it would need 81 queries; so the estimate
+    keeps the highest latency. MLPerf reports that, not the raw p90 (the 58th of the 64)."""
+    r = run("single-stream", SleepSession(0.002), tmp_path, duration_s=0.01, query_count=64)
+    m = r.metrics
+    assert m["query_count"] == 64 and m["early_stopping_met"]
+    assert m["scenario_metric_name"] == "early_stopping_latency_p90"
+    assert m["scenario_metric"] == m["early_stopping_latency_p90"] == m["latency_max"] >= m["latency_p90"]
+    # the detail log's early_stopping_latency_ss (what MLPerf's checker reads) and the summary's line agree
+    assert parse_summary(r.summary, "single-stream", "images")[0]["early_stopping_latency_p90"] == m["scenario_metric"]
 
 
 def test_offline_throughput_is_batch_over_batch_time(tmp_path):
@@ -93,10 +110,13 @@ def test_offline_throughput_is_batch_over_batch_time(tmp_path):
 def test_server_below_capacity_meets_its_bound(tmp_path):
     s = SleepSession(0.002)  # capacity >= 500 queries/s even at batch 1
     r = run("server", s, tmp_path, max_batch=4, target_qps=250, latency_bound_s=0.05, query_count=470)
-    check_common(r, "scheduled_samples_per_s", "images/s")
+    check_common(r, "completed_samples_per_s", "images/s")
     assert r.metrics["latency_bound_met"] and r.metrics["latency_bound_s"] == 0.05
-    assert r.metrics["target_qps"] == 250
-    assert 0.8 * 250 < r.metrics["scenario_metric"] < 1.2 * 250
+    assert r.metrics["latency_bound_source"] == "--latency-bound"
+    assert r.metrics["target_qps"] == 250 and r.metrics["mlperf_result_key"] == "result_completed_samples_per_sec"
+    assert r.metrics["scenario_metric"] == r.metrics["completed_samples_per_s"]
+    assert 0.8 * 250 < r.metrics["scenario_metric"] < 1.2 * 250 and 0.8 * 250 < r.metrics["scheduled_samples_per_s"]
+    assert not r.metrics["query_cap_reached"] and r.metrics["query_count"] < r.metrics["max_query_count"]
     assert r.metrics["latency_p99"] < 0.05
     # 470 queries, none over the bound, are enough for early stopping; a wake-up delay of 50 ms
     # on a machine loaded by other work would leave one over it, and LoadGen would then want more
@@ -111,6 +131,41 @@ def test_overloaded_server_is_invalid(tmp_path):
     assert r.metrics["scenario_metric"] is None and r.metrics["scheduled_samples_per_s"] > 500
     assert any("Performance constraints satisfied : NO" in w for w in r.warnings)
     assert r.metrics["sut_mean_batch"] > 3  # the worker batches what queued while it ran
+
+
+def test_server_far_above_capacity_stops_at_loadgens_max_query_count(tmp_path):
+    """At 20,000 QPS for 0.3 s LoadGen would schedule ~6,000 queries and wait for all of them: about
+    7.5 s at the SUT's 4 / 5 ms = 800 queries/s (the issue's resnet18 case ran past 400 s). The cap is
+    4 x max(64 min queries, probed rate x 0.3 s), about 960, so LoadGen stops issuing there."""
+    import math
+
+    s = SleepSession(0.005)
+    r = run("server", s, tmp_path, max_batch=4, target_qps=20_000, latency_bound_s=0.05, duration_s=0.3)
+    m = r.metrics
+    assert m["max_query_count"] == math.ceil(4 * max(64, m["probed_samples_per_s"] * 0.3))
+    assert m["query_count"] == m["max_query_count"] < 6_000 / 5 and m["query_cap_reached"]
+    assert not r.valid and m["result"] == "INVALID" and m["scenario_metric"] is None
+    assert r.warnings[0].startswith(f"server: LoadGen stopped issuing at its max query count of {m['max_query_count']}")
+    assert not any("Increase the target QPS" in w for w in r.warnings)  # the cut, not the schedule, is why
+    assert len(s.sizes) <= m["max_query_count"] + 4  # the probe's 4 runs, then at most one batch a query
+
+
+def test_mlperf_durations_take_the_server_bound_from_mlperf_conf_and_say_so(tmp_path):
+    """mlperf.conf's server bound is 10 ms for models it does not name (resnet50: 15 ms), not the
+    100 ms LoadGen uses otherwise; --duration shortens the 600 s minimum so the run is quick."""
+    import mlperf_loadgen as lg
+
+    from dlscale.infer.loadgen import latency_bound_source
+
+    r = run("server", SleepSession(0.001), tmp_path, target_qps=100, duration_s=0.3, mlperf_durations=True)
+    assert r.metrics["latency_bound_s"] == 0.010
+    assert r.metrics["latency_bound_source"].startswith("mlperf.conf *.Server.target_latency")
+    assert any(w.startswith("--mlperf-durations: the server latency bound is 10.00 ms") for w in r.warnings)
+    conf = ScenarioSettings("server", mlperf_durations=True)
+    assert latency_bound_source(lg, conf, "resnet50") == "mlperf.conf resnet50.Server.target_latency"
+    assert latency_bound_source(lg, ScenarioSettings("server"), "resnet50") == "LoadGen's default (100 ms)"
+    assert latency_bound_source(lg, ScenarioSettings("server", latency_bound_s=0.2, mlperf_durations=True),
+                                "resnet50") == "--latency-bound"
 
 
 def test_find_peak_lands_near_capacity(tmp_path):
@@ -156,9 +211,9 @@ def test_summary_parse_converts_ns_to_seconds():
             "Min latency (ns)                : 5063498\n99.90 percentile latency (ns)   : 8708862\n"
             " * Early stopping 90.0th percentile estimate: 7045804\n")
     m, u, w = parse_summary(text, "single-stream", "images")
-    assert m["scenario_metric"] == m["latency_p90"] == 0.00557447 and u["scenario_metric"] == "s"
+    assert m["scenario_metric"] == m["early_stopping_latency_p90"] == 0.007045804 and u["scenario_metric"] == "s"
+    assert m["latency_p90"] == 0.00557447 and m["scenario_raw_name"] == "latency_p90"
     assert m["latency_min"] == 0.005063498 and m["latency_p99_9"] == 0.008708862
-    assert m["early_stopping_latency_p90"] == 0.007045804
     assert m["qps_with_loadgen_overhead"] == 186.42 and u["qps_with_loadgen_overhead"] == "queries/s"
     assert m["valid"] is False and m["min_duration_met"] is False and m["min_queries_met"] is True
     assert w == ["LoadGen: Min duration satisfied : NO",
@@ -233,10 +288,123 @@ def test_durations_short_by_default_official_when_asked():
 
     s = SleepSession(0.001)
     short = _test_settings(lg, s, ScenarioSettings("multi-stream"))
-    assert (short.min_duration_ms, short.min_query_count) == (int(SHORT_DURATION_S * 1000), 64)
+    assert (short.min_duration_ms, short.min_query_count) == (int(SHORT_DURATION_S * 1000), 662)
     official = _test_settings(lg, s, ScenarioSettings("multi-stream", mlperf_durations=True))
     assert (official.min_duration_ms, official.min_query_count) == (600_000, 662)  # LoadGen's mlperf.conf
     server = _test_settings(lg, s, ScenarioSettings("server", latency_bound_s=0.025, target_qps=40.0, duration_s=3))
     assert (server.server_target_latency_ns, server.server_target_qps, server.min_duration_ms) == (25_000_000, 40.0,
                                                                                                      3000)
     assert _test_settings(lg, s, ScenarioSettings("server")).server_target_latency_ns == 100_000_000
+    assert _test_settings(lg, s, ScenarioSettings("server", mlperf_durations=True)).server_target_latency_ns == 10_000_000
+    # the query cap at a given rate: 4 x max(min queries, rate x min duration)
+    assert _test_settings(lg, s, ScenarioSettings("server", duration_s=3), capacity=500.0).max_query_count == 4 * 1500
+    assert _test_settings(lg, s, ScenarioSettings("server", query_count=5000), capacity=500.0).max_query_count == 20_000
+    assert _test_settings(lg, s, ScenarioSettings("offline")).max_query_count == 0  # LoadGen's 0: no cap
+
+
+def test_no_early_stopping_estimate_means_no_headline():
+    """A multi-stream run of 100 queries: LoadGen logs early_stopping_latency_ms 0 (it needs 662), so
+    there is no MLPerf figure; the raw p99 stays under its own name and a warning says why."""
+    from dlscale.infer.loadgen_log import read_logs
+
+    summary = ("Scenario : MultiStream\n99.0th percentile latency (ns) : 2500000\nResult is : INVALID\n"
+               "  Min duration satisfied : Yes\n  Min queries satisfied : Yes\n  Early stopping satisfied: NO\n"
+               "Early Stopping Result:\n * Only processed 100 queries.\n * Need to process at least 662 queries for "
+               "early stopping.\n\n=====\nAdditional Stats\n=====\n")
+    detail = "\n".join(':::MLLOG {"key": "%s", "value": %d, "time_ms": 1.0}' % kv for kv in
+                       (("result_query_count", 100), ("early_stopping_latency_ms", 0)))
+    m, u, w = read_logs(summary, detail, "multi-stream", "images")
+    assert m["scenario_metric_name"] == "early_stopping_latency_p99" and m["scenario_metric"] is None
+    assert m["early_stopping_latency_p99"] is None and m["latency_p99"] == 0.0025 and m["query_count"] == 100
+    assert "LoadGen early stopping: Need to process at least 662 queries for early stopping." in w
+    assert w[-1].startswith("multi-stream: no scenario metric: LoadGen's early-stopping estimate "
+                            "(early_stopping_latency_ms, what MLPerf reports) needs at least 662 queries")
+    assert "latency_p99 2.50 ms is the raw percentile" in w[-1]
+
+
+def test_detail_keys_override_the_summary_as_mlperfs_checker_reads_them():
+    """The server headline is result_completed_samples_per_sec of the detail log (full precision), not
+    the summary's two decimals nor the scheduled rate."""
+    from dlscale.infer.loadgen_log import read_logs
+
+    summary = ("Scenario : Server\nCompleted samples per second    : 18.38\nResult is : VALID\n"
+               "  Performance constraints satisfied : Yes\nScheduled samples per second : 19.99\n"
+               "target_latency (ns): 50000000\nmax_query_count : 400\n")
+    detail = "\n".join(':::MLLOG {"key": "%s", "value": %s, "time_ms": 1.0}' % kv for kv in (
+        ("result_scheduled_samples_per_sec", "19.9912"), ("result_completed_samples_per_sec", "18.3791"),
+        ("result_query_count", "201")))
+    m, u, _ = read_logs(summary, detail, "server", "images")
+    assert m["scenario_metric"] == m["completed_samples_per_s"] == 18.3791 and u["scenario_metric"] == "images/s"
+    assert m["scheduled_samples_per_s"] == 19.9912 and m["scenario_raw_name"] == "scheduled_samples_per_s"
+    assert m["max_query_count"] == 400 and m["query_count"] == 201 and m["latency_bound_s"] == 0.05
+
+
+class _OomAbove(SleepSession):
+    """A session whose batches above ``limit`` run out of memory, in the batch sweep and in LoadGen alike."""
+
+    runtime, device = "onnxruntime", None  # the sweep times it on the host clock
+
+    def __init__(self, limit: int):
+        super().__init__(0.001)
+        self.limit = limit
+
+    def units(self, batch: int) -> int:
+        return batch
+
+    def collate(self, samples: list) -> list:
+        return samples
+
+    def forward(self, batch: list) -> list:
+        return self.run(batch)
+
+    def run(self, samples: list) -> list:
+        if len(samples) > self.limit:
+            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {len(samples)}")
+        return super().run(samples)
+
+    def describe(self) -> dict:
+        return {"family": "classification", "runtime_version": "fake", "device_name": "fake"}
+
+
+def test_loadgen_after_an_out_of_memory_sweep_uses_the_largest_batch_that_ran(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from dlscale.infer import session as session_module
+    from dlscale.infer.config import InferConfig
+    from dlscale.infer.run import run_inference
+
+    fake = _OomAbove(4)
+    monkeypatch.setattr(session_module, "open_session", lambda cfg, device: fake)
+    cfg = InferConfig("tinycnn", batch_sizes="2,4,8", iters=2, warmup=0, scenario="offline", target_qps=200,
+                      duration=0.3).resolve("cpu")
+    out = run_inference(cfg, torch.device("cpu"))
+    assert out.metrics["batch_sizes"] == [2, 4] and any("batch 8 ran out of memory" in w for w in out.warnings)
+    assert out.metrics["max_batch"] == 4 and max(fake.sizes) == 4
+    assert "LoadGen offline: batches of up to 4, the largest batch size that ran (not 8)" in out.warnings
+    assert out.metrics["samples_per_s"] > 0
+
+
+class _SlowOnMainThread(SleepSession):
+    """Slow on the main thread only, as a CPU forward whose OpenMP team waits for descheduled workers."""
+
+    def run(self, samples: list) -> list:
+        import threading
+
+        self.per_batch_s = 0.05 if threading.current_thread() is threading.main_thread() else 0.001
+        return super().run(samples)
+
+
+def test_probes_time_the_session_on_the_thread_the_sut_runs_on():
+    """LoadGen issues single-/multi-stream and offline queries on the thread that started the test;
+    the server's queries run on dlscale's worker thread, so its probed rate is timed on one."""
+    from dlscale.infer.loadgen import _capacity, _probe
+
+    s = _SlowOnMainThread(0.0)
+    assert _probe(s, 1) >= 0.05
+    assert _capacity(s, ScenarioSettings("server", max_batch=4)) > 4 / 0.02
+    with pytest.raises(ValueError, match="planted failure"):  # a failing probe fails on the caller's thread
+        _probe(_Failing(0.0), 1, worker_thread=True)
+
+
+class _Failing(SleepSession):
+    def run(self, samples: list) -> list:
+        raise ValueError("planted failure")

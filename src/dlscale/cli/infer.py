@@ -15,15 +15,18 @@ At each batch size one synthetic batch stays on the device; warm-up forwards are
 then each timed forward (under torch.inference_mode, or onnxruntime) is timed on its own.
 Prints samples/s in the family's unit with its 95% CI and CV, and latency per batch p50/p90/p99/max.
 --precision int8 quantises with PyTorch's PT2E flow (x86 inductor quantizer, CPU).
---find-max-batch finds the largest batch that fits (device memory, or --max-memory bytes of
-process RSS on CPU). --scenario runs an MLPerf LoadGen scenario over the model; llm models with
---prompt-len/--output-len measure prefill and decode with a KV cache instead of the forward sweep."""
+--find-max-batch finds the largest batch that fits (device memory, or a --max-memory cap such as
+16G or 70%). --scenario runs an MLPerf LoadGen scenario over the model and reports MLPerf's figure
+(single-/multi-stream: LoadGen's early-stopping 90th/99th percentile latency; server: completed
+samples/s; offline: samples/s) with the raw one beside it; a server run far above what the model
+sustains stops at LoadGen's max query count, INVALID. llm models with --prompt-len/--output-len
+measure prefill and decode with a KV cache instead of the forward sweep."""
 
 EPILOG = """Examples:\n\n
   dlscale infer resnet50 --batch-sizes 1,8,32\n\n
   dlscale infer resnet18 --image-size 64 --precision int8 --format json\n\n
   dlscale infer resnet50 --runtime onnxruntime --batch-sizes 1,16\n\n
-  dlscale infer resnet50 --find-max-batch --max-memory 8000000000\n\n
+  dlscale infer resnet50 --find-max-batch --max-memory 16G\n\n
   dlscale infer tinycnn --scenario server --find-peak --latency-bound 0.01\n\n
   dlscale infer llama_tiny --prompt-len 128 --output-len 32 --batch-sizes 1,4"""
 
@@ -44,12 +47,12 @@ def infer(
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic samples.")] = 0,
     find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Find the largest batch that fits (doubling, then bisection).")] = False,
-    max_memory: Annotated[Optional[int], typer.Option("--max-memory", help="Memory cap in bytes for --find-max-batch (CPU: peak RSS; default 80% of available).", show_default=False)] = None,
+    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory cap for --find-max-batch, e.g. 16G, 12000M, 8000000000 (bytes) or 70% (CPU: peak RSS, a share of RAM, default 80% of available; GPUs: peak allocated, a share of the GPU's memory).", show_default=False)] = None,
     scenario: Annotated[Optional[str], typer.Option("--scenario", help="MLPerf LoadGen scenario: single-stream | multi-stream | server | offline.", show_default=False)] = None,
     find_peak: Annotated[bool, typer.Option("--find-peak", help="Server: search the highest QPS whose p99 latency meets --latency-bound.")] = False,
-    latency_bound: Annotated[Optional[float], typer.Option("--latency-bound", help="Server: p99 latency bound in seconds.", show_default=False)] = None,
+    latency_bound: Annotated[Optional[float], typer.Option("--latency-bound", help="Server: p99 latency bound in seconds (default: LoadGen's 0.1; with --mlperf-durations mlperf.conf's for the model).", show_default=False)] = None,
     target_qps: Annotated[Optional[float], typer.Option("--target-qps", help="Server/offline: target queries per second.", show_default=False)] = None,
-    mlperf_durations: Annotated[bool, typer.Option("--mlperf-durations", help="LoadGen's official minimum durations and query counts (default: short runs).")] = False,
+    mlperf_durations: Annotated[bool, typer.Option("--mlperf-durations", help="LoadGen's mlperf.conf settings for the model: official minimum durations and query counts (default: short runs), and for server its latency bound (e.g. 15 ms for resnet50, 10 ms for models mlperf.conf does not name) unless --latency-bound is given.")] = False,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of each LoadGen run (default: short).", show_default=False)] = None,
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="llm: prompt tokens (prefill) per sequence.", show_default=False)] = None,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
@@ -114,20 +117,28 @@ def batch_table(rec):
 
 
 _EXTRA = ("max_batch_size", "max_batch_peak_memory", "max_memory_cap", "scenario", "scenario_metric_name",
-          "scenario_metric", "valid", "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s",
+          "scenario_metric", "mlperf_result_key", "latency_bound_s", "latency_bound_source", "probed_samples_per_s",
+          "max_query_count", "valid", "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s",
           "time_per_output_token_s")
 
 
 def extra_table(rec):
-    """The largest batch, the LoadGen scenario's figures and the LLM headline, where measured."""
+    """The largest batch, the LoadGen scenario's figures (MLPerf's headline, then the raw figure beside it,
+    named as such) and the LLM headline, where measured."""
     from rich.table import Table
 
     from dlscale.format import format_metric
 
+    m = rec.metrics
     t = Table(show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     for k in _EXTRA:
-        if rec.metrics.get(k) is not None:
-            t.add_row(k.replace("_", " "), format_metric(k, rec.metrics[k], rec.units.get(k)))
+        if m.get(k) is not None:
+            t.add_row(k.replace("_", " "), format_metric(k, m[k], rec.units.get(k)))
+        elif k == "scenario_metric" and m.get("scenario"):
+            t.add_row("scenario metric", "none (the warnings say why)")
+        raw = m.get("scenario_raw_name")
+        if k == "scenario_metric" and raw and m.get(raw) is not None:
+            t.add_row(f"{raw.replace('_', ' ')} (raw, not MLPerf's figure)", format_metric(raw, m[raw], rec.units.get(raw)))
     return t

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.memsize import memory_spec
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 RUNTIMES = ("torch", "onnxruntime")
@@ -63,7 +64,8 @@ class InferConfig:
     max_table_rows: int | None = None
     # the largest batch that fits
     find_max_batch: bool = False
-    max_memory: int | None = None  # bytes; CPU: peak process RSS; CUDA: peak allocated (default: the device's)
+    max_memory: int | str | None = None  # bytes, or a share such as '70%' (dlscale.memsize); CPU: peak process
+    # RSS, a share of the machine's memory; CUDA: peak allocated, a share of the GPU's (default: what fits)
     # MLPerf LoadGen (dlscale.infer.loadgen)
     scenario: str | None = None
     find_peak: bool = False
@@ -86,8 +88,10 @@ class InferConfig:
         if self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         _positive("--iters", self.iters)
-        for opt, v in (("--max-memory", self.max_memory), ("--prompt-len", self.prompt_len),
-                       ("--output-len", self.output_len)):
+        object.__setattr__(self, "max_memory", memory_spec(self.max_memory))
+        if self.max_memory is not None and not self.find_max_batch:
+            raise UsageError("--max-memory caps the --find-max-batch search: add --find-max-batch, or drop --max-memory")
+        for opt, v in (("--prompt-len", self.prompt_len), ("--output-len", self.output_len)):
             if v is not None:
                 _positive(opt, v)
         if (self.prompt_len is not None or self.output_len is not None) and w.family != "llm":

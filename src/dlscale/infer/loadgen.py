@@ -4,7 +4,7 @@ LoadGen (``mlperf_loadgen``, the MLCommons library) owns the traffic: it decides
 are issued and measures each one from issue to completion; dlscale supplies the system under
 test (SUT: runs ``session.run`` on a query's samples and reports completion) and the query
 sample library (QSL: ``session.sample(i)`` preloaded into host memory). The figures come from
-LoadGen's own ``mlperf_log_summary.txt``, parsed here, so they mean what MLPerf means by them.
+LoadGen's own logs (``loadgen_log``), and each scenario's headline is the one MLPerf reports.
 
 Batching in the SUT: single-stream runs its one sample; multi-stream runs the query's samples
 (LoadGen's 8) in batches of up to ``max_batch``; offline runs the one big query in batches of
@@ -13,14 +13,16 @@ being the oldest query plus whatever else is already waiting, up to ``max_batch`
 it never waits for a batch to fill). Responses carry no data (pointer 0, size 0): these are
 performance runs, LoadGen's accuracy mode is not used.
 
-Short runs (the default) cannot always satisfy LoadGen's early-stopping rule, so their
-``valid`` is often False for that reason alone; every reason LoadGen gives goes into
-``warnings`` and the constraint flags (``latency_bound_met`` ...) are reported on their own.
+Short runs (the default: 2 s, and the 64 or 662 queries LoadGen's early-stopping estimate needs)
+cannot always satisfy LoadGen's early-stopping rule, so their ``valid`` is often False for that
+reason alone; every reason LoadGen gives goes into ``warnings`` and the constraint flags
+(``latency_bound_met`` ...) are reported on their own. A server run is bounded: LoadGen's max
+query count (``server_query_cap``) stops one far above the SUT's probed throughput, which LoadGen
+would otherwise wait on until every scheduled query completed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import queue
 import re
@@ -33,15 +35,21 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dlscale.errors import RunFailure, UsageError
+from dlscale.format import fmt_num, fmt_seconds
+from dlscale.infer.loadgen_log import parse_summary, read_logs
 
 SCENARIOS = ("single-stream", "multi-stream", "server", "offline")
 LG_SCENARIO = {"single-stream": "SingleStream", "multi-stream": "MultiStream", "server": "Server",
                "offline": "Offline"}
 DEFAULT_LATENCY_BOUND_S = 0.1  # LoadGen's TestSettings default server bound (100 ms at the 99th percentile)
 SHORT_DURATION_S = 2.0  # min duration of a short run; LoadGen's official minimum is 600 s
-SHORT_QUERY_COUNT = {"single-stream": 64, "multi-stream": 64, "server": 64, "offline": 1}
+# min query count of a short run: LoadGen's early-stopping minimum (64 queries for a 90th-percentile
+# estimate, 662 for a 99th, as mlperf.conf's *.MultiStream.min_query_count), so the headline exists
+SHORT_QUERY_COUNT = {"single-stream": 64, "multi-stream": 662, "server": 64, "offline": 1}
 MULTI_STREAM_SAMPLES = 8  # LoadGen's samples per multi-stream query (MLPerf's fixed value)
 SERVER_LOAD = 0.5  # server target when none is given: this fraction of the probed full-batch throughput
+SERVER_QUERY_CAP = 4.0  # server: LoadGen's max query count = this x the queries of a run at the probed throughput
+UNNAMED_MODEL = "dlscale-unnamed-model"  # a name mlperf.conf does not have: its '*' values
 FIND_PEAK_START = 0.1  # find-peak's first QPS when none is given: LoadGen doubles from there, so start low
 OFFLINE_MARGIN = 1.2  # offline expected QPS = probe x this, so the one query lasts past min duration
 DETAIL_HEAD, DETAIL_TAIL = 20_000, 80_000  # characters of mlperf_log_detail.txt kept (start and end)
@@ -189,27 +197,68 @@ class _Sut:
 
 # --- settings -------------------------------------------------------------------------------
 
-def _probe(session: Any, batch: int) -> float:
-    """Seconds per ``session.run`` of ``batch`` samples: the fastest of 3 after one warm-up run.
+def _probe(session: Any, batch: int, worker_thread: bool = False) -> float:
+    """Seconds per ``session.run`` of ``batch`` samples: the fastest of 3 after one warm-up run, timed
+    on the thread the SUT runs on: the calling one, as LoadGen's single-stream, multi-stream and
+    offline issue, or (``worker_thread``) a thread of its own, as the server worker.
 
     The fastest, not the median: every use of it errs safe when it is low (offline issues more
-    samples than min duration needs, single/multi-stream generate more queries than they use).
+    samples than min duration needs, single/multi-stream generate more queries than they use, the
+    server's query cap is larger). The thread matters: on a CPU shared with other busy processes a
+    forward on the main thread, whose 2-thread OpenMP team waits at barriers for descheduled workers,
+    ran a median 52x slower than on a fresh thread (benchmarks/loadgen_threads.py; 1x with one thread).
     """
     samples = [session.sample(i) for i in range(batch)]
-    session.run(samples)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        session.run(samples)
-        times.append(time.perf_counter() - t0)
+    times: list[float] = []
+    failed: list[BaseException] = []
+
+    def timed() -> None:
+        try:
+            session.run(samples)
+            for _ in range(3):
+                t0 = time.perf_counter()
+                session.run(samples)
+                times.append(time.perf_counter() - t0)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            failed.append(e)
+
+    if worker_thread:
+        worker = threading.Thread(target=timed, name="dlscale-loadgen-probe")
+        worker.start()
+        worker.join()
+    else:
+        timed()
+    if failed:
+        raise failed[0]
     return max(min(times), 1e-6)
 
 
+def _capacity(session: Any, s: ScenarioSettings) -> float:
+    """Samples per second of full batches (the fastest of 3 probes) on a worker thread, as the server
+    SUT runs them: its best sustained rate."""
+    full = min(s.max_batch, s.samples)
+    return full / _probe(session, full, worker_thread=True)
+
+
+def server_query_cap(min_queries: int, min_duration_s: float, capacity: float) -> int:
+    """LoadGen's max query count for a server run: SERVER_QUERY_CAP x the queries a run needs at ``capacity``.
+
+    LoadGen issues every query on its schedule whether or not the SUT keeps up, then waits for all of
+    them, so an unbounded run far above capacity lasts (target QPS x min duration) / capacity. A run
+    at or below capacity issues at most max(min_queries, capacity x min_duration) + 1 and is never
+    cut, nor is one up to SERVER_QUERY_CAP x capacity (room for a probe that ran slow); one above
+    stops issuing at the cap and is drained in about SERVER_QUERY_CAP x min duration (LoadGen then
+    finds min duration unmet: INVALID).
+    """
+    return math.ceil(SERVER_QUERY_CAP * max(min_queries, capacity * min_duration_s))
+
+
 def _test_settings(lg: Any, session: Any, s: ScenarioSettings, qps: float | None = None,
-                   mode: str = "PerformanceOnly", load: float = SERVER_LOAD) -> Any:
-    """LoadGen TestSettings for ``s``: short durations unless ``mlperf_durations``; probed expectations."""
+                   mode: str = "PerformanceOnly", load: float = SERVER_LOAD, capacity: float | None = None) -> Any:
+    """LoadGen TestSettings for ``s``: short durations unless ``mlperf_durations``; probed expectations;
+    a server run's query count capped by ``server_query_cap`` at ``capacity`` (probed if not given)."""
     ts = lg.TestSettings()
-    if s.mlperf_durations:  # LoadGen's built-in mlperf.conf for this model and scenario (600 s ...)
+    if s.mlperf_durations:  # LoadGen's built-in mlperf.conf for this model and scenario (600 s, server bound ...)
         ts.FromConfig("", session.model, LG_SCENARIO[s.scenario], 0)
         ts.performance_sample_count_override = 0  # the QSL's own count: settings.samples
     else:
@@ -232,10 +281,29 @@ def _test_settings(lg: Any, session: Any, s: ScenarioSettings, qps: float | None
     elif s.scenario == "offline":
         ts.offline_expected_qps = s.target_qps or OFFLINE_MARGIN * full / _probe(session, full)
     else:
-        ts.server_target_qps = qps or s.target_qps or load * full / _probe(session, full)
+        capacity = capacity or _capacity(session, s)
+        ts.server_target_qps = qps or s.target_qps or load * capacity
+        cap = server_query_cap(ts.min_query_count, ts.min_duration_ms / 1000, capacity)
+        ts.max_query_count = min(cap, ts.max_query_count or cap)  # a lower one from mlperf.conf stands
         if s.find_peak and not s.mlperf_durations:
             ts.server_find_peak_qps_decimals_of_precision = 0  # stop at 1 QPS resolution: fewer runs
     return ts
+
+
+def latency_bound_source(lg: Any, s: ScenarioSettings, model: str) -> str:
+    """Where a server run's latency bound came from: --latency-bound, mlperf.conf, or LoadGen's default."""
+    if s.latency_bound_s is not None:
+        return "--latency-bound"
+    if not s.mlperf_durations:
+        return f"LoadGen's default ({DEFAULT_LATENCY_BOUND_S * 1000:g} ms)"
+    bounds = []
+    for name in (model, UNNAMED_MODEL):
+        ts = lg.TestSettings()
+        ts.FromConfig("", name, "Server", 0)
+        bounds.append(ts.server_target_latency_ns)
+    if bounds[0] != bounds[1]:
+        return f"mlperf.conf {model}.Server.target_latency"
+    return "mlperf.conf *.Server.target_latency (its bound for models it does not name)"
 
 
 @contextmanager
@@ -293,21 +361,21 @@ def run_scenario(session: Any, settings: ScenarioSettings) -> ScenarioResult:
     import mlperf_loadgen as lg
 
     with _LOCK, _log_dir(settings.log_dir) as outdir:
+        capacity = _capacity(session, settings) if settings.scenario == "server" else None
         if settings.find_peak:
-            return _find_peak(lg, session, settings, outdir)
-        ts = _test_settings(lg, session, settings)
+            return _find_peak(lg, session, settings, outdir, capacity)
+        ts = _test_settings(lg, session, settings, capacity=capacity)
         run = _start_test(lg, session, settings, ts, outdir)
-    return _result(session, settings, run)
+    return _result(lg, session, settings, run, capacity)
 
 
-def _result(session: Any, s: ScenarioSettings, run: _Run, extra: dict[str, Any] | None = None) -> ScenarioResult:
-    """The ScenarioResult of one run: parsed summary, SUT batching counts, LoadGen's reasons as warnings."""
+def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: float | None = None) -> ScenarioResult:
+    """The ScenarioResult of one run: LoadGen's logs read, SUT batching counts, LoadGen's reasons as warnings."""
     per_sample = session.units(1) if hasattr(session, "units") else 1
     unit = getattr(session, "sample_unit", "samples") if per_sample == 1 else "samples"
-    metrics, units, warnings = parse_summary(run.summary, s.scenario, unit)
+    metrics, units, warnings = read_logs(run.summary, run.detail, s.scenario, unit)
     if per_sample != 1:  # token families: a LoadGen sample is one sequence of per_sample tokens
         metrics["units_per_sample"], units["units_per_sample"] = per_sample, session.sample_unit
-    metrics.update(_detail_counts(run.detail))
     metrics.update(max_batch=s.max_batch, sut_batches=run.batches,
                    sut_mean_batch=round(run.ran / run.batches, 3) if run.batches else None)
     units.update(max_batch="samples", sut_batches="batches", sut_mean_batch="samples")
@@ -316,12 +384,39 @@ def _result(session: Any, s: ScenarioSettings, run: _Run, extra: dict[str, Any] 
                         f"{math.ceil(MULTI_STREAM_SAMPLES / s.max_batch)} batches of up to {s.max_batch}; "
                         f"a batch size of {MULTI_STREAM_SAMPLES} runs a query as one batch")
     warnings += _unused(s)
-    if s.scenario == "server" and metrics.get("latency_bound_met") is False:
-        warnings.append(f"server: the scheduled {metrics.get('scheduled_samples_per_s')} {units['scenario_metric']} "
-                        "did not meet the latency bound, so the run has no scenario metric")
-        metrics["scenario_metric"] = None
-    metrics.update(extra or {})
+    if s.scenario == "server":
+        warnings = _server_notes(lg, session, s, metrics, units, capacity, warnings)
     return ScenarioResult(metrics, units, bool(metrics.get("valid")), run.summary, _trim(run.detail), warnings)
+
+
+def _server_notes(lg: Any, session: Any, s: ScenarioSettings, metrics: dict[str, Any], units: dict[str, str],
+                  capacity: float | None, warnings: list[str]) -> list[str]:
+    """A server run's bound and its source, the probed throughput, the query cap if it cut the run,
+    and no scenario metric when the bound was missed; ``warnings`` with the server's own first."""
+    rate = units["scenario_metric"]
+    source = latency_bound_source(lg, s, session.model)
+    metrics["latency_bound_source"] = source
+    notes = []
+    if source.startswith("mlperf.conf"):
+        notes.append(f"--mlperf-durations: the server latency bound is {fmt_seconds(metrics.get('latency_bound_s'))}, "
+                     f"{source} (without --mlperf-durations it is LoadGen's default "
+                     f"{fmt_seconds(DEFAULT_LATENCY_BOUND_S)}); give --latency-bound to choose it")
+    if capacity is not None:
+        metrics["probed_samples_per_s"], units["probed_samples_per_s"] = round(capacity, 3), rate
+    cap, issued = metrics.get("max_query_count"), metrics.get("query_count")
+    metrics["query_cap_reached"] = bool(cap and issued and issued >= cap)
+    if metrics["query_cap_reached"]:
+        notes.append(f"server: LoadGen stopped issuing at its max query count of {cap} ({SERVER_QUERY_CAP:g} x the "
+                     f"queries of a run at the probed {fmt_num(capacity)} {rate}): the SUT could not keep up with "
+                     f"{fmt_num(metrics.get('target_qps'))} queries/s, so the run is INVALID; lower --target-qps "
+                     "or use --find-peak")
+        # the cut, not the schedule, left the min duration unmet: LoadGen's advice to raise the QPS is wrong here
+        warnings = [w for w in warnings if "Increase the target QPS" not in w]
+    if metrics.get("latency_bound_met") is False:
+        notes.append(f"server: the completed {fmt_num(metrics.get('completed_samples_per_s'))} {rate} did not meet "
+                     "the latency bound, so the run has no scenario metric")
+        metrics["scenario_metric"] = None
+    return notes + warnings
 
 
 def _unused(s: ScenarioSettings) -> list[str]:
@@ -347,20 +442,20 @@ def _trim(detail: str) -> str:
 _PEAK = re.compile(r"Found peak performance field: ([0-9.]+)")
 
 
-def _find_peak(lg: Any, session: Any, s: ScenarioSettings, outdir: Path) -> ScenarioResult:
+def _find_peak(lg: Any, session: Any, s: ScenarioSettings, outdir: Path, capacity: float | None) -> ScenarioResult:
     """LoadGen's FindPeakPerformance mode; when its starting QPS already fails, bisection below it."""
-    ts = _test_settings(lg, session, s, mode="FindPeakPerformance", load=FIND_PEAK_START)
+    ts = _test_settings(lg, session, s, mode="FindPeakPerformance", load=FIND_PEAK_START, capacity=capacity)
     start = ts.server_target_qps
     run = _start_test(lg, session, s, ts, outdir)
     found = _PEAK.search(run.detail)
     if found:
         peak = float(found.group(1))
         steps = len(re.findall(r"FindBoundaries: Checking|BinarySearch: Testing", run.detail)) + 1
-        return _peak_result(_result(session, s, run), peak, "loadgen-find-peak", steps, start)
+        return _peak_result(_result(lg, session, s, run, capacity), peak, "loadgen-find-peak", steps, start)
     last: dict[float, _Run] = {}
 
     def passes(qps: float) -> bool:
-        r = _start_test(lg, session, s, _test_settings(lg, session, s, qps=qps), outdir)
+        r = _start_test(lg, session, s, _test_settings(lg, session, s, qps=qps, capacity=capacity), outdir)
         m, _, _ = parse_summary(r.summary, "server", "samples")
         last[qps] = r
         return bool(m.get("latency_bound_met")) and bool(m.get("min_duration_met"))
@@ -369,7 +464,7 @@ def _find_peak(lg: Any, session: Any, s: ScenarioSettings, outdir: Path) -> Scen
     if peak is None:
         raise RunFailure(f"--find-peak: no target QPS down to {tried[-1][0]:.3g} met the latency bound; "
                          "raise --latency-bound or lower the batch size")
-    result = _peak_result(_result(session, s, last[peak]), peak, "bisection", len(tried) + 1, start)
+    result = _peak_result(_result(lg, session, s, last[peak], capacity), peak, "bisection", len(tried) + 1, start)
     result.warnings.append(f"find-peak: LoadGen's FindPeakPerformance failed at its start {start:.4g} QPS; "
                            f"bisected over {len(tried)} short runs: {tried}")
     return result
@@ -378,6 +473,8 @@ def _find_peak(lg: Any, session: Any, s: ScenarioSettings, outdir: Path) -> Scen
 def _peak_result(result: ScenarioResult, peak: float, method: str, runs: int, start: float) -> ScenarioResult:
     """``result`` (the run at the peak) with the peak as the scenario metric and how it was found."""
     m, u = result.metrics, result.units
+    for k in ("mlperf_result_key", "scenario_raw_name"):  # the peak is dlscale's search, not a LoadGen result key
+        m.pop(k, None)
     m.update(peak_qps=peak, find_peak_method=method, find_peak_runs=runs, find_peak_start_qps=start,
              scenario_metric=peak, scenario_metric_name="peak_qps")
     u.update(peak_qps="queries/s", find_peak_runs="runs", find_peak_start_qps="queries/s", scenario_metric="queries/s")
@@ -408,124 +505,3 @@ def bisect_peak(passes: Callable[[float], bool], lo: float, hi: float, rel_tol: 
         else:
             hi = mid
     return lo, tried
-
-
-# --- reading LoadGen's logs -----------------------------------------------------------------
-
-_KV = re.compile(r"^\s*(?:\*\s*)?(?P<key>[^:*][^:]*?)\s*:\s*(?P<val>.*?)\s*$")
-_HEADLINE = re.compile(r"^(\d+(?:\.\d+)?)th percentile latency \(ns\)$")
-_PERCENTILE = re.compile(r"^(\d+)\.(\d+) percentile latency \(ns\)$")
-_EARLY = re.compile(r"^Early stopping (\d+(?:\.\d+)?)th percentile estimate$")
-_FLAGS = {"Min duration satisfied": "min_duration_met", "Min queries satisfied": "min_queries_met",
-          "Early stopping satisfied": "early_stopping_met", "Performance constraints satisfied": "latency_bound_met"}
-_RATES = {"Samples per second": "samples_per_s", "Completed samples per second": "completed_samples_per_s",
-          "Scheduled samples per second": "scheduled_samples_per_s",
-          "QPS w/ loadgen overhead": "qps_with_loadgen_overhead",
-          "QPS w/o loadgen overhead": "qps_without_loadgen_overhead"}
-_LATENCIES = {"Min latency (ns)": "latency_min", "Max latency (ns)": "latency_max", "Mean latency (ns)": "latency_mean"}
-_SCENARIO_METRIC = {"single-stream": "latency_p90", "multi-stream": "latency_p99",
-                    "server": "scheduled_samples_per_s", "offline": "samples_per_s"}
-
-
-def _pct_name(whole: str, frac: str) -> str:
-    """'99', '90' -> latency_p99_9; '50', '00' -> latency_p50 (LoadGen prints two decimals)."""
-    frac = frac.rstrip("0")
-    return f"latency_p{int(whole)}" + (f"_{frac}" if frac else "")
-
-
-def summary_fields(text: str) -> dict[str, str]:
-    """Every ``label : value`` line of mlperf_log_summary.txt (first occurrence wins)."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        m = _KV.match(line)
-        if m and m.group("key") not in fields:
-            fields[m.group("key")] = m.group("val")
-    return fields
-
-
-def parse_summary(text: str, scenario: str, sample_unit: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(metrics, units, warnings) from mlperf_log_summary.txt: ns become seconds, Yes/NO become booleans."""
-    fields = summary_fields(text)
-    metrics: dict[str, Any] = {"scenario": scenario, "result": fields.get("Result is")}
-    metrics["valid"] = metrics["result"] == "VALID"
-    units: dict[str, str] = {}
-    rate_unit = f"{sample_unit}/s"
-    for key, val in fields.items():
-        name, unit, value = _field(key, val, rate_unit)
-        if name is not None:
-            metrics[name], units[name] = value, unit
-    if "target_latency (ns)" in fields and scenario == "server":
-        metrics["latency_bound_s"], units["latency_bound_s"] = int(fields["target_latency (ns)"]) / 1e9, "s"
-    if "target_qps" in fields and scenario in ("server", "offline"):
-        metrics["target_qps"], units["target_qps"] = float(fields["target_qps"]), "queries/s"
-    if "samples_per_query" in fields:
-        metrics["samples_per_query"], units["samples_per_query"] = int(fields["samples_per_query"]), "samples"
-    name = _SCENARIO_METRIC[scenario]
-    metrics["scenario_metric_name"] = name
-    metrics["scenario_metric"] = metrics.get(name)
-    units["scenario_metric"] = units.get(name, "s" if name.startswith("latency") else rate_unit)
-    return metrics, units, _reasons(text, fields)
-
-
-def _field(key: str, val: str, rate_unit: str) -> tuple[str | None, str, Any]:
-    """(metric name, unit, value) of one summary line, or (None, '', None) for lines not kept."""
-    try:
-        if key in _FLAGS:
-            return _FLAGS[key], "bool", val.strip().lower() == "yes"
-        if key in _RATES:
-            unit = "queries/s" if key.startswith("QPS") else rate_unit
-            return _RATES[key], unit, float(val)
-        if key in _LATENCIES:
-            return _LATENCIES[key], "s", int(val) / 1e9
-        if m := _PERCENTILE.match(key):
-            return _pct_name(m.group(1), m.group(2)), "s", int(val) / 1e9
-        if m := _HEADLINE.match(key):  # the scenario's own percentile (90.0th single-, 99.0th multi-stream)
-            return _pct_name(*m.group(1).partition(".")[::2]), "s", int(val) / 1e9
-        if m := _EARLY.match(key):  # LoadGen's early-stopping estimate of that percentile
-            return "early_stopping_" + _pct_name(*m.group(1).partition(".")[::2]), "s", int(val) / 1e9
-    except ValueError:
-        pass
-    return None, "", None
-
-
-def _bullets(block: str) -> list[str]:
-    """The ``* ...`` items of a summary section, continuation lines joined to their item."""
-    items: list[str] = []
-    for line in block.splitlines():
-        line = line.strip()
-        if line.startswith("*"):
-            items.append(line.lstrip("* ").strip())
-        elif line and items:
-            items[-1] += " " + line
-    return items
-
-
-def _reasons(text: str, fields: dict[str, str]) -> list[str]:
-    """LoadGen's reasons a run is INVALID, its recommendations, and its warning/error counts."""
-    out = [f"LoadGen: {key} : NO" for key in _FLAGS if fields.get(key, "").lower() == "no"]
-    results = text.split("Additional Stats", 1)[0]
-    recommended, _, early = results.partition("Early Stopping Result:")
-    if "Recommendations:" in recommended:
-        out += [f"LoadGen recommends: {b}" for b in _bullets(recommended.split("Recommendations:", 1)[1])]
-    if fields.get("Early stopping satisfied", "").lower() == "no":
-        out += [f"LoadGen early stopping: {b}" for b in _bullets(early.split("=====", 1)[0])]
-    for line in text.splitlines():
-        if re.search(r"(warning|error)s? encountered", line, re.I) and not line.strip().startswith("No "):
-            out.append(f"LoadGen: {line.strip()}")
-    return out
-
-
-def _detail_counts(detail: str) -> dict[str, Any]:
-    """Query counts from the detail log's result keys (the summary prints them only in prose)."""
-    keys = {"result_query_count": "query_count", "result_overlatency_query_count": "overlatency_query_count"}
-    out: dict[str, Any] = {}
-    for line in detail.splitlines():
-        if not line.startswith(":::MLLOG") or '"result_' not in line:
-            continue
-        try:
-            entry = json.loads(line[len(":::MLLOG"):])
-        except ValueError:
-            continue
-        if entry.get("key") in keys:
-            out[keys[entry["key"]]] = entry["value"]
-    return out

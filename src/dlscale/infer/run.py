@@ -10,7 +10,8 @@ unit per second with its 95% CI and the step-time CV, all from ``harness.metrics
 
 ``find_max_batch`` doubles the batch until a forward runs out of memory or its peak memory passes
 the cap (CPU: peak process RSS, ``--max-memory`` or 80% of the memory available at the start;
-CUDA: the device's out-of-memory error, or peak allocated bytes past ``--max-memory``), then
+CUDA: the device's out-of-memory error, or peak allocated bytes past ``--max-memory``; a share such
+as ``70%`` is of the machine's memory on the CPU and of the GPU's on CUDA), then
 bisects between the last batch that fit and the first that did not.
 """
 
@@ -211,7 +212,9 @@ def memory_probe(session: Any, cap: int | None, log: list[dict[str, Any]],
 def search_max_batch(session: Any, cfg: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, raw, warnings) of the largest-batch search for this session."""
     cuda = session.runtime == "torch" and getattr(session.device, "type", "cpu") == "cuda"
-    cap = cfg.max_memory if (cfg.max_memory or cuda) else default_memory_cap()
+    cap = memory_cap(cfg.max_memory, session.device if cuda else None)
+    if cap is None and not cuda:
+        cap = default_memory_cap()
     log: list[dict[str, Any]] = []
     info(f"searching the largest batch that fits (cap: {_bytes(cap) if cap else 'the device memory'})")
     best, _ = find_max_batch(memory_probe(session, cap, log))
@@ -223,6 +226,19 @@ def search_max_batch(session: Any, cfg: Any) -> tuple[dict[str, Any], dict[str, 
     peak = next((p.get("peak_bytes") for p in reversed(log) if p["batch"] == best and p["fits"]), None)
     return ({"max_batch_size": best, "max_batch_peak_memory": peak, "max_memory_cap": cap},
             {"max_batch_probes": log}, warnings)
+
+
+def memory_cap(spec: int | str | None, cuda_device: Any = None) -> int | None:
+    """``--max-memory`` in bytes: a share is of the GPU's memory on CUDA, else of the machine's."""
+    from dlscale.memsize import parse_memory, total_memory
+
+    if not isinstance(spec, str):
+        return spec
+    if cuda_device is None:
+        return parse_memory(spec, total_memory())
+    import torch
+
+    return parse_memory(spec, torch.cuda.get_device_properties(cuda_device).total_memory)
 
 
 def _bytes(n: float) -> str:
@@ -251,7 +267,7 @@ def run_inference(cfg: Any, device: Any, on_batch: Callable[[int, dict[str, Any]
         _merge(out, *search_max_batch(session, cfg))
     _merge(out, *sweep(session, cfg, on_batch))
     if cfg.scenario is not None:
-        _merge(out, *run_scenario(session, cfg))
+        _merge(out, *run_scenario(session, cfg, out.metrics.get("batch_sizes") or list(cfg.batch_sizes)))
     unit = session.sample_unit
     for k, u in LIST_UNITS.items():
         if k in out.metrics:
@@ -273,19 +289,26 @@ def _merge(out: Outcome, metrics: dict[str, Any], raw: dict[str, Any], warnings:
     out.units.update(units or {})
 
 
-def run_scenario(session: Any, cfg: Any) -> tuple[dict[str, Any], dict[str, Any], list[str], dict[str, str]]:
-    """One MLPerf LoadGen scenario over this session (dlscale.infer.loadgen)."""
+def run_scenario(session: Any, cfg: Any, ran: list[int]) -> tuple[dict[str, Any], dict[str, Any], list[str],
+                                                                   dict[str, str]]:
+    """One MLPerf LoadGen scenario over this session (dlscale.infer.loadgen), in batches of up to the
+    largest batch size the sweep ran (``ran``): one that ran out of memory there is not retried."""
     from dlscale.infer.loadgen import ScenarioSettings, run_scenario as loadgen_run
 
-    settings = ScenarioSettings(scenario=cfg.scenario, max_batch=max(cfg.batch_sizes),
+    settings = ScenarioSettings(scenario=cfg.scenario, max_batch=max(ran),
                                 latency_bound_s=cfg.latency_bound, target_qps=cfg.target_qps,
                                 find_peak=cfg.find_peak, mlperf_durations=cfg.mlperf_durations,
                                 duration_s=cfg.duration)
+    warnings = []
+    if max(ran) < max(cfg.batch_sizes):
+        warnings.append(f"LoadGen {cfg.scenario}: batches of up to {max(ran)}, the largest batch size that ran "
+                        f"(not {max(cfg.batch_sizes)})")
     info(f"LoadGen {cfg.scenario} scenario (batches of up to {settings.max_batch})")
     res = loadgen_run(session, settings)
     metrics = {**res.metrics, "valid": res.valid}
     metrics.setdefault("scenario", cfg.scenario)
-    return metrics, {"loadgen_summary": res.summary, "loadgen_detail": res.detail}, list(res.warnings), dict(res.units)
+    return metrics, {"loadgen_summary": res.summary, "loadgen_detail": res.detail}, warnings + list(res.warnings), \
+        dict(res.units)
 
 
 def run_llm(cfg: Any, device: Any) -> tuple[dict[str, Any], dict[str, Any], list[str], dict[str, str]]:

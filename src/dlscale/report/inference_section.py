@@ -86,8 +86,9 @@ def inference_sections(ok: Sequence[RunRecord]) -> list[Section]:
     if rows:
         out.append(Section(
             title="MLPerf LoadGen scenarios",
-            intro=("Each scenario's own metric from LoadGen's summary: single-stream 90th-percentile latency, "
-                   "multi-stream 99th-percentile latency, server scheduled samples/s under the latency bound, "
-                   "offline samples/s. An INVALID run broke a scenario rule (see its summary in the record)."),
+            intro=("Each scenario's figure as MLPerf Inference reports it, from LoadGen's logs: single-stream "
+                   "LoadGen's early-stopping estimate of the 90th-percentile latency, multi-stream that of the "
+                   "99th, server completed samples/s under the latency bound, offline samples/s. An INVALID run "
+                   "broke a scenario rule (see its summary in the record)."),
             tables=[TableData(["model", "system", "scenario", "metric", "value", "LoadGen", "run id"], rows)]))
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.memsize import parse_memory, total_memory
 from dlscale.record import RunRecord
 from dlscale.tune.search import KNOBS, Outcome, Search, TrialRunner
 
@@ -56,26 +57,6 @@ def parse_fix(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         else:
             raise UsageError(f"--fix {item!r}: {knob} takes a whole number > 0")
     return out
-
-
-def parse_memory(text: str | None, total: int | None) -> int | None:
-    """``--max-memory``: bytes with K/M/G/T (binary), or a percentage of the machine's memory."""
-    if text is None:
-        return None
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        if t.endswith("%"):
-            if not total:
-                raise ValueError
-            value = float(t[:-1]) / 100 * total
-        else:
-            mult = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(t[-1:], 1)
-            value = float(t[:-1] if mult > 1 else t) * mult
-    except ValueError:
-        raise UsageError(f"--max-memory {text!r}: give bytes like 16G or 12000M, or a share like 80%") from None
-    if value <= 0:
-        raise UsageError(f"--max-memory must be > 0, got {text!r}")
-    return int(value)
 
 
 def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, list[Any]], list[str]]:
@@ -274,7 +255,7 @@ def tune(model: str, *, db: str | None = None, budget_s: float | None = None, re
     device_type = _device_type(device)
     fix = dict(fix or {})  # plan() adds what a fixed knob implies (a compile mode fixes compile)
     system = collect_cached()
-    limit = parse_memory(max_memory or ("80%" if device_type == "cpu" else None), _total_memory())
+    limit = parse_memory(max_memory or ("80%" if device_type == "cpu" else None), total_memory())
     tag = tag or f"tune-{model}"
     trial = {"steps": steps, "warmup_steps": warmup_steps, "breakdown_steps": 0, "monitor_interval": 0.0,
              "device": device_type, "tag": tag}
@@ -300,10 +281,3 @@ def _unit(model: str) -> str:
     from dlscale import workloads
 
     return f"{workloads.get(model).sample_unit}/s"
-
-
-def _total_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
