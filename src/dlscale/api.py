@@ -42,13 +42,18 @@ def _launched() -> bool:
 
 
 def train(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
-          on_step: Callable[[str, int, int], None] | None = None, **options: Any) -> Any:
+          on_step: Callable[[str, int, int], None] | None = None, price: Any = None, **options: Any) -> Any:
     """The training-throughput short test; the run's record (None on a node other than 0).
 
     ``options`` are ``TrainConfig`` fields (batch_size, image_size, precision, steps, ...).
     ``on_step(phase, done, total)`` is called after each step, outside the timed interval.
+    ``price``: a price per device-hour (a number, or a ``cost.Price`` from ``cost.resolve``) for the
+    cost figures.
     """
     from dlscale.config import TrainConfig
+    from dlscale.cost import as_price
+
+    price = as_price(price)
 
     cfg = config if config is not None else TrainConfig(model=model, **options)
     layout = layout or Layout()
@@ -59,8 +64,8 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
         if not _launched():
             info(f"dlscale train {cfg.model}: {cfg.parallel.upper()} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
                  f"{_where(layout)}){', ' + batch_words(cfg).rstrip(', ') + ' per rank' if batch_words(cfg) else ''}")
-        return run_job("train", cfg.to_dict(), layout, db)
-    return _train_here(cfg, db, on_step)
+        return run_job("train", cfg.to_dict(), layout, db, price)
+    return _train_here(cfg, db, on_step, price)
 
 
 def _where(layout: Layout) -> str:
@@ -69,7 +74,7 @@ def _where(layout: Layout) -> str:
     return f"{layout.nnodes} node(s)"
 
 
-def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
+def _train_here(cfg: Any, db: str | None, on_step: Any, price: Any) -> Any:
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
     from dlscale.store import Store
@@ -89,7 +94,7 @@ def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
          f"{resolved.precision}, {layout}on {device}")
     with store:
         return execute(kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                       store=store, system=system,
+                       store=store, system=system, price=price,
                        body=lambda _rec: run_short_test(resolved, device, system, on_step=on_step))
 
 
