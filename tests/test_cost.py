@@ -46,8 +46,10 @@ def test_cost_figures_by_hand():
     m, u, raw = cost.figures(cost.Price(2.5, "--price-per-hour"), metrics, {"throughput": "images/s"},
                              {"device": "cuda", "world_size": 4})
     assert m["cost_per_million_units"] == pytest.approx(2.5 * 4 / 3600 * 1e6 / 800)  # 3.472 $ per 10^6 images
+    assert m["units_per_dollar"] == pytest.approx(800 * 3600 / 10)  # 288,000 images per dollar
     assert m["cost_to_target"] == pytest.approx(2.5 * 4 * 1.5)  # 4 GPUs for 1.5 h
-    assert u == {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 images", "cost_to_target": "$"}
+    assert u == {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 images", "units_per_dollar": "images/$",
+                 "cost_to_target": "$"}
     assert raw["cost"] == {"price_per_hour": 2.5, "source": "--price-per-hour", "devices": 4}
     cpu, _, craw = cost.figures(cost.Price(1.0, "x"), {"throughput": 36.0}, {"throughput": "tokens/s"},
                                 {"device": "cpu", "world_size": 2, "nodes": 1})

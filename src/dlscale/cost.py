@@ -25,7 +25,8 @@ from dlscale.errors import UsageError
 HOURS_PER_YEAR = 8760  # 365 days
 FIELDS = ("devices", "price_per_hour", "capital_cost", "lifetime_years", "utilisation", "power_w", "price_per_kwh")
 CAPITAL = ("capital_cost", "lifetime_years", "utilisation", "power_w", "price_per_kwh")
-UNITS = {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 {unit}", "cost_to_target": "$"}
+UNITS = {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 {unit}", "units_per_dollar": "{unit}/$",
+         "cost_to_target": "$"}
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def figures(price: Price, metrics: dict[str, Any], units: dict[str, str], config
             ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """(metrics, units, raw) of a run's cost at ``price``: per million sample units and to the target.
 
-    ``cost_per_million_units = price · devices / 3600 · 10^6 / throughput``;
+    ``cost_per_million_units = price · devices / 3600 · 10^6 / throughput`` (and its inverse
+    ``units_per_dollar = throughput · 3600 / (price · devices)``);
     ``cost_to_target = price · devices · time_to_target / 3600``.
     """
     devices = devices_priced(config)
@@ -152,6 +154,7 @@ def figures(price: Price, metrics: dict[str, Any], units: dict[str, str], config
     thr = metrics.get("throughput")
     if isinstance(thr, (int, float)) and thr > 0 and unit:
         out["cost_per_million_units"] = per_s * 1e6 / thr
+        out["units_per_dollar"] = thr / per_s
     if isinstance(metrics.get("time_to_target"), (int, float)):
         out["cost_to_target"] = per_s * metrics["time_to_target"]
     raw = {"cost": {"price_per_hour": price.per_hour, "source": price.source, "devices": devices}}
