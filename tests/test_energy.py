@@ -262,3 +262,72 @@ def test_one_process_run_with_a_counter(tmp_path, no_counters, monkeypatch, db_p
     assert m["energy_per_unit_j"] == pytest.approx(m["energy_j"] / (4 * 30 * 2))
     assert m["units_per_joule"] == pytest.approx(1 / m["energy_per_unit_j"])
     assert 25.0 < m["avg_power_w"] < 75.0
+
+
+def test_gemm_rows_have_gflop_per_joule(tmp_path, no_counters, monkeypatch, cli):
+    p = tmp_path / "g.csv"
+    p.write_text("m,n,k,a_t,b_t\n256,256,256,0,0\n")
+    with RampingCounter(tmp_path / "powercap", watts=100.0, range_uj=INTEL_RANGE_UJ) as ramp:
+        monkeypatch.setenv(counters.POWERCAP_ENV, str(ramp.root))
+        r = cli("micro", "gemm", "--shapes", str(p), "--warmup", "1", "--iters", "200", "--device", "cpu",
+                "--format", "json")
+    assert r.code == 0, r.stderr
+    row = json.loads(r.stdout)["rows"][0]
+    assert row["gflops_per_j"] == pytest.approx(row["flops"] * row["reps"] / row["energy_j"] / 1e9)
+    assert 50.0 < row["avg_power_w"] < 150.0
+
+
+def test_inference_energy_per_batch_size_and_at_the_best(tmp_path, no_counters, monkeypatch, db_path):
+    from dlscale import api
+
+    with RampingCounter(tmp_path / "powercap", watts=20.0, range_uj=INTEL_RANGE_UJ) as ramp:
+        monkeypatch.setenv(counters.POWERCAP_ENV, str(ramp.root))
+        rec = api.infer("tinycnn", batch_sizes=(1, 8), iters=40, warmup=2, device="cpu")
+    m = rec.metrics
+    assert len(m["energy_per_unit_j_by_batch"]) == 2 and all(x > 0 for x in m["energy_per_unit_j_by_batch"])
+    best = m["batch_sizes"].index(m["best_batch_size"])
+    assert m["energy_per_unit_j"] == m["energy_per_unit_j_by_batch"][best]
+    assert m["energy_per_unit_j"] == pytest.approx(m["energy_j"] / (m["best_batch_size"] * 40))
+    assert rec.units["energy_per_unit_j_by_batch"] == "J/images"
+    assert rec.raw["energy"]["source"] == "rapl"
+
+
+class SetCounter(counters.Counter):
+    """A counter whose total the test sets."""
+
+    source = "rapl"
+
+    def __init__(self) -> None:
+        super().__init__("package-0", "package")
+        self.j = 1000.0
+
+    def total_j(self) -> float:
+        return self.j
+
+
+def test_energy_to_target_is_the_joules_at_the_target_point():
+    from types import SimpleNamespace
+
+    from dlscale.longtest.tta import Progress, Ranks, energy_outcome, run_energy
+
+    c = SetCounter()
+    p = Progress(t0=0.0, prior_j=50.0)  # resumed: 50 J before the checkpoint
+    p.meter = EnergyMeter(found=counters.Found([c]))
+    p.meter.begin()
+    s = SimpleNamespace(progress=p, ranks=Ranks())
+    points = []
+    for used, reached in ((3.6e6, False), (7.2e6, True)):  # 1 kWh per epoch
+        c.j += used
+        point = {"epoch": len(points) + 1, "energy_j": run_energy(s), "reached": reached}
+        points.append(point)
+    p.curve, p.hit = points, points[1]
+    p.meter.end()
+    p.meter.close()
+    m, u, raw = energy_outcome(p)
+    assert m["energy_to_target_kwh"] == pytest.approx((50 + 3.6e6 + 7.2e6) / 3.6e6)  # 3.0000139 kWh
+    assert u == {"energy_j": "J", "energy_to_target_kwh": "kWh"} and raw["energy"]["source"] == "rapl"
+    none = Progress(t0=0.0)
+    none.meter = EnergyMeter(found=counters.Found([], "no counter: here"))
+    none.curve = [{"energy_j": None}]
+    m, _, raw = energy_outcome(none)
+    assert m == {} and raw["energy"]["reason"] == "no counter: here"

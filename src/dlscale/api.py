@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dlscale.cost import as_price
 from dlscale.errors import RunFailure, UsageError
 from dlscale.layout import Layout
 from dlscale.log import info
@@ -51,7 +52,6 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
     cost figures.
     """
     from dlscale.config import TrainConfig
-    from dlscale.cost import as_price
 
     price = as_price(price)
 
@@ -99,7 +99,7 @@ def _train_here(cfg: Any, db: str | None, on_step: Any, price: Any) -> Any:
 
 
 def tta(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
-        **options: Any) -> list[Any]:
+        price: Any = None, **options: Any) -> list[Any]:
     """Train to a quality target (top-1 for classifiers, the task's metric for every other family);
     the records of every run, and with ``runs`` > 1 the olympic aggregate last. ``options`` are
     ``TTAConfig`` fields (data, target_top1 or target, ...)."""
@@ -114,10 +114,11 @@ def tta(model: str | None = None, *, config: Any = None, layout: Layout | None =
     if cfg.world_size != layout.world_size:
         cfg = replace(cfg, world_size=layout.world_size)
     with Store.open(db) as store:
-        return run_all(cfg, layout, store)
+        return run_all(cfg, layout, store, as_price(price))
 
 
-def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, **options: Any) -> list[Any]:
+def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, price: Any = None,
+          **options: Any) -> list[Any]:
     """Phase-1 microbenchmarks: one record per kind run (``all``: every kind; p2p is left out,
     with a line saying why, where fewer than two GPUs are visible).
 
@@ -129,13 +130,13 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, **o
 
     if kind not in MICRO_KINDS:
         raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(MICRO_KINDS)}")
-    return run_kinds(kind, options, layout, db)
+    return run_kinds(kind, options, layout, db, as_price(price))
 
 
 def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tuple[int, int]] = (),
           emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
           backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
-          db: str | None = None, **options: Any) -> list[Any]:
+          db: str | None = None, price: Any = None, **options: Any) -> list[Any]:
     """The scaling ladder: the short test at every layout (1x1, ``layouts`` as (nodes, devices per
     node), 1xN for device counts no layout covers), then a ``scale`` summary record of the
     efficiencies and the scale-up vs scale-out table. Returns every rung's record (failed rungs
@@ -144,7 +145,7 @@ def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tupl
 
     return run_ladder(model, list(devices), list(layouts), options, emulate_nodes=emulate_nodes,
                       link_bandwidth=link_bandwidth, link_latency=link_latency, backend=backend,
-                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db)
+                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db, price=as_price(price))
 
 
 def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per_run: float | None = None,
@@ -221,7 +222,7 @@ __all__ += ["tune"]
 
 
 def infer(model: str | None = None, *, config: Any = None, db: str | None = None,
-          on_batch: Callable[[int, dict[str, Any]], None] | None = None, **options: Any) -> Any:
+          on_batch: Callable[[int, dict[str, Any]], None] | None = None, price: Any = None, **options: Any) -> Any:
     """Inference throughput and latency by batch size (``dlscale infer``); the run's record (kind
     ``inference``). ``options`` are ``InferConfig`` fields (batch_sizes, precision, runtime, compile,
     iters, find_max_batch, scenario, prompt_len, ...). ``on_batch(batch_size, figures)`` is called
@@ -244,7 +245,8 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
          f"{', compiled' if resolved.compile else ''} on {device}")
     with store:
         return execute(kind="inference", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                       store=store, system=system, body=lambda _rec: run_inference(resolved, device, on_batch))
+                       store=store, system=system, price=as_price(price),
+                       body=lambda _rec: run_inference(resolved, device, on_batch))
 
 
 __all__ += ["infer"]

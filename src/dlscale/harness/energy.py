@@ -67,6 +67,19 @@ class EnergyMeter:
         self.seconds += time.monotonic() - t0
         self.windows += 1
 
+    def so_far(self) -> float | None:
+        """Joules of the windows closed so far plus the open one up to now; None without counters."""
+        if not self.counters or self._open is None:
+            return None
+        e = self._read()
+        return None if e is None else sum(self.joules) + sum(b - a for a, b in zip(self._open[1], e))
+
+    def take(self, label: str = "") -> dict[str, Any]:
+        """``reading()`` of the windows since the last take, then start counting afresh (one per case)."""
+        r = self.reading(label)
+        self.joules, self.seconds, self.windows = [0.0] * len(self.counters), 0.0, 0
+        return r
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
