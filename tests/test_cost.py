@@ -109,3 +109,11 @@ def test_train_records_cost_per_million_images_and_why_energy_is_absent(cli, db_
     assert (m["price_per_hour"], u["cost_per_million_units"], u["price_per_hour"]) == (2.5, "$/10^6 images", "$/h")
     assert rec["raw"]["cost"]["source"] == "--price-per-hour"
     assert "energy_j" not in m and rec["raw"]["energy"]["reason"].startswith("no counter")
+
+
+def test_the_example_systems_file_loads():
+    from pathlib import Path
+
+    systems = cost.load_systems(Path(__file__).resolve().parents[1] / "examples" / "systems.yaml")
+    assert set(systems) == {"cloud-8-gpu", "my-server", "workstation-cpu"}
+    assert systems["my-server"].hourly()[0] == pytest.approx(9.698379, abs=1e-6)  # the worked example
