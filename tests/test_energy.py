@@ -331,3 +331,18 @@ def test_energy_to_target_is_the_joules_at_the_target_point():
     none.curve = [{"energy_j": None}]
     m, _, raw = energy_outcome(none)
     assert m == {} and raw["energy"]["reason"] == "no counter: here"
+
+
+def test_imported_power(tmp_path):
+    """An MLPerf power result: 8 GPUs at 28,000 images/s drawing 5,600 W; training to target in 1,800 s
+    using 10.8 MJ."""
+    from dlscale.importers.records import parse_file, to_record
+
+    f = tmp_path / "power.csv"
+    f.write_text("system,model,nodes,devices_per_node,throughput,time_to_accuracy_s,avg_power_w,energy_j\n"
+                 "srv-a,resnet50,1,8,28000,,5600,\n"
+                 "srv-a,resnet50,1,8,,1800,,10800000\n")
+    thr, tta = (to_record(r, str(f), "mlperf") for r in parse_file(f, "csv"))
+    assert thr.metrics["units_per_joule"] == pytest.approx(5.0) and thr.metrics["energy_per_unit_j"] == pytest.approx(0.2)
+    assert thr.units["units_per_joule"] == "images/J" and thr.raw["energy"]["source"] == "imported (csv)"
+    assert tta.metrics["energy_to_target_kwh"] == pytest.approx(3.0) and tta.metrics["avg_power_w"] == pytest.approx(6000)
