@@ -346,3 +346,15 @@ def test_imported_power(tmp_path):
     assert thr.metrics["units_per_joule"] == pytest.approx(5.0) and thr.metrics["energy_per_unit_j"] == pytest.approx(0.2)
     assert thr.units["units_per_joule"] == "images/J" and thr.raw["energy"]["source"] == "imported (csv)"
     assert tta.metrics["energy_to_target_kwh"] == pytest.approx(3.0) and tta.metrics["avg_power_w"] == pytest.approx(6000)
+
+
+def test_llm_decode_joules_per_generated_token(tmp_path, no_counters, monkeypatch):
+    from dlscale.infer.llm import run_llm_inference
+
+    with RampingCounter(tmp_path / "powercap", watts=30.0, range_uj=INTEL_RANGE_UJ) as ramp:
+        monkeypatch.setenv(counters.POWERCAP_ENV, str(ramp.root))
+        m, u, raw, _ = run_llm_inference("llama_tiny", batch_sizes=[1, 2], prompt_len=8, output_len=8,
+                                         precision="fp32", device="cpu", warmup=1, iters=2)
+    assert len(m["energy_per_unit_j_by_batch"]) == 2 and u["energy_per_unit_j"] == "J/tokens"
+    assert m["energy_per_unit_j"] == pytest.approx(m["energy_j"] / (2 * 8 * 2))  # the headline (largest) batch
+    assert raw["energy"]["source"] == "rapl"
