@@ -10,6 +10,7 @@ CUDA devices be some of the fake NVML GPUs, as ``CUDA_VISIBLE_DEVICES`` would.
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x2a)])
     cuda_from_host(monkeypatch, host, visible=[1])   # CUDA 0 is NVML GPU 1
     host.gpus[1].throttle = 0x40                      # HW thermal slowdown
+    host.gpus[0].energy_mj += 500_000                 # the GPU used 500 J since the last read
     host.fail["nvmlDeviceGetMaxClockInfo"] = RuntimeError("boom")
 """
 
@@ -51,6 +52,8 @@ class FakeGpu:
     retired: tuple[int, int, int] | None = (0, 0, 0)  # single-bit pages, double-bit pages, pending
     remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # correctable, uncorrectable, pending, failure
     cpus: list[int] = field(default_factory=lambda: [0, 1])
+    energy_mj: int | None = 1_000_000  # total-energy counter (mJ since the driver loaded); None: not supported
+    power_mw: int | None = 650_000  # power reading (mW); None: not supported
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.bus:08x}-1111-2222-3333-444455556666"
@@ -153,6 +156,11 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
             raise FakeNVMLError(NOT_SUPPORTED)
         return g(h).remapped
 
+    def supported(value: int | None) -> int:
+        if value is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return value
+
     def event_set() -> Any:
         s: tuple[list[Any], set[int]] = ([], set())
         host.event_sets.append(s)
@@ -212,9 +220,9 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlEventSetFree": lambda s: None,
         "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=90, memory=40),
         "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * GB, used=10 * GB, free=70 * GB),
-        "nvmlDeviceGetPowerUsage": lambda h: 650_000,
+        "nvmlDeviceGetPowerUsage": lambda h: supported(g(h).power_mw),
         "nvmlDeviceGetClockInfo": lambda h, clock: 1755,
-        "nvmlDeviceGetTotalEnergyConsumption": lambda h: 1_000_000,
+        "nvmlDeviceGetTotalEnergyConsumption": lambda h: supported(g(h).energy_mj),
         "nvmlDeviceGetPcieThroughput": lambda h, counter: 1000,
     }
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dlscale.cost import as_price
 from dlscale.errors import RunFailure, UsageError
 from dlscale.layout import Layout
 from dlscale.log import info
@@ -42,13 +43,17 @@ def _launched() -> bool:
 
 
 def train(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
-          on_step: Callable[[str, int, int], None] | None = None, **options: Any) -> Any:
+          on_step: Callable[[str, int, int], None] | None = None, price: Any = None, **options: Any) -> Any:
     """The training-throughput short test; the run's record (None on a node other than 0).
 
     ``options`` are ``TrainConfig`` fields (batch_size, image_size, precision, steps, ...).
     ``on_step(phase, done, total)`` is called after each step, outside the timed interval.
+    ``price``: a price per device-hour (a number, or a ``cost.Price`` from ``cost.resolve``) for the
+    cost figures.
     """
     from dlscale.config import TrainConfig
+
+    price = as_price(price)
 
     cfg = config if config is not None else TrainConfig(model=model, **options)
     layout = layout or Layout()
@@ -59,8 +64,8 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
         if not _launched():
             info(f"dlscale train {cfg.model}: {cfg.parallel.upper()} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
                  f"{_where(layout)}){', ' + batch_words(cfg).rstrip(', ') + ' per rank' if batch_words(cfg) else ''}")
-        return run_job("train", cfg.to_dict(), layout, db)
-    return _train_here(cfg, db, on_step)
+        return run_job("train", cfg.to_dict(), layout, db, price)
+    return _train_here(cfg, db, on_step, price)
 
 
 def _where(layout: Layout) -> str:
@@ -69,7 +74,7 @@ def _where(layout: Layout) -> str:
     return f"{layout.nnodes} node(s)"
 
 
-def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
+def _train_here(cfg: Any, db: str | None, on_step: Any, price: Any) -> Any:
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
     from dlscale.store import Store
@@ -89,12 +94,12 @@ def _train_here(cfg: Any, db: str | None, on_step: Any) -> Any:
          f"{resolved.precision}, {layout}on {device}")
     with store:
         return execute(kind="train", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                       store=store, system=system,
+                       store=store, system=system, price=price,
                        body=lambda _rec: run_short_test(resolved, device, system, on_step=on_step))
 
 
 def tta(model: str | None = None, *, config: Any = None, layout: Layout | None = None, db: str | None = None,
-        **options: Any) -> list[Any]:
+        price: Any = None, **options: Any) -> list[Any]:
     """Train to a quality target (top-1 for classifiers, the task's metric for every other family);
     the records of every run, and with ``runs`` > 1 the olympic aggregate last. ``options`` are
     ``TTAConfig`` fields (data, target_top1 or target, ...)."""
@@ -109,10 +114,11 @@ def tta(model: str | None = None, *, config: Any = None, layout: Layout | None =
     if cfg.world_size != layout.world_size:
         cfg = replace(cfg, world_size=layout.world_size)
     with Store.open(db) as store:
-        return run_all(cfg, layout, store)
+        return run_all(cfg, layout, store, as_price(price))
 
 
-def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, **options: Any) -> list[Any]:
+def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, price: Any = None,
+          **options: Any) -> list[Any]:
     """Phase-1 microbenchmarks: one record per kind run (``all``: every kind; p2p is left out,
     with a line saying why, where fewer than two GPUs are visible).
 
@@ -124,13 +130,13 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, **o
 
     if kind not in MICRO_KINDS:
         raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(MICRO_KINDS)}")
-    return run_kinds(kind, options, layout, db)
+    return run_kinds(kind, options, layout, db, as_price(price))
 
 
 def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tuple[int, int]] = (),
           emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
           backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
-          db: str | None = None, **options: Any) -> list[Any]:
+          db: str | None = None, price: Any = None, **options: Any) -> list[Any]:
     """The scaling ladder: the short test at every layout (1x1, ``layouts`` as (nodes, devices per
     node), 1xN for device counts no layout covers), then a ``scale`` summary record of the
     efficiencies and the scale-up vs scale-out table. Returns every rung's record (failed rungs
@@ -139,7 +145,7 @@ def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tupl
 
     return run_ladder(model, list(devices), list(layouts), options, emulate_nodes=emulate_nodes,
                       link_bandwidth=link_bandwidth, link_latency=link_latency, backend=backend,
-                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db)
+                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db, price=as_price(price))
 
 
 def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per_run: float | None = None,
@@ -216,7 +222,7 @@ __all__ += ["tune"]
 
 
 def infer(model: str | None = None, *, config: Any = None, db: str | None = None,
-          on_batch: Callable[[int, dict[str, Any]], None] | None = None, **options: Any) -> Any:
+          on_batch: Callable[[int, dict[str, Any]], None] | None = None, price: Any = None, **options: Any) -> Any:
     """Inference throughput and latency by batch size (``dlscale infer``); the run's record (kind
     ``inference``). ``options`` are ``InferConfig`` fields (batch_sizes, precision, runtime, compile,
     iters, find_max_batch, scenario, prompt_len, ...). ``on_batch(batch_size, figures)`` is called
@@ -239,7 +245,8 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
          f"{', compiled' if resolved.compile else ''} on {device}")
     with store:
         return execute(kind="inference", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                       store=store, system=system, body=lambda _rec: run_inference(resolved, device, on_batch))
+                       store=store, system=system, price=as_price(price),
+                       body=lambda _rec: run_inference(resolved, device, on_batch))
 
 
 __all__ += ["infer"]

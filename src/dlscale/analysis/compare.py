@@ -119,12 +119,15 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
     """One row per group: A, B, (A - B) / B as a fraction; None where a side has no run.
 
     Runs in different sample units are in different groups (each row has its ``unit``); a
-    comparison whose two sides share no unit is refused (``domains.check_same_unit``).
+    comparison whose two sides share no unit is refused (``domains.check_same_unit``). Where the
+    runs have them, each row also has each side's per-joule and per-dollar figures
+    (``domains.EFFICIENCY``: ``units_per_joule_a``, ``units_per_dollar_b``, ...).
     """
     a, b = list(a), list(b)
     domains.check_same_unit(a, b, metric)
     keys = group_keys(by, metric, [*a, *b])
     ga, gb = group(a, by, metric), group(b, by, metric)
+    extra = {m: (group(a, keys, m), group(b, keys, m)) for m in efficiency_metrics([*a, *b], metric)}
     rows = []
     for k in _order(set(ga) | set(gb)):
         xa, xb = ga.get(k), gb.get(k)
@@ -132,8 +135,15 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
         rows.append({**dict(zip(keys, k)), "unit": (xa or xb).unit, "a": xa and xa.value, "b": xb and xb.value,
                      "pct_difference": pct,
                      "n_a": xa.n if xa else 0, "n_b": xb.n if xb else 0,
-                     "imported_a": xa.n_imported if xa else 0, "imported_b": xb.n_imported if xb else 0})
+                     "imported_a": xa.n_imported if xa else 0, "imported_b": xb.n_imported if xb else 0,
+                     **{f"{m}_{side}": (g[k].value if k in g else None)
+                        for m, pair in extra.items() for side, g in zip("ab", pair)}})
     return rows
+
+
+def efficiency_metrics(records: Sequence[RunRecord], metric: str) -> list[str]:
+    """The per-joule and per-dollar figures that go beside ``metric`` and that some of the records have."""
+    return [m for m in domains.EFFICIENCY.get(metric, ()) if any(m in r.metrics for r in records)]
 
 
 def score_table(selections: dict[str, Sequence[RunRecord]], reference: Sequence[RunRecord],

@@ -33,7 +33,11 @@ TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_c
 SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "target", "target_top1")
 # metrics whose unit is "sample units per second" (or per sample unit): split by unit
 UNIT_METRICS = ("throughput", "throughput_ci95", "repeat_throughputs", "epoch_throughputs", "flops_per_sample",
-                "flops_per_sample_forward", "samples_per_step")
+                "flops_per_sample_forward", "samples_per_step", "energy_per_unit_j", "units_per_joule",
+                "cost_per_million_units", "units_per_dollar")
+# the per-joule and per-dollar figures shown beside each metric a domain table scales
+EFFICIENCY = {"throughput": ("units_per_joule", "units_per_dollar"),
+              "time_to_target": ("energy_to_target_kwh", "cost_to_target")}
 # verdict thresholds on the largest device count (seed 000's words; docs/METRICS.md)
 LINEAR_EFFICIENCY = 0.9
 SUPERLINEAR_EFFICIENCY = 1.05
@@ -270,12 +274,20 @@ def domain_table(records: Iterable[Any], reference: Sequence[Any] | None = None,
             nodes, per_node = layout_of(rs[0])
             row.update({"layout": f"{nodes}x{per_node}", "runs": len(rs), "systems": sorted({_system(r) for r in rs}),
                         "run_ids": [r.run_id for r in rs]})
+            row.update({k: mean_of(rs, k) for k in EFFICIENCY.get(metric, ())})
         out.append({"family": fam, "sample_unit": unit, "unit": _value_unit(members, metric), "model": model,
                     "system": system, "systems": sorted({_system(r) for r in members}),
                     "test": {k: v for k, v in zip(TEST_KEYS, test) if v is not None}, "metric": metric,
                     "higher_is_better": higher_is_better, "base_devices": rows[0]["devices"],
                     "reference": refv, "rows": rows, "verdict": verdict(rows)})
     return out
+
+
+def mean_of(recs: Sequence[Any], metric: str) -> float | None:
+    """The mean of ``metric`` over the records that have it; None when none does."""
+    vals = [float(r.metrics[metric]) for r in recs if isinstance(r.metrics.get(metric), (int, float))
+            and not isinstance(r.metrics.get(metric), bool)]
+    return mean(vals) if vals else None
 
 
 def describe(domain: Mapping[str, Any]) -> str:

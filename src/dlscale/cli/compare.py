@@ -68,14 +68,20 @@ def _pct(a: str, b: str, ra: list, rb: list, rref: list | None, reference: str |
     """The % difference table (and scores over the reference) of A against B."""
     from dlscale.analysis import compare as cmp
 
+    from dlscale.analysis.efficiency import has_efficiency, ranking
+
     hib = cmp.higher_is_better([*ra, *rb], metric)
     rows = cmp.pct_table(ra, rb, keys, metric)
     scores = cmp.score_table({"A": ra, "B": rb}, rref, keys, metric, hib) if rref is not None else None
+    ranked = ranking([*ra, *rb]) if has_efficiency([*ra, *rb]) else None
     if fmt == Format.json:
         print_json({"a": a, "b": b, "by": keys, "metric": metric, "formula": "(A - B) / B",
-                    "rows": rows, "reference": reference, "higher_is_better": hib, "scores": scores})
+                    "rows": rows, "reference": reference, "higher_is_better": hib, "scores": scores,
+                    "ranking": ranked})
         return
     out.print(pct_rich_table(rows, keys, metric, a, b))
+    if ranked:
+        out.print(ranking_rich_table(ranked))
     if scores is not None:
         rule = "X / X_ref" if hib else "T_ref / T"
         unit_col = ["unit"] if "unit" not in keys and any("unit" in r for r in scores) else []
@@ -89,15 +95,36 @@ def _pct(a: str, b: str, ra: list, rb: list, rref: list | None, reference: str |
 
 
 def pct_rich_table(rows, keys, metric: str, a: str, b: str) -> Table:
+    from dlscale.analysis.domains import EFFICIENCY
+
     unit_col = ["unit"] if "unit" not in keys else []
-    t = Table(*keys, *unit_col, f"A {metric}", f"B {metric}", "% difference", "runs A/B (imported)",
+    extra = [m for m in EFFICIENCY.get(metric, ()) if any(r.get(f"{m}_a") is not None or r.get(f"{m}_b") is not None
+                                                          for r in rows)]
+    t = Table(*keys, *unit_col, f"A {metric}", f"B {metric}", "% difference",
+              *[f"{side} {EFFICIENCY_LABELS[m]}" for m in extra for side in "AB"], "runs A/B (imported)",
               title=f"% difference = (A - B) / B   (seed 001 Tables 5-6; positive: A higher)\nA = {a}\nB = {b}",
               title_justify="left")
     for r in rows:
         pct = r["pct_difference"]
         t.add_row(*[_s(r[k]) for k in keys], *[_s(r.get("unit")) for _ in unit_col], _num(r["a"]), _num(r["b"]),
                   "-" if pct is None else f"{pct * 100:+.2f}%",
+                  *[_num(r.get(f"{m}_{side}")) for m in extra for side in "ab"],
                   f"{r['n_a']}/{r['n_b']}" + (f" ({r['imported_a']}/{r['imported_b']})" if r["imported_a"] or r["imported_b"] else ""))
+    return t
+
+
+# column heads of the per-joule and per-dollar figures (each row's unit names what is counted)
+EFFICIENCY_LABELS = {"units_per_joule": "per J", "units_per_dollar": "per $", "energy_to_target_kwh": "kWh",
+                     "cost_to_target": "$"}
+
+
+def ranking_rich_table(rows: list[dict[str, Any]]) -> Table:
+    """Which system gives the most sample units per kWh and per dollar, per model."""
+    t = Table("unit", "model", "system", "throughput", "per kWh", "rank (kWh)", "per $", "rank ($)", "runs",
+              title="ranking: sample units per kWh and per dollar (1 = most), per model", title_justify="left")
+    for r in rows:
+        t.add_row(r["unit"], r["model"], r["system"], _num(r["throughput"]), _num(r["units_per_kwh"]),
+                  _s(r["rank_per_kwh"]), _num(r["units_per_dollar"]), _s(r["rank_per_dollar"]), str(r["runs"]))
     return t
 
 
@@ -108,24 +135,31 @@ def _domains(selections: dict[str, list], rref: list | None, reference: str | No
     from dlscale.analysis import domains as dom
 
     hib = cmp.higher_is_better([r for recs in selections.values() for r in recs], metric)
+    from dlscale.analysis.efficiency import has_efficiency, ranking
+
     tables = {name: dom.domain_table(recs, rref, metric, hib, across_systems=across_systems)
               for name, recs in selections.items()}
+    every = [r for recs in selections.values() for r in recs]
+    ranked = ranking(every) if metric == "throughput" and has_efficiency(every) else None
     if fmt == Format.json:
         print_json({"metric": metric, "higher_is_better": hib, "reference": reference, "across_systems": across_systems,
                     "speedup": "X_N / X_n0" if hib else "T_n0 / T_N", "efficiency": "speed-up / (N / n0)",
                     "score": ("X_N / X_ref" if hib else "T_ref / T_N") if reference else None,
-                    "selections": [{"selector": name, "domains": t} for name, t in tables.items()]})
+                    "selections": [{"selector": name, "domains": t} for name, t in tables.items()],
+                    "ranking": ranked})
         return
     for name, table in tables.items():
         if not table:
             out.print(f"{name}: no ok runs with {metric} to tabulate", markup=False)
         for d in table:
             out.print(domain_rich_table(d, name, reference))
+    if ranked:
+        out.print(ranking_rich_table(ranked))
 
 
 def domain_rich_table(d: dict[str, Any], selector: str, reference: str | None) -> Table:
     """One domain: its rows per device count, the value in the domain's own unit."""
-    from dlscale.analysis.domains import describe
+    from dlscale.analysis.domains import EFFICIENCY, describe
 
     ref = d["reference"]
     ref_words = ""
@@ -133,12 +167,16 @@ def domain_rich_table(d: dict[str, Any], selector: str, reference: str | None) -
         ref_words = (f"\nreference = {reference}: " + (f"{_num(ref['value'])} {d['unit']} on {ref['devices']} device(s)"
                                                        if ref and ref["value"] is not None else
                                                        (ref or {}).get("note") or "no run of this model and shape"))
-    t = Table("devices", f"{d['metric']} ({d['unit']})", "speed-up", "device ratio", "efficiency", "score", "runs",
+    extra = [m for m in EFFICIENCY.get(d["metric"], ()) if any(r.get(m) is not None for r in d["rows"])]
+    t = Table("devices", f"{d['metric']} ({d['unit']})", "speed-up", "device ratio", "efficiency", "score",
+              *[f"{d['sample_unit']} {EFFICIENCY_LABELS[m]}" if m.startswith("units_") else EFFICIENCY_LABELS[m]
+                for m in extra], "runs",
               "systems", title=f"{d['family']} ({d['sample_unit']}): {describe(d)}   [{selector}]\nspeed-up over "
               f"{d['base_devices']} device(s); verdict: {d['verdict'] or '-'}{ref_words}", title_justify="left")
     for r in d["rows"]:
         t.add_row(str(r["devices"]), _num(r["value"]), _x(r["speedup"]), f"{r['device_ratio']:g}",
-                  f"{r['efficiency'] * 100:.1f}%", _x(r["score"]), str(r["runs"]), ", ".join(r["systems"]))
+                  f"{r['efficiency'] * 100:.1f}%", _x(r["score"]), *[_num(r.get(m)) for m in extra], str(r["runs"]),
+                  ", ".join(r["systems"]))
     return t
 
 

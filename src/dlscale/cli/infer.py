@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dlscale.cli import costopts as copt
 from dlscale.cli import shapeopts as sopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
 
@@ -58,6 +59,9 @@ def infer(
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
     tag: TagOpt = None,
     db: DbOpt = None,
+    price_per_hour: copt.PriceOpt = None,
+    systems_file: copt.SystemsFileOpt = None,
+    system: copt.SystemOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale import api
@@ -72,8 +76,9 @@ def infer(
         latency_bound=latency_bound, target_qps=target_qps, mlperf_durations=mlperf_durations, duration=duration,
         prompt_len=prompt_len, output_len=output_len,
     )
+    price = copt.price(price_per_hour, systems_file, system)
     with failed_as_json(fmt, db):
-        rec = api.infer(config=cfg, db=db)
+        rec = api.infer(config=cfg, db=db, price=price)
     report(rec, fmt)
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
 
@@ -54,8 +55,8 @@ PlantOpt = Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, h
 
 
 def _kernel(kind: str, **kw: Any) -> None:
-    db, fmt = kw.pop("db"), kw.pop("fmt")
-    _run(kind, {k: v for k, v in kw.items() if v is not None}, None, db, fmt)
+    db, fmt, price = kw.pop("db"), kw.pop("fmt"), kw.pop("price")
+    _run(kind, {k: v for k, v in kw.items() if v is not None}, None, db, fmt, price)
 
 
 def _gemm_like(kind: str, help: str) -> None:
@@ -64,10 +65,11 @@ def _gemm_like(kind: str, help: str) -> None:
     def command(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
                 iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
                 cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None,
-                db: DbOpt = None, fmt: FormatOpt = Format.human) -> None:
+                db: DbOpt = None, fmt: FormatOpt = Format.human,
+                price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
         _kernel(kind, device=device, precisions=precision, warmup=warmup, reps=iters, full=full,
                 max_gflop=max_gflop, shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag,
-                db=db, fmt=fmt)
+                db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
     command.__name__ = kind
     app.command(kind, help=help)(command)
@@ -81,10 +83,11 @@ _gemm_like("rnn", "Recurrent layers (LSTM/GRU/vanilla) on DeepBench training sha
 def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
          channels_last: ChannelsLastOpt = None, cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None,
-         seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human) -> None:
+         seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+                price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
     _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
             shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed,
-            tag=tag, db=db, fmt=fmt)
+            tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 def _memory_like(kind: str, help: str) -> None:
@@ -92,9 +95,9 @@ def _memory_like(kind: str, help: str) -> None:
 
     def command(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
                 case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-                fmt: FormatOpt = Format.human) -> None:
+                fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
         _kernel(kind, device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
-                seed=seed, tag=tag, db=db, fmt=fmt)
+                seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
     command.__name__ = kind
     app.command(kind, help=help)(command)
@@ -110,6 +113,7 @@ def collectives(
     sizes: SizesOpt = None, ops: OpsOpt = None, warmup: WarmupOpt = None, iters: ItersOpt = None,
     budget: BudgetOpt = 0.5, min_busbw: MinBusbwOpt = None, plant_wrong: PlantOpt = None,
     device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+    price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None,
     nproc_per_node: dopt.NprocOpt = None, nnodes: dopt.NnodesOpt = 1, node_rank: dopt.NodeRankOpt = 0,
     master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
     backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
@@ -119,7 +123,8 @@ def collectives(
                          link_bandwidth, link_latency, timeout, threads_per_rank)
     options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, budget=budget, min_busbw=min_busbw,
                    plant_wrong=plant_wrong, device=device, tag=tag)
-    _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt)
+    _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
+         copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
@@ -127,21 +132,22 @@ def all_(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: W
          iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, cpu_ghz: CpuGhzOpt = None,
          case_budget: CaseBudgetOpt = None, mem_mib: MemMibOpt = None, sizes: SizesOpt = None,
          min_busbw: MinBusbwOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-         fmt: FormatOpt = Format.human) -> None:
+         fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
     options = dict(device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
                    cpu_ghz=cpu_ghz, case_budget_s=case_budget, mem_mib=mem_mib, sizes=sizes, min_busbw=min_busbw,
                    seed=seed, tag=tag)
-    _run("all", {k: v for k, v in options.items() if v is not None}, None, db, fmt)
+    _run("all", {k: v for k, v in options.items() if v is not None}, None, db, fmt,
+         copt.price(price_per_hour, systems_file, system))
 
 
-def _run(kind: str, options: dict[str, Any], layout: Any, db: str | None, fmt: Format) -> None:
+def _run(kind: str, options: dict[str, Any], layout: Any, db: str | None, fmt: Format, price: Any = None) -> None:
     """Run through the API, print every record (failed ones too), then exit 1 if any failed."""
     from dlscale import api
     from dlscale.errors import RunFailure
 
     failure = None
     try:
-        recs = api.micro(kind, layout=layout, db=db, **options)
+        recs = api.micro(kind, layout=layout, db=db, price=price, **options)
     except RunFailure as e:
         recs, failure = e.records, e
     docs = [report(r, fmt) for r in recs]

@@ -43,11 +43,33 @@ def train_summary_table(rec: RunRecord) -> Table:
     t.add_row("MFU", f"{fmt_pct(m.get('mfu'))}  ({m.get('peak_kind') or 'no'} peak "
               f"{fmt_si(m.get('peak_flops'), 'FLOP/s')}: {m.get('peak_flops_source')})")
     t.add_row("peak memory", f"{fmt_bytes(m.get('peak_memory_bytes'))} ({m.get('peak_memory_kind')})")
+    for what, words in energy_cost_rows(rec):
+        t.add_row(what, words)
     from dlscale.cli.breakdown_view import is_breakdown_key  # shown in their own tables
 
     for k in sorted(k for k in set(m) - _SHOWN if not is_breakdown_key(k)):
         t.add_row(k, format_metric(k, m[k], u.get(k)))
     return t
+
+
+def energy_cost_rows(rec: RunRecord) -> list[tuple[str, str]]:
+    """The energy line (or why there is none) and the cost line with the price it came from."""
+    m, u, raw = rec.metrics, rec.units, rec.raw
+    rows = []
+    e = raw.get("energy")
+    if m.get("energy_j") is not None:
+        rows.append(("energy (measured window)",
+                     f"{fmt_num(m['energy_j'])} J, {fmt_num(m.get('energy_per_unit_j'))} {u.get('energy_per_unit_j')}, "
+                     f"{fmt_num(m.get('units_per_joule'))} {u.get('units_per_joule')}, {fmt_num(m.get('avg_power_w'))} W "
+                     f"average  ({e.get('source') if e else '?'}: {', '.join(e.get('domains') or []) if e else ''})"))
+    elif e and e.get("reason"):
+        rows.append(("energy", f"absent: {e['reason']}"))
+    c = raw.get("cost")
+    if c:
+        figs = [f"{fmt_num(m[k])} {u.get(k)}" for k in ("cost_per_million_units", "cost_to_target") if m.get(k) is not None]
+        rows.append(("cost", f"{', '.join(figs) or 'no figure'} at {fmt_num(c['price_per_hour'])} $/device-hour x "
+                             f"{c['devices']} device(s) ({c['source']})"))
+    return rows
 
 
 def _config_words(c: dict, m: dict) -> str:
@@ -71,4 +93,6 @@ _SHOWN = {
     "peak_memory_bytes", "peak_memory_kind", "world_size", "repeat_throughputs", "step_time_mean",
     "step_time_min", "step_time_max", "samples_per_step", "measured_steps", "window_seconds",
     "flops_per_sample_forward", "peak_flops_isa_estimate", "flops_method", "loss_first", "loss_last", "cv_repeats", "peak_kind",
+    "energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour", "cost_per_million_units",
+    "cost_to_target",
 }

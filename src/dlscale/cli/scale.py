@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json, warn
@@ -53,6 +54,9 @@ def scale(
     from_store: Annotated[bool, typer.Option("--from-store", help="Run nothing: analyse recorded runs (filter with --tag/--model).")] = False,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Tag of the ladder's runs (default: scale-MODEL-TIME); with --from-store, the runs to analyse.")] = None,
     db: DbOpt = None,
+    price_per_hour: copt.PriceOpt = None,
+    systems_file: copt.SystemsFileOpt = None,
+    system: copt.SystemOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale.store import Store
@@ -74,6 +78,7 @@ def scale(
     recs = api.scale(model, devices=parse_devices(devices), layouts=parse_layouts(layouts),
                      emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth, link_latency=link_latency,
                      backend=backend, timeout_s=timeout, threads_per_rank=threads_per_rank, db=db,
+                     price=copt.price(price_per_hour, systems_file, system),
                      batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
                      model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
                      precision=precision, warmup_steps=warmup_steps,

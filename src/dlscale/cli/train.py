@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dlscale.cli import costopts as copt
 from dlscale.cli import dataopts as dataopt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
@@ -24,6 +25,7 @@ EPILOG = """Examples:\n\n
   dlscale train resnet50 --batch-size 64\n\n
   dlscale train resnet18 --image-size 64 --steps 30 --format json\n\n
   dlscale train resnet50 --precision bf16 --channels-last --repeat 3 --tag baseline\n\n
+  dlscale train resnet18 --image-size 64 --price-per-hour 2.50 --format json   (cost per million images)\n\n
   dlscale train alexnet --data /data/imagenet-mini --workers 4 --profile ./prof\n\n
   dlscale train llama_tiny --seq-len 256 --batch-size 8 --precision bf16\n\n
   dlscale train llama3.2_1b --nproc-per-node 8 --parallel fsdp --activation-checkpointing\n\n
@@ -80,6 +82,9 @@ def train(
     ddp_grad_as_bucket_view: Annotated[bool, typer.Option("--ddp-grad-as-bucket-view", help="Multi-rank DDP: gradients are views into the all-reduce buckets (saves a copy and memory).")] = False,
     ddp_static_graph: Annotated[bool, typer.Option("--ddp-static-graph", help="Multi-rank DDP: declare the graph static (same parameters used every step).")] = False,
     config: Annotated[Optional[str], typer.Option("--config", help="YAML file of option: value defaults (TrainConfig fields and threads_per_rank, as `dlscale tune` writes them); options given on the command line win.", show_default=False)] = None,
+    price_per_hour: copt.PriceOpt = None,
+    systems_file: copt.SystemsFileOpt = None,
+    system: copt.SystemOpt = None,
 ) -> None:
     from dlscale import api
     from dlscale.config import TrainConfig
@@ -101,6 +106,7 @@ def train(
         opts = configfile.merge(config, opts, configfile.explicit_options())
     threads_per_rank = opts.pop("threads_per_rank")
     cfg = TrainConfig(**opts)
+    price = copt.price(price_per_hour, systems_file, system)
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank)
     cfg.check_layout(layout.distributed)
@@ -109,7 +115,7 @@ def train(
 
         torch.set_num_threads(threads_per_rank)
     with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
-        rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step)
+        rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step, price=price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
     else:

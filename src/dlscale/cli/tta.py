@@ -6,6 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
 
@@ -76,6 +77,9 @@ def tta(
     timeout: dopt.TimeoutOpt = 300.0,
     tag: TagOpt = None,
     db: DbOpt = None,
+    price_per_hour: copt.PriceOpt = None,
+    systems_file: copt.SystemsFileOpt = None,
+    system: copt.SystemOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale import api
@@ -93,8 +97,9 @@ def tta(
         seed=seed, runs=runs, mlperf_log=mlperf_log, checkpoint_dir=checkpoint_dir, resume=resume,
         world_size=layout.world_size, seq_len=seq_len, tokenizer=tokenizer, tag=tag,
     )
+    price = copt.price(price_per_hour, systems_file, system)
     with failed_as_json(fmt, db):
-        recs = api.tta(config=cfg, layout=layout, db=db)
+        recs = api.tta(config=cfg, layout=layout, db=db, price=price)
     if not recs:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
         return

@@ -50,6 +50,13 @@ class RankSpec:
     layout: dict[str, Any] = field(default_factory=dict)
     db: str | None = None
     job_dir: str | None = None  # where ranks report failures and rank 0 the run id
+    price: dict[str, Any] | None = None  # cost.Price's fields: rank 0 records the run's cost at it
+
+    @property
+    def run_price(self) -> Any:
+        from dlscale.cost import Price
+
+        return Price(**self.price) if self.price else None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -77,8 +84,10 @@ def workload_of(family: str, config: dict[str, Any]) -> str:
     return str(config.get(key)) if key else family
 
 
-def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None) -> Any:
+def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None, price: Any = None) -> Any:
     """Run ``family`` on every rank of ``layout``; rank 0's record (None on a node other than 0).
+
+    ``price`` (cost.Price): rank 0 records the run's cost figures at it.
 
     Raises ``RunFailure`` (recorded as failed or interrupted) when the job failed, ``UsageError``
     when the ranks refused their input before the run started.
@@ -87,13 +96,14 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None)
 
     env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
     if env is not None:
-        return run_in_place(family, config, layout, db, env)
+        return run_in_place(family, config, layout, db, env, price)
     from dlscale.store import Store
 
     with Store.open(db) as store:  # an unwritable database is a usage error before anything starts
         path = str(store.path)
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
-    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir)
+    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir,
+                    price=asdict(price) if price is not None else None)
     try:
         res = _launch(spec, layout)
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
@@ -119,7 +129,8 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None)
     raise RunFailure(f"run {rec.run_id} failed: {msg}", run_id=rec.run_id)
 
 
-def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any) -> Any:
+def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any,
+                 price: Any = None) -> Any:
     """This process is one rank of a job an external launcher started: run it here."""
     if layout.emulate_nodes:
         raise UsageError("--emulate-nodes starts its own ranks; do not combine it with torchrun, srun or mpirun")
@@ -127,7 +138,8 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
     if asked is not None and asked != env.world_size:
         raise UsageError(f"mismatched world size: {env.launcher} started {env.world_size} ranks but "
                          f"--nproc-per-node x --nnodes is {asked}")
-    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db)
+    spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db,
+                    price=asdict(price) if price is not None else None)
     return rank_function(family)(spec, env)
 
 

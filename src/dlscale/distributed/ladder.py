@@ -71,7 +71,7 @@ def rung_layouts(todo: list[tuple[int, int]], *, emulate_nodes: int | None, link
 def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], options: dict[str, Any], *,
                emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
                backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
-               db: str | None = None) -> list[Any]:
+               db: str | None = None, price: Any = None) -> list[Any]:
     """Every rung's record (failed ones too) and the summary record last (see the module doc)."""
     from dlscale.config import TrainConfig
     from dlscale.distributed.job import run_job
@@ -89,7 +89,7 @@ def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], o
         info(f"dlscale scale {model}: layout {n}x{g} ({n * g} device(s))"
              + (f" on {n} emulated nodes" if layout.emulate_nodes else ""))
         try:
-            recs.append(run_job("train", cfg.to_dict(), layout, db))
+            recs.append(run_job("train", cfg.to_dict(), layout, db, price))
         except RunFailure as e:
             warn(f"layout {n}x{g}: {e}")
             if e.run_id:

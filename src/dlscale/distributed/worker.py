@@ -40,7 +40,7 @@ def run_rank(spec: Any, env: DistEnv) -> Any:
     check_same_job(env, config)
     system = collect_cached()
     rec = execute(kind="train", workload=resolved.model, config=config, store=store, tag=resolved.tag,
-                  system=system, body=lambda _rec: data_parallel_short_test(resolved, device, env, system))
+                  system=system, price=spec.run_price, body=lambda _rec: data_parallel_short_test(resolved, device, env, system))
     return rec if env.rank == 0 else None
 
 
@@ -128,10 +128,12 @@ def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> An
 
     from dlscale import workloads
     from dlscale.distributed.aggregate import UNITS, global_figures
+    from dlscale.harness import energy
     from dlscale.harness.metrics import mfu
     from dlscale.train.shorttest import in_sample_unit
 
     mine["peak_memory"] = out.metrics["peak_memory_bytes"]
+    mine["energy"] = out.raw.pop("energy_reading")
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, mine)
     if env.rank != 0:
@@ -149,7 +151,28 @@ def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> An
     out.units.update(in_sample_unit({**UNITS, "rank_peak_memory_bytes": "bytes"}, workloads.get(cfg.model).sample_unit))
     out.raw.update(raw)
     out.raw["rank_hosts"] = [g["host"] for g in gathered]
+    units_done = metrics["samples_per_step"] * metrics["measured_steps"]
+    e_metrics, e_units, e_raw = energy.figures(energy.combine(job_readings(gathered)), units_done,
+                                               workloads.get(cfg.model).sample_unit)
+    out.metrics.update(e_metrics)
+    out.units.update(e_units)
+    out.raw.update(e_raw)
     return out
+
+
+def job_readings(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks' energy readings that measure different devices: every rank's own GPU; a host's CPU
+    packages once (the lowest rank on that host: the ranks of a host all read the same counters)."""
+    seen: set[str] = set()
+    keep = []
+    for g in gathered:
+        r = g["energy"]
+        cpu = not r.get("reason") and "gpu" not in r["domains"]
+        if cpu and g["host"] in seen:
+            continue
+        seen.add(g["host"])
+        keep.append(r)
+    return keep
 
 
 def _fsdp_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[str, Any], sync: Any) -> Any:

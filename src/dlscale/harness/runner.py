@@ -59,8 +59,12 @@ def execute(
     store: Store | None,
     tag: str | None = None,
     system: dict[str, Any] | None = None,
+    price: Any = None,
 ) -> RunRecord:
-    """Run ``body`` and record it. ``store=None`` skips writing (a non-zero distributed rank)."""
+    """Run ``body`` and record it. ``store=None`` skips writing (a non-zero distributed rank).
+
+    ``price`` (cost.Price) adds the run's cost figures to a run that finished (cost.figures).
+    """
     if system is None:
         from dlscale.system import collect_cached
 
@@ -76,6 +80,13 @@ def execute(
         rec.raw.update(out.raw)
         rec.warnings.extend(out.warnings)
         rec.config.update(out.config)
+        if price is not None:
+            from dlscale import cost
+
+            c_metrics, c_units, c_raw = cost.figures(price, rec.metrics, rec.units, rec.config)
+            rec.metrics.update(c_metrics)
+            rec.units.update(c_units)
+            rec.raw.update(c_raw)
     except UsageError:
         raise
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every failure is recorded

@@ -60,13 +60,16 @@ def timed_loop(
     device: Any,
     on_step: StepCallback | None = None,
     sync: Callable[[], None] | None = None,
+    meter: Any = None,
 ) -> tuple[list[float], list[Any]]:
     """Run ``warmup_steps`` uncounted steps, then ``steps`` timed ones.
 
     Returns the per-step times (seconds) and what each measured step returned (e.g. the loss,
     left on the device: no per-step host synchronisation). ``sync`` defaults to a device
     synchronise; a distributed caller passes one that also waits for every rank. ``on_step``
-    runs between steps, outside every timed interval.
+    runs between steps, outside every timed interval. ``meter`` (harness.energy.EnergyMeter) reads
+    its energy counters right after the synchronisation that opens the window and right after the
+    one that closes it.
     """
     from dlscale.harness.device import synchronize
 
@@ -76,6 +79,8 @@ def timed_loop(
         if on_step:
             on_step("warmup", i + 1, warmup_steps)
     sync()
+    if meter is not None:
+        meter.begin()
     clock = StepClock(device)
     outputs: list[Any] = []
     for i in range(steps):
@@ -86,4 +91,6 @@ def timed_loop(
             on_step("measure", i + 1, steps)
     times = clock.step_times()
     sync()
+    if meter is not None:
+        meter.end()
     return times, outputs

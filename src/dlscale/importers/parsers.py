@@ -24,7 +24,7 @@ from dlscale.errors import UsageError
 # the documented CSV: required first, then optional
 CSV_REQUIRED = ("system", "model")
 CSV_OPTIONAL = ("precision", "batch_size", "nodes", "devices_per_node", "throughput", "time_to_accuracy_s",
-                "target_accuracy", "epochs", "speedup", "note")
+                "target_accuracy", "epochs", "speedup", "avg_power_w", "energy_j", "note")
 CSV_COLUMNS = CSV_REQUIRED + CSV_OPTIONAL
 
 # names other tools give the seed papers' models -> dlscale's registry names
@@ -60,6 +60,8 @@ class ImportedRow:
     target_accuracy: float | None = None
     epochs: float | None = None
     speedup: float | None = None
+    avg_power_w: float | None = None  # measured system power (MLPerf power submissions: the analyser's)
+    energy_j: float | None = None  # measured energy of the run (MLPerf Training power: energy to train)
     note: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     series: dict[str, list[float]] = field(default_factory=dict)
@@ -181,6 +183,7 @@ def parse_csv(text: str) -> list[ImportedRow]:
             time_to_accuracy_s=_float(r.get("time_to_accuracy_s"), i, "time_to_accuracy_s"),
             target_accuracy=_float(r.get("target_accuracy"), i, "target_accuracy"),
             epochs=_float(r.get("epochs"), i, "epochs"), speedup=_float(r.get("speedup"), i, "speedup"),
+            avg_power_w=_float(r.get("avg_power_w"), i, "avg_power_w"), energy_j=_float(r.get("energy_j"), i, "energy_j"),
             note=r.get("note") or None,
         )
         if row.throughput is None and row.time_to_accuracy_s is None and row.speedup is None:

@@ -53,11 +53,39 @@ def to_record(row: ImportedRow, source: str, tag: str | None, index: int = 0) ->
     if world:
         metrics["world_size"] = world
         units["world_size"] = "ranks"
+    raw: dict[str, Any] = {k: v for k, v in row.series.items() if v}
+    e_metrics, e_units, e_raw = imported_energy(row, config["sample_unit"])
+    metrics.update(e_metrics)
+    units.update(e_units)
+    raw.update(e_raw)
     rec = RunRecord(kind="train", workload=row.model, config=config, metrics=metrics, units=units,
-                    raw={k: v for k, v in row.series.items() if v}, tag=tag, imported=True,
-                    system={"name": row.system, "imported": True})
+                    raw=raw, tag=tag, imported=True, system={"name": row.system, "imported": True})
     rec.finished_at = utc_now()
     return rec
+
+
+def imported_energy(row: ImportedRow, unit: str) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """The energy figures of a row that carries power or energy (MLPerf power submissions), derived as a
+    measured run's are (docs/METRICS.md, "Energy and cost"): with power P and throughput X,
+    ``units_per_joule = X / P``; with energy E and a time to accuracy, ``energy_to_target_kwh = E / 3.6e6``."""
+    if row.avg_power_w is None and row.energy_j is None:
+        return {}, {}, {}
+    m: dict[str, Any] = {}
+    power = row.avg_power_w
+    if power is None and row.energy_j is not None and row.time_to_accuracy_s:
+        power = row.energy_j / row.time_to_accuracy_s
+    if power is not None:
+        m["avg_power_w"] = power
+        if row.throughput:
+            m.update(units_per_joule=row.throughput / power, energy_per_unit_j=power / row.throughput)
+    if row.energy_j is not None:
+        m["energy_j"] = row.energy_j
+        if row.time_to_accuracy_s is not None:
+            m["energy_to_target_kwh"] = row.energy_j / 3.6e6
+    from dlscale.harness.energy import UNITS
+
+    units = {k: UNITS[k].replace("{unit}", unit) for k in m}
+    return m, units, {"energy": {"source": f"imported ({row.source_format})", "domains": ["system"], "reason": None}}
 
 
 def _family(row: ImportedRow) -> str:

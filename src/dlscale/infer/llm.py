@@ -256,12 +256,18 @@ def _device(device: Any) -> Any:
 
 
 def _measure_batch(w: Any, cfg: Any, model: Any, batch: int, output_len: int, device: Any, amp_dtype: Any,
-                   warmup: int, iters: int, seed: int) -> list[Generation]:
-    """``warmup`` uncounted generations, then ``iters`` measured ones, of one batch of prompts."""
+                   warmup: int, iters: int, seed: int, meter: Any = None) -> list[Generation]:
+    """``warmup`` uncounted generations, then ``iters`` measured ones, of one batch of prompts
+    (``meter``, an EnergyMeter, read after the warm-up's last synchronisation and the last generation's)."""
     prompt, _ = w.make_batch(replace(cfg, batch_size=batch), device, seed)
     for _ in range(warmup):
         greedy_generate(model, prompt, output_len, device, amp_dtype)
-    return [greedy_generate(model, prompt, output_len, device, amp_dtype) for _ in range(iters)]
+    if meter is not None:
+        meter.begin()
+    gens = [greedy_generate(model, prompt, output_len, device, amp_dtype) for _ in range(iters)]
+    if meter is not None:
+        meter.end()
+    return gens
 
 
 def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, output_len: int, precision: str,
@@ -271,7 +277,9 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     import torch
 
     from dlscale import workloads
+    from dlscale.harness import energy
     from dlscale.harness.device import autocast_dtype, check_precision, set_matmul_precision
+    from dlscale.harness.energy import EnergyMeter
 
     check_inputs(batch_sizes, prompt_len, output_len, precision, warmup, iters)
     cfg = llm_config(model, model_config, prompt_len, output_len, precision)
@@ -283,20 +291,29 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     net = w.build(cfg).to(dev).eval()
     if amp is not None:
         net = net.to(amp)  # reduced-precision weights: see the module docstring
-    with torch.inference_mode():
+    energy_by_batch = []
+    with torch.inference_mode(), EnergyMeter(dev) as meter:
         for b in batch_sizes:
-            gens = _measure_batch(w, cfg, net, b, output_len, dev, amp, warmup, iters, seed)
+            gens = _measure_batch(w, cfg, net, b, output_len, dev, amp, warmup, iters, seed, meter)
             per_batch.append(llm_figures(b, prompt_len, output_len, [g.prefill_s for g in gens],
                                          [g.decode_step_s for g in gens]))
+            energy_by_batch.append(energy.figures(meter.take(), b * output_len * iters, "tokens"))
             raw_runs.append({"batch_size": b, "prefill_s": [g.prefill_s for g in gens],
                              "decode_step_s": [g.decode_step_s for g in gens],
                              "first_row_tokens": gens[-1].tokens[0].tolist()})
     metrics = {**collect(batch_sizes, per_batch), "prompt_len": prompt_len, "output_len": output_len,
                "iters": iters}
+    units = dict(UNITS)
+    if any(m for m, _, _ in energy_by_batch):  # J per generated token, prefill included; headline at the top batch
+        metrics["energy_per_unit_j_by_batch"] = [m.get("energy_per_unit_j") for m, _, _ in energy_by_batch]
+        top = energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])]
+        metrics.update(top[0])
+        units.update(top[1], energy_per_unit_j_by_batch="J/tokens")
     raw = {"by_batch": raw_runs, "decode": "greedy (argmax) tokens, one per row per step, DynamicCache",
            "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
-           "model_config": cfg.model_config, "precision": precision, "device": str(dev)}
-    return metrics, dict(UNITS), raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
+           "model_config": cfg.model_config, "precision": precision, "device": str(dev),
+           **energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])][2]}
+    return metrics, units, raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
 
 
 def _warnings(batch_sizes: Sequence[int], cvs: Sequence[float], iters: int) -> list[str]:

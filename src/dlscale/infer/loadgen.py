@@ -328,6 +328,7 @@ class _Run:
     detail: str
     batches: int
     ran: int
+    energy: dict[str, Any] | None = None  # harness.energy reading over LoadGen's test
 
 
 def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Path) -> _Run:
@@ -340,10 +341,16 @@ def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Pat
     log.log_output = out
     sut_handle = lg.ConstructSUT(sut.issue, sut.flush)
     qsl_handle = lg.ConstructQSL(s.samples, s.samples, samples.load, samples.unload)
+    from dlscale.harness.energy import EnergyMeter
+
+    meter = EnergyMeter(getattr(session, "device", None) if getattr(session, "runtime", "torch") == "torch" else None)
     sut.start()
     try:
+        meter.begin()  # LoadGen's test is the measured window: its queries, latencies and rates
         lg.StartTestWithLogSettings(sut_handle, qsl_handle, ts, log)
+        meter.end()
     finally:
+        meter.close()
         sut.stop()
         lg.DestroyQSL(qsl_handle)
         lg.DestroySUT(sut_handle)
@@ -352,7 +359,7 @@ def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Pat
                          f"{type(sut.error).__name__}: {sut.error}") from sut.error
     summary = (outdir / "mlperf_log_summary.txt").read_text()
     detail = (outdir / "mlperf_log_detail.txt").read_text()
-    return _Run(summary, detail, sut.batches, sut.ran)
+    return _Run(summary, detail, sut.batches, sut.ran, meter.reading())
 
 
 def run_scenario(session: Any, settings: ScenarioSettings) -> ScenarioResult:
@@ -386,6 +393,12 @@ def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: flo
     warnings += _unused(s)
     if s.scenario == "server":
         warnings = _server_notes(lg, session, s, metrics, units, capacity, warnings)
+    if run.energy is not None:  # J per sample unit over the samples LoadGen's test ran
+        from dlscale.harness import energy
+
+        e_metrics, e_units, _ = energy.figures(run.energy, run.ran * per_sample, getattr(session, "sample_unit", unit))
+        metrics.update({f"scenario_{k}": v for k, v in e_metrics.items()})
+        units.update({f"scenario_{k}": v for k, v in e_units.items()})
     return ScenarioResult(metrics, units, bool(metrics.get("valid")), run.summary, _trim(run.detail), warnings)
 
 

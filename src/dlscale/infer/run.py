@@ -28,9 +28,15 @@ BATCH_LIMIT = 1 << 16  # the search stops here even if memory is left (a tiny mo
 LIST_UNITS = {"latency_p50_by_batch": "s", "latency_p90_by_batch": "s", "latency_p99_by_batch": "s",
               "latency_max_by_batch": "s", "latency_mean_by_batch": "s", "cv_by_batch": "fraction",
               "batch_sizes": "samples/batch", "units_by_batch": "{unit}/batch",
+              "energy_j": "J", "energy_per_unit_j": "J/{unit}", "units_per_joule": "{unit}/J", "avg_power_w": "W",
+              "energy_per_unit_j_by_batch": "J/{unit}", "units_per_joule_by_batch": "{unit}/J",
+              "avg_power_w_by_batch": "W",
               "throughput_by_batch": "{unit}/s", "throughput_ci95_by_batch": "{unit}/s",
               "throughput": "{unit}/s", "best_batch_size": "samples/batch", "max_batch_size": "samples/batch",
               "max_batch_peak_memory": "bytes", "max_memory_cap": "bytes"}
+
+
+ENERGY_BY_BATCH = ("energy_per_unit_j", "units_per_joule", "avg_power_w")
 
 
 def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[str]]:
@@ -44,29 +50,40 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
             "latency_max": m["step_time_max"], "latency_mean": m["step_time_mean"]}, warnings
 
 
-def time_batch(session: Any, batch_size: int, warmup: int, iters: int) -> list[float]:
-    """Seconds of each of ``iters`` timed forwards of one stacked batch, after ``warmup`` uncounted ones."""
+def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None) -> list[float]:
+    """Seconds of each of ``iters`` timed forwards of one stacked batch, after ``warmup`` uncounted ones
+    (``meter``: an EnergyMeter read at the window's edges)."""
     import torch
 
     from dlscale.harness.timing import timed_loop
 
     batch = session.collate([session.sample(i) for i in range(batch_size)])
     clock_device = session.device if session.runtime == "torch" else torch.device("cpu")
-    times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device)
+    times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter)
     return times
+
+
+def batch_energy(session: Any, batch_size: int, iters: int, meter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One batch size's energy figures (harness.energy.figures) over its ``iters`` timed forwards."""
+    from dlscale.harness import energy
+
+    metrics, _, raw = energy.figures(meter.reading(), session.units(batch_size) * iters, session.sample_unit)
+    return metrics, raw
 
 
 def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None] | None = None
           ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, raw, warnings) of the batch-size sweep; a batch that runs out of memory ends it."""
+    from dlscale.harness.energy import EnergyMeter
     from dlscale.harness.runner import describe_failure
 
     rows: list[tuple[int, dict[str, Any]]] = []
-    raw: dict[str, Any] = {"batch_times": {}}
+    raw: dict[str, Any] = {"batch_times": {}, "energy_by_batch": {}}
     warnings: list[str] = []
     for b in cfg.batch_sizes:
         try:
-            times = time_batch(session, b, cfg.warmup, cfg.iters)
+            with EnergyMeter(session.device if session.runtime == "torch" else None) as meter:
+                times = time_batch(session, b, cfg.warmup, cfg.iters, meter)
         except Exception as e:  # noqa: BLE001 - only out-of-memory ends the sweep early
             if not is_oom(e) or not rows:
                 raise
@@ -74,12 +91,18 @@ def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None
                             f"batch {rows[-1][0]}: use --find-max-batch to find the largest that fits")
             break
         fig, warns = batch_figures(session.units(b), times)
+        e_metrics, e_raw = batch_energy(session, b, cfg.iters, meter)
+        fig.update(energy=e_metrics)
         warnings += [f"batch {b}: {w}" for w in warns]
         raw["batch_times"][str(b)] = times
+        raw["energy_by_batch"][str(b)] = e_raw
         rows.append((b, fig))
         if on_batch:
             on_batch(b, fig)
-    return by_batch(rows, session), raw, warnings
+    metrics = by_batch(rows, session)
+    best = str(metrics["best_batch_size"])
+    raw.update(raw["energy_by_batch"][best])  # the headline energy is the best batch size's, as its throughput
+    return metrics, raw, warnings
 
 
 def by_batch(rows: list[tuple[int, dict[str, Any]]], session: Any) -> dict[str, Any]:
@@ -91,6 +114,9 @@ def by_batch(rows: list[tuple[int, dict[str, Any]]], session: Any) -> dict[str, 
             "cv_by_batch": col("cv"), "latency_p50_by_batch": col("latency_p50"),
             "latency_p90_by_batch": col("latency_p90"), "latency_p99_by_batch": col("latency_p99"),
             "latency_max_by_batch": col("latency_max"), "latency_mean_by_batch": col("latency_mean"),
+            **{f"{k}_by_batch": [fig.get("energy", {}).get(k) for _, fig in rows] for k in ENERGY_BY_BATCH
+               if any(fig.get("energy", {}).get(k) is not None for _, fig in rows)},
+            **rows[best][1].get("energy", {}),
             "throughput": rows[best][1]["throughput"], "best_batch_size": rows[best][0]}
 
 

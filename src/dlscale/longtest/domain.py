@@ -23,7 +23,7 @@ from dlscale.harness import device as dev
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.tasks import EpochContext, Task, TaskData
-from dlscale.longtest.tta import Progress, Ranks, epoch_seed, resume_progress, run_epochs
+from dlscale.longtest.tta import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -286,6 +286,7 @@ def assemble_outcome(s: DomainSetup) -> Outcome:
                        "quality_label": task.metric_label, "quality_unit": task.metric_unit,
                        "higher_is_better": task.higher_is_better, "quality_library": task.library,
                        "data_info": s.data.info, "peak_lr": s.sched.peak})
+    add_energy(out, p)
     _warn(s, out, best)
     return out
 

@@ -34,9 +34,9 @@ def check_resume(cfg: Any) -> None:
                              "run without --resume to start from scratch")
 
 
-def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
+def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
     """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
-    (rank 0's; an empty list off node 0)."""
+    (rank 0's; an empty list off node 0). ``price`` (cost.Price): each run's cost to the target."""
     if cfg.family == "classification":
         check_data(cfg.data)
     elif layout.distributed:  # a malformed file is one line here, not one failure per rank
@@ -55,7 +55,7 @@ def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
             checkpoint_dir=str(Path(cfg.checkpoint_dir) / f"run{i}") if cfg.checkpoint_dir else None)
         if cfg.runs > 1:
             info(f"run {i + 1} of {cfg.runs} (seed {run_cfg.seed})")
-        rec = run_one(run_cfg, layout, store)
+        rec = run_one(run_cfg, layout, store, price)
         if rec is not None:
             recs.append(rec)
     if cfg.runs > 1 and recs:
@@ -63,7 +63,7 @@ def run_all(cfg: Any, layout: Any, store: Any) -> list[Any]:
     return recs
 
 
-def run_one(cfg: Any, layout: Any, store: Any) -> Any:
+def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:
     """One run, in this process or on every rank of the layout; rank 0's record (None off node 0)."""
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
@@ -79,7 +79,7 @@ def run_one(cfg: Any, layout: Any, store: Any) -> Any:
 
         info(f"dlscale tta {cfg.model}: {layout.world_size} ranks ({layout.nodes} node(s) x {layout.nproc_per_node}), "
              f"global batch {cfg.global_batch}, target {target_words(cfg)}")
-        return run_job("tta", asdict(cfg), layout, str(store.path))
+        return run_job("tta", asdict(cfg), layout, str(store.path), price)
     device = dev.select_device(cfg.device)
     resolved = cfg.resolve(device.type)
     dev.check_precision(resolved.precision, device)
@@ -97,7 +97,7 @@ def run_one(cfg: Any, layout: Any, store: Any) -> Any:
         return run_tta(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
 
     return execute(kind="tta", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
-                   store=store, system=collect_cached(), body=body)
+                   store=store, system=collect_cached(), body=body, price=price)
 
 
 def _nth(path: str | None, i: int) -> str | None:

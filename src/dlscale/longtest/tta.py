@@ -70,6 +70,8 @@ class Progress:
         "train_time": 0.0, "eval_time": 0.0, "checkpoint_time": 0.0, "setup_time": 0.0, "samples": 0, "steps": 0})
     resume_info: dict[str, Any] = field(default_factory=dict)
     hit: dict[str, Any] | None = None  # the first curve point that reached the target
+    prior_j: float | None = 0.0  # joules the run had used before a resume (None: not measured then)
+    meter: Any = None  # harness.energy.EnergyMeter over the epochs, open while they run
 
     def clock(self) -> float:
         """Seconds since the run started, across a resume."""
@@ -155,7 +157,11 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
     """The epoch loop of every time-to-quality run (this module's and longtest/domain.py's ``s``):
     train, evaluate on the cadence, log the point, checkpoint; stop at the target or
     ``max_epochs``; the MLPerf log's run_stop says which, and ``s.close()`` always runs."""
+    from dlscale.harness.energy import EnergyMeter
+
     p, cfg = s.progress, s.cfg
+    p.meter = EnergyMeter(s.device)
+    p.meter.begin()
     try:
         for epoch in range(p.start_epoch, cfg.max_epochs):
             if p.hit:
@@ -173,7 +179,52 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
             s.mlog.run_stop(success=False)
         raise
     finally:
+        p.meter.end()
+        p.meter.close()
         s.close()
+
+
+def run_energy(s: Any) -> float | None:
+    """Joules the run has used so far (every rank's device; a host's CPU packages once); None without a
+    counter on any rank. A collective: every rank calls it at each logged point."""
+    import os
+
+    p = s.progress
+    own = p.meter.so_far() if p.meter is not None else None
+    if s.ranks.all_reduce is not None and s.ranks.world > 1:
+        import torch
+
+        gpu = any(c.domain == "gpu" for c in p.meter.counters)
+        counted = own if own is not None and (gpu or os.environ.get("LOCAL_RANK", "0") == "0") else 0.0
+        t = torch.tensor([counted, 1.0 if own is None else 0.0], dtype=torch.float64)
+        s.ranks.all_reduce(t)
+        own = None if t[1].item() > 0 else t[0].item()
+    return None if own is None or p.prior_j is None else p.prior_j + own
+
+
+def add_energy(out: Outcome, p: Progress) -> None:
+    metrics, units, raw = energy_outcome(p)
+    out.metrics.update(metrics)
+    out.units.update(units)
+    out.raw.update(raw)
+
+
+def energy_outcome(p: Progress) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """``energy_to_target_kwh`` (the joules at the target point / 3.6e6) and the run's ``energy_j``;
+    ``raw["energy"]`` names the source or says why there is none."""
+    m = p.meter
+    reason = (m.reason if m is not None else "no counter read") or (
+        "a run resumed from a checkpoint made without an energy counter" if p.prior_j is None else None)
+    raw = {"energy": {"source": None if reason else m.found.source, "domains": [] if reason else
+                      sorted({c.domain for c in m.counters}), "reason": reason,
+                      "window": "from the first epoch to each evaluation (set-up not metered)"}}
+    last = p.curve[-1].get("energy_j") if p.curve else None
+    if reason or last is None:
+        return {}, {}, raw
+    metrics = {"energy_j": last}
+    if p.hit is not None and p.hit.get("energy_j") is not None:
+        metrics["energy_to_target_kwh"] = p.hit["energy_j"] / 3.6e6
+    return metrics, {"energy_j": "J", "energy_to_target_kwh": "kWh"}, raw
 
 
 def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], Any] | None, platform: str,
@@ -256,6 +307,7 @@ def resume_progress(s: Any, t0: float) -> Progress:
     s.opt.load_state_dict(state["optimizer"])
     curve = state["curve"]
     return Progress(t0=t0, prior_s=state["elapsed_s"], start_epoch=state["epoch"], curve=curve, acc=state["acc"],
+                    prior_j=curve[-1].get("energy_j") if curve else 0.0,
                     resume_info={"resumed_from_epoch": state["epoch"], "resume_gap": time.time() - state["saved_at"]},
                     hit=next((c for c in curve if c.get("reached")), None))
 
@@ -315,6 +367,7 @@ def log_point(s: Any, point: dict[str, Any], on_epoch: Callable[[dict[str, Any]]
     """Stamp ``point`` with the run's clock, add it to the curve, and keep it if it reached the target."""
     p = s.progress
     point["wall_s"] = p.clock()
+    point["energy_j"] = run_energy(s)
     p.curve.append(point)
     if point.get("reached"):
         p.hit = point
@@ -342,6 +395,7 @@ def assemble_outcome(s: Setup) -> Outcome:
                    p.resume_info)
     out.config.update({"plain_resize": s.plain, "num_classes": s.train_loader.num_classes,
                        "peak_lr": s.sched.peak, "lr_rule": cfg.lr_rule()})
+    add_energy(out, p)
     problems = list(s.log_problems)
     if s.mlog and not any(c["top1"] is not None and c["top1"] >= RESNET_TARGET for c in p.curve):
         problems.append(f"no evaluation reached {RESNET_TARGET}, the checker's ResNet accuracy threshold")

@@ -54,7 +54,7 @@ def run_rank(spec: Any, env: Any) -> Any:
         return out
 
     rec = execute(kind="tta", workload=resolved.model, config=config, body=body, store=store,
-                  tag=resolved.tag, system=collect_cached())
+                  tag=resolved.tag, system=collect_cached(), price=spec.run_price)
     return rec if env.rank == 0 else None
 
 

@@ -223,7 +223,7 @@ def run_rank(spec: Any, env: Any) -> Any:
             return out
 
         return execute(kind="micro", workload="collectives", config=config, tag=opts.tag, store=store,
-                       body=run_and_link)
+                       price=spec.run_price, body=run_and_link)
     finally:
         if store is not None:
             store.close()

@@ -21,21 +21,23 @@ from dlscale.harness.device import device_name
 from dlscale.peaks import Peak, resolve_peak
 
 ROW_UNITS = {"time_us": "us", "time_us_best": "us", "cv": "fraction", "tflops": "TFLOP/s",
-             "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction"}
+             "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction",
+             "energy_j": "J", "avg_power_w": "W", "gflops_per_j": "GFLOP/J"}
 
 
 def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
-               flush: Callable[[], None] | None = None, budget_s: float | None = None) -> list[float]:
+               flush: Callable[[], None] | None = None, budget_s: float | None = None, meter: Any = None) -> list[float]:
     """Seconds per call for ``reps`` calls of ``op`` after ``warmup`` uncounted ones.
 
     ``budget_s`` (CPUs): where the last warm-up call says ``reps`` calls would take longer than
-    this, fewer are timed, never fewer than ``MIN_REPS`` (nor more than asked).
+    this, fewer are timed, never fewer than ``MIN_REPS`` (nor more than asked). ``meter`` (an
+    EnergyMeter) is read where the timed calls start and after they end.
     """
     if getattr(device, "type", "cpu") == "cuda":
         import torch
 
         with torch.cuda.device(device):
-            return _cuda_reps(op, warmup, reps, device, flush)
+            return _cuda_reps(op, warmup, reps, device, flush, meter)
     t_call = None
     for _ in range(warmup):
         t0 = time.perf_counter()
@@ -44,21 +46,27 @@ def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
     if budget_s is not None and t_call:
         reps = min(reps, max(MIN_REPS, int(budget_s / t_call)))
     times = []
+    if meter is not None:
+        meter.begin()
     for _ in range(reps):
         t0 = time.perf_counter()
         op()
         times.append(time.perf_counter() - t0)
+    if meter is not None:
+        meter.end()
     return times
 
 
 def _cuda_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
-               flush: Callable[[], None] | None) -> list[float]:
+               flush: Callable[[], None] | None, meter: Any = None) -> list[float]:
     """Each call between two CUDA events on the current stream, the L2 flushed before it."""
     import torch
 
     for _ in range(warmup):
         op()
     torch.cuda.synchronize(device)
+    if meter is not None:
+        meter.begin()
     pairs = []
     for _ in range(reps):
         if flush is not None:
@@ -69,6 +77,8 @@ def _cuda_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
         end.record()
         pairs.append((start, end))
     torch.cuda.synchronize(device)
+    if meter is not None:
+        meter.end()
     return [s.elapsed_time(e) / 1e3 for s, e in pairs]
 
 
@@ -103,8 +113,29 @@ def device_peak(device: Any, precision: str, system: dict[str, Any], cpu_ghz: fl
     return r.peak, r.source
 
 
+def row_energy(reading: dict[str, Any], flops: float | None, reps: int) -> dict[str, Any]:
+    """A case's energy over its timed calls: joules, average power and GFLOP per joule (``flops · reps / E``)."""
+    from dlscale.harness import energy
+
+    m, _, _ = energy.figures(reading, reps, "calls")
+    if not m:
+        return {}
+    row = {"energy_j": m["energy_j"], "avg_power_w": m["avg_power_w"]}
+    if flops is not None:
+        row["gflops_per_j"] = flops * reps / m["energy_j"] / 1e9
+    return row
+
+
 def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any) -> Outcome:
     """The body of a microbenchmark run: plan, time every case, rows, summary, warnings."""
+    from dlscale.harness.energy import EnergyMeter
+
+    with EnergyMeter(device) as meter:
+        return _measure(bench, opts, device, system, record, meter)
+
+
+def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any,
+             meter: Any) -> Outcome:
     import torch
 
     from dlscale.harness.device import set_matmul_precision
@@ -124,11 +155,12 @@ def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str
         where = case.device or device
         op = case.build()
         times = timed_reps(op, opts.warmup, opts.reps, where, flush if where == device else None,
-                           case_budget(opts, where))
+                           case_budget(opts, where), meter if where == device else None)
         del op
         peak = peaks_by_precision.get(prec, (None, ""))[0]
         rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None),
-                     "reps": len(times), "flops": case.flops, "bytes": case.bytes})
+                     "reps": len(times), "flops": case.flops, "bytes": case.bytes,
+                     **row_energy(meter.take(), case.flops, len(times))})
         times_all.append(times)
     metrics, units = bench.summarize(rows)
     peak_sources = {p: src for p, (_, src) in peaks_by_precision.items()}
@@ -140,11 +172,14 @@ def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str
     if noisy:
         warnings.append(f"{len(noisy)} of {len(rows)} cases vary by more than 10% (CV) between reps: "
                         "use more --reps or a quieter machine")
+    energy = {"source": meter.found.source if not meter.reason else None,
+              "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in ROW_UNITS.items()}},
-                   raw={"rows": rows, "times_s": times_all}, warnings=warnings)
+                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=warnings)
 
 
-def run_recorded(bench: Microbench, opts: MicroOptions, store: Any, system: dict[str, Any] | None = None) -> Any:
+def run_recorded(bench: Microbench, opts: MicroOptions, store: Any, system: dict[str, Any] | None = None,
+                 price: Any = None) -> Any:
     """Select the device, check the precisions, run ``bench`` as a recorded ``micro`` run."""
     from dlscale.harness import device as dev
     from dlscale.system import collect_cached
@@ -155,7 +190,7 @@ def run_recorded(bench: Microbench, opts: MicroOptions, store: Any, system: dict
     system = system or collect_cached()
     config = {**_opts_dict(opts), "device": device.type, "device_name": device_name(device)}
     return execute(kind="micro", workload=bench.name, config=config, tag=opts.tag, store=store, system=system,
-                   body=lambda rec: measure(bench, opts, device, system, rec))
+                   price=price, body=lambda rec: measure(bench, opts, device, system, rec))
 
 
 def _opts_dict(opts: MicroOptions) -> dict[str, Any]:

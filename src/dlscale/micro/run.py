@@ -63,7 +63,7 @@ def collective_options(options: dict[str, Any]) -> Any:
     return CollectiveOptions(**{k: v for k, v in options.items() if k in READS["collectives"] and v is not None})
 
 
-def run_kinds(kind: str, options: dict[str, Any], layout: Any, db: str | None) -> list[Any]:
+def run_kinds(kind: str, options: dict[str, Any], layout: Any, db: str | None, price: Any = None) -> list[Any]:
     """Run ``kind`` (or every kind for ``all``); the records. A failed kind is recorded, the others
     still run, then ``RunFailure`` names every failure."""
     from dlscale.store import Store
@@ -78,7 +78,7 @@ def run_kinds(kind: str, options: dict[str, Any], layout: Any, db: str | None) -
     recs, failures = [], []
     for k, cfg in plans:
         try:
-            rec = _run_one(k, cfg, layout, db)
+            rec = _run_one(k, cfg, layout, db, price)
         except RunFailure as e:  # recorded as failed: go on with the next kind
             failures.append(str(e))
             rec = _get(db, e.run_id)
@@ -117,9 +117,9 @@ def _plan(kinds: list[str], asked: str, options: dict[str, Any], layout: Any) ->
     return plans
 
 
-def _run_one(kind: str, cfg: Any, layout: Any, db: str | None) -> Any:
+def _run_one(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
     if kind == "collectives":
-        return run_collectives(cfg, layout, db)
+        return run_collectives(cfg, layout, db, price)
     from dlscale import micro
     from dlscale.micro.harness import run_recorded
     from dlscale.store import Store
@@ -132,10 +132,10 @@ def _run_one(kind: str, cfg: Any, layout: Any, db: str | None) -> Any:
             return None
     info(f"dlscale micro {kind}: {bench.title}")
     with Store.open(db) as store:
-        return run_recorded(bench, cfg, store)
+        return run_recorded(bench, cfg, store, price=price)
 
 
-def run_collectives(cfg: Any, layout: Any, db: str | None) -> Any:
+def run_collectives(cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
     """Every rank of the layout sweeps the collectives; rank 0's record (None off node 0)."""
     from dlscale.distributed.job import run_job
     from dlscale.layout import Layout
@@ -143,7 +143,7 @@ def run_collectives(cfg: Any, layout: Any, db: str | None) -> Any:
     layout = default_collectives_layout(layout or Layout())
     info(f"dlscale micro collectives: {layout.world_size} ranks ({layout.nproc_per_node} per node, "
          f"{layout.nodes} node(s){', emulated' if layout.emulate_nodes else ''}), sizes {cfg.sizes}")
-    rec = run_job("collectives", cfg.to_dict(), layout, db)
+    rec = run_job("collectives", cfg.to_dict(), layout, db, price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
     return rec

@@ -18,6 +18,7 @@ from dlscale.format import fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots, sections_extra
 from dlscale.report.domain_section import domain_section
+from dlscale.report.efficiency_section import efficiency_section
 from dlscale.report.model import Figure, Report, Section, TableData
 
 
@@ -52,6 +53,9 @@ def build(records: Sequence[RunRecord], title: str, filters: str, db: str,
         dom = domain_section(ok, reference, reference_label, metric=metric)
         if dom is not None:
             rep.sections.append(dom)
+    eff = efficiency_section(ok)
+    if eff is not None:
+        rep.sections.append(eff)
     for build_extra in sections_extra.BUILDERS:
         sec = build_extra(ok)
         rep.sections.extend([sec] if isinstance(sec, Section) else sec or [])

@@ -1,14 +1,16 @@
 """Everything a short test records besides step times: the monitor, the real-data feed, the explanation.
 
-``RunObserver`` opens the resource monitor and (with ``--data``) the loader before the first
+``RunObserver`` opens the resource monitor, the energy meter (harness/energy.py: the timed loop
+reads it at each measured window's edges) and (with ``--data``) the loader before the first
 repeat, collects each measured window's data-waits and time span, explains the last repeat
-(train/phases.py) and closes workers and the sampler thread whatever happens.
+(train/phases.py) and closes workers and the sampler threads whatever happens.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dlscale.harness.energy import EnergyMeter
 from dlscale.monitor import Monitor, summarize
 
 
@@ -23,6 +25,7 @@ class RunObserver:
         self.spans: list[tuple[float, float]] = []
         self.window_seconds = 0.0
         self.explained: tuple[dict, dict, dict, list] = ({}, {}, {}, [])
+        self.meter = EnergyMeter(device)
         if cfg.monitor_interval > 0:
             gpu = (device.index or 0) if device.type == "cuda" else None
             self.monitor = Monitor(cfg.monitor_interval, gpu_index=gpu).start()
@@ -48,6 +51,7 @@ class RunObserver:
                                  self.world_size)
 
     def close(self) -> None:
+        self.meter.close()
         if self.feed is not None:
             self.feed.close()
         if self.monitor is not None:

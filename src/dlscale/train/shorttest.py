@@ -17,6 +17,7 @@ from dlscale import workloads
 from dlscale.config import TrainConfig
 from dlscale.errors import UsageError
 from dlscale.harness import device as dev
+from dlscale.harness import energy
 from dlscale.harness.device import device_name
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
 from dlscale.harness.runner import NonFiniteLoss, Outcome
@@ -184,6 +185,15 @@ def run_short_test(
     metrics.update(x_metrics)
     units.update(x_units)
     warnings.extend(x_warnings)
+    reading = obs.meter.reading(_rank_label(device, world_size))
+    if world_size == 1:
+        e_metrics, e_units, e_raw = energy.figures(reading, metrics["samples_per_step"] * metrics["measured_steps"],
+                                                   w.sample_unit)
+        metrics.update(e_metrics)
+        units.update(e_units)
+        x_raw.update(e_raw)
+    else:  # a rank of a job: rank 0 sums the ranks' readings (distributed/worker.py) and drops this
+        x_raw["energy_reading"] = reading
     return Outcome(
         metrics=metrics,
         units=in_sample_unit(units, w.sample_unit),
@@ -192,6 +202,17 @@ def run_short_test(
         config={"device_name": device_name(device), "sample_unit": w.sample_unit, "family": w.family,
                 "units_per_batch": w.units_per_batch(cfg), "data_source": cfg.data or "synthetic"},
     )
+
+
+def _rank_label(device: Any, world_size: int) -> str:
+    """How a rank's devices are named in a job's energy reading ("" for a one-process run)."""
+    if world_size == 1:
+        return ""
+    import socket
+
+    import torch.distributed as dist
+
+    return f"rank {dist.get_rank()}" if device.type == "cuda" else f"host {socket.gethostname()}"
 
 
 def in_sample_unit(units: dict[str, str], sample_unit: str) -> dict[str, str]:
@@ -210,7 +231,7 @@ def _measure(cfg: TrainConfig, device: Any, obs: RunObserver, on_step: StepCallb
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model, feed=obs.feed)
-        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync)
+        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync, obs.meter)
         obs.end_window(times)
         losses = _finite_losses(outs, r)
         done.step_times.append(times)

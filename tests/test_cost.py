@@ -1,0 +1,119 @@
+"""Cost per result: the price per device-hour, the systems file's derived hourly cost, the figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlscale import cost
+from dlscale.errors import UsageError
+
+SYSTEMS = """\
+systems:
+  cloud-8xh100:
+    devices: 8
+    price_per_hour: 98.32
+  my-server:
+    devices: 8
+    capital_cost: 250000
+    lifetime_years: 4
+    utilisation: 0.8
+    power_w: 6500
+    price_per_kwh: 0.12
+"""
+
+
+def test_the_worked_example_of_docs_metrics(tmp_path):
+    """250,000 $ over 4 years of 8760 h at 80% use: 250000 / 28032 = 8.918379 $/h; 6.5 kW at 0.12 $/kWh:
+    0.78 $/h; 9.698379 $/h for the server, 1.212297 $ per device-hour for 8 GPUs."""
+    f = tmp_path / "systems.yaml"
+    f.write_text(SYSTEMS)
+    systems = cost.load_systems(f)
+    hourly, how = systems["my-server"].hourly()
+    assert hourly == pytest.approx(250000 / 28032 + 0.78)
+    assert hourly == pytest.approx(9.698379, abs=1e-6)
+    p = cost.resolve(systems_file=str(f), system="my-server")
+    assert p.per_hour == pytest.approx(1.212297, abs=1e-6)
+    assert p.source.startswith(f"systems file {f}: system my-server (250000 $ / (4 y x 8760 h x 0.8)")
+    assert "/ 8 devices" in p.source
+    listed = cost.resolve(systems_file=str(f), system="cloud-8xh100")
+    assert listed.per_hour == pytest.approx(98.32 / 8) and "list price 98.32 $/h" in listed.source
+
+
+def test_cost_figures_by_hand():
+    metrics = {"throughput": 800.0, "time_to_target": 5400.0}
+    m, u, raw = cost.figures(cost.Price(2.5, "--price-per-hour"), metrics, {"throughput": "images/s"},
+                             {"device": "cuda", "world_size": 4})
+    assert m["cost_per_million_units"] == pytest.approx(2.5 * 4 / 3600 * 1e6 / 800)  # 3.472 $ per 10^6 images
+    assert m["units_per_dollar"] == pytest.approx(800 * 3600 / 10)  # 288,000 images per dollar
+    assert m["cost_to_target"] == pytest.approx(2.5 * 4 * 1.5)  # 4 GPUs for 1.5 h
+    assert u == {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 images", "units_per_dollar": "images/$",
+                 "cost_to_target": "$"}
+    assert raw["cost"] == {"price_per_hour": 2.5, "source": "--price-per-hour", "devices": 4}
+    cpu, _, craw = cost.figures(cost.Price(1.0, "x"), {"throughput": 36.0}, {"throughput": "tokens/s"},
+                                {"device": "cpu", "world_size": 2, "nodes": 1})
+    assert craw["cost"]["devices"] == 1 and cpu["cost_per_million_units"] == pytest.approx(1e6 / 3600 / 36)
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("systems:\n  a:\n    devices: 8\n    price_per_hour: -1\n", ":4:", "must be a number > 0"),
+    ("systems:\n  a:\n    devices: 8\n    price_per_hour: 3\n    power_w: 100\n", ":5:", "not both"),
+    ("systems:\n  a:\n    devices: 8\n    capital_cost: 1000\n", ":2:", "missing lifetime_years"),
+    ("systems:\n  a:\n    devices: 8\n    prise_per_hour: 3\n", ":4:", "unknown field"),
+    ("systems:\n  a:\n    price_per_hour: 3\n", ":2:", "needs devices"),
+    ("systems:\n  a:\n    devices: 2\n    capital_cost: 1\n    lifetime_years: 1\n    utilisation: 80\n"
+     "    power_w: 1\n    price_per_kwh: 1\n", ":6:", "fraction"),
+    ("machines: {}\n", ":1:", "one mapping `systems:`"),
+    ("systems: [\n", ":", "malformed YAML"),
+])
+def test_systems_file_errors_name_the_line(tmp_path, text, where, words):
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError) as e:
+        cost.load_systems(f)
+    assert str(e.value).startswith(str(f) + where) and words in str(e.value)
+
+
+def test_price_options_refuse_bad_combinations(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(SYSTEMS)
+    for kwargs, words in (({"price_per_hour": 0}, "> 0"), ({"price_per_hour": 2, "systems_file": str(f)}, "not both"),
+                          ({"system": "a"}, "add --systems-file"), ({"systems_file": str(f)}, "pick one with --system"),
+                          ({"systems_file": str(f), "system": "nope"}, "cloud-8xh100, my-server")):
+        with pytest.raises(UsageError, match=words):
+            cost.resolve(**kwargs)
+    assert cost.resolve() is None
+
+
+def test_bad_price_is_a_one_line_usage_error(cli, db_path):
+    res = cli("train", "tinycnn", "--price-per-hour", "-1")
+    assert res.code == 2 and "--price-per-hour must be a price per device-hour > 0" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_train_records_cost_per_million_images_and_why_energy_is_absent(cli, db_path, tmp_path, monkeypatch):
+    """The issue's acceptance: cost per million images = 2.50 / 3600 x 10^6 / throughput."""
+    from dlscale.monitor import energy as counters
+
+    (tmp_path / "none").mkdir()
+    monkeypatch.setenv(counters.POWERCAP_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv(counters.HWMON_ENV, str(tmp_path / "none"))
+    res = cli("train", "resnet18", "--image-size", "64", "--price-per-hour", "2.50", "--format", "json",
+              "--batch-size", "4", "--steps", "2", "--warmup-steps", "1", "--monitor-interval", "0",
+              "--breakdown-steps", "0")
+    assert res.code == 0, res.stderr
+    rec = json.loads(res.stdout)
+    m, u = rec["metrics"], rec["units"]
+    assert m["cost_per_million_units"] == pytest.approx(2.50 / 3600 * 1e6 / m["throughput"])
+    assert (m["price_per_hour"], u["cost_per_million_units"], u["price_per_hour"]) == (2.5, "$/10^6 images", "$/h")
+    assert rec["raw"]["cost"]["source"] == "--price-per-hour"
+    assert "energy_j" not in m and rec["raw"]["energy"]["reason"].startswith("no counter")
+
+
+def test_the_example_systems_file_loads():
+    from pathlib import Path
+
+    systems = cost.load_systems(Path(__file__).resolve().parents[1] / "examples" / "systems.yaml")
+    assert set(systems) == {"cloud-8-gpu", "my-server", "workstation-cpu"}
+    assert systems["my-server"].hourly()[0] == pytest.approx(9.698379, abs=1e-6)  # the worked example
