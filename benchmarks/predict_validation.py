@@ -10,6 +10,7 @@ contention that costs is measured from the 1x2 run's forward and optimizer phase
 
     .venv/bin/python benchmarks/predict_validation.py --models tinycnn,resnet18 --links 100mbit,1gbit,10gbit
     .venv/bin/python benchmarks/predict_validation.py --seed001 --seed002   # the published cases only
+    PYTHONPATH=OTHER/src .venv/bin/python benchmarks/predict_validation.py --models ... --repredict DB   # A/B a model
 
 ``--seed001`` / ``--seed002`` run the seed papers' published cases (``dlscale.predict.seeds``) as a
 user would, each in a fresh database through the CLI: ``dlscale import`` the one-GPU figure (seed
@@ -38,6 +39,8 @@ def main() -> int:
     ap.add_argument("--db", default=None, help="results database (default: a temporary one)")
     ap.add_argument("--seed001", action="store_true", help="seed 001's published cases (no training runs)")
     ap.add_argument("--seed002", action="store_true", help="seed 002's published cases (no training runs)")
+    ap.add_argument("--repredict", metavar="DB", default=None,
+                    help="no runs: predict again the ladder measured in DB (a copy), with the dlscale on PYTHONPATH")
     a = ap.parse_args()
     if a.seed001 or a.seed002:
         rows = [row for key, on in (("001", a.seed001), ("002", a.seed002)) if on for row in seed_cases(key)]
@@ -46,9 +49,16 @@ def main() -> int:
     os.environ["DLSCALE_QUIET"] = "1"
     db = a.db or os.path.join(tempfile.mkdtemp(prefix="dlscale-predict-"), "results.db")
     links = [x.strip() for x in a.links.split(",") if x.strip()]
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
     from dlscale import api
     from dlscale.layout import Layout
 
+    if a.repredict:
+        import shutil
+
+        shutil.copy(a.repredict, db)
+        report([row for model in models for row in predicted(api, model, links, db, "repredicted")], db)
+        return 0
     one = dict(nproc_per_node=1, force=True, threads_per_rank=1, timeout_s=600)
     api.micro("collectives", layout=Layout(nproc_per_node=2, threads_per_rank=1, timeout_s=600), db=db,
               ops="all_reduce", sizes=a.sizes, tag="links")
@@ -56,7 +66,7 @@ def main() -> int:
         api.micro("collectives", layout=Layout(emulate_nodes=2, link_bandwidth=rate, **one), db=db,
                   ops="all_reduce", sizes=a.sizes, tag="links")
     rows = []
-    for model in [m.strip() for m in a.models.split(",") if m.strip()]:
+    for model in models:
         rows += validate(api, Layout, model, links, a, db, one)
     report(rows, db)
     return 0
@@ -69,14 +79,21 @@ def validate(api, Layout, model: str, links: list[str], a, db: str, one: dict) -
     api.train(layout=Layout(nproc_per_node=2, force=True, threads_per_rank=1, timeout_s=600), db=db, **test)
     for rate in links:
         api.train(layout=Layout(emulate_nodes=2, link_bandwidth=rate, **one), db=db, **test)
-    api.predict(base.run_id, [(1, 2)], intra="measured", tag=f"predicted-{model}", db=db)
-    for rate in links:
-        api.predict(base.run_id, [(2, 1)], inter=f"measured:{rate}", tag=f"predicted-{model}", db=db)
+    return predicted(api, model, links, db)
+
+
+def predicted(api, model: str, links: list[str], db: str, label: str = "predicted") -> list[dict]:
+    """Predict 1x2 and 2x1 at each rate from the model's measured one-rank run; rows against the measured ones."""
     from dlscale.report.predictions import matched
     from dlscale.store import Store
 
     with Store.open(db) as s:
-        recs = s.query(tag=[f"measured-{model}", f"predicted-{model}"], status="ok")
+        base = next(r for r in s.query(tag=f"measured-{model}", status="ok") if (r.config.get("world_size") or 1) == 1)
+    api.predict(base.run_id, [(1, 2)], intra="measured", tag=f"{label}-{model}", db=db)
+    for rate in links:
+        api.predict(base.run_id, [(2, 1)], inter=f"measured:{rate}", tag=f"{label}-{model}", db=db)
+    with Store.open(db) as s:
+        recs = s.query(tag=[f"measured-{model}", f"{label}-{model}"], status="ok")
     return [r for r in matched(recs) if r["measured"] is not None]
 
 
