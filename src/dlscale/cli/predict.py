@@ -99,5 +99,7 @@ def _print_links(fmt: Format) -> None:
     t = Table("link", "bandwidth (GB/s, per direction)", "alpha (us)", "source", title="datasheet links",
               title_justify="left")
     for name, lk in DATASHEET.items():
-        t.add_row(name, f"{lk.bandwidth / 1e9:g}", f"{lk.alpha_s * 1e6:g}", lk.source)
+        rings = ", ".join(f"{g} GPUs {bw / 1e9:g}" for g, bw in (lk.ring_bandwidth or {}).items())
+        t.add_row(name, f"{lk.bandwidth / 1e9:g}" + (f" ({rings})" if rings else ""), f"{lk.alpha_s * 1e6:g}",
+                  lk.source)
     out.print(t)

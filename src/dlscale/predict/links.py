@@ -38,7 +38,7 @@ class Link:
     bandwidth: float  # bytes/s one rank can send in one direction over this link
     source: str  # the datasheet/specification (document + year) or the run it was fitted from
     fit: dict[str, Any] | None = field(default=None, compare=False)  # fitted links: FIT_KEYS (+ times_s)
-    ring_bandwidth: dict[int, float] | None = field(default=None, compare=False)  # GPUs of one node in the ring -> B/s; None: bandwidth for any
+    ring_bandwidth: dict[int, float] | None = field(default=None, compare=False)  # ring's GPUs -> B/s (None: any)
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
@@ -72,7 +72,7 @@ class Link:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise UsageError(f"link fields {sorted(unknown)} are unknown; a link has name, alpha_s, bandwidth, "
-                             "source and fit")
+                             "source, fit and ring_bandwidth")
         fit, rings = d.get("fit"), d.get("ring_bandwidth")
         return cls(name=d["name"], alpha_s=float(d["alpha_s"]), bandwidth=float(d["bandwidth"]),
                    source=d["source"], fit=dict(fit) if fit is not None else None,
@@ -170,7 +170,8 @@ DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
 )}
 
 ALIASES = {"pcie3": "pcie-gen3-x16", "pcie4": "pcie-gen4-x16", "pcie5": "pcie-gen5-x16",
-           "nvlink-v100": "nvlink2", "dgx1": "nvlink2", "dgx2": "nvlink2-nvswitch", "nvlink-a100": "nvlink3", "nvlink-h100": "nvlink4",
+           "nvlink-v100": "nvlink2", "dgx1": "nvlink2", "dgx2": "nvlink2-nvswitch", "nvlink-a100": "nvlink3",
+           "nvlink-h100": "nvlink4",
            "edr": "ib-edr", "hdr": "ib-hdr", "ndr": "ib-ndr",
            "eth-10g": "10gbe", "eth-25g": "25gbe", "eth-100g": "100gbe", "eth-400g": "400gbe"}
 
