@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from dlscale.errors import UsageError
 from dlscale.predict.links import Link
-from dlscale.predict.model import Compute, allreduce_s, predict_step
+from dlscale.predict.model import Compute, Loader, allreduce_s, predict_step
 
 TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision",
              "channels_last", "compile_mode", "optimizer", "optimizer_impl", "device")
@@ -103,7 +103,7 @@ def overlap(store: Any, base: Any, compute: Any, buckets: list[Any], intra: Any,
 
     Given: as given. CPU runs: 0 (the host-cost term carries the all-reduce's cost to backward
     there). Accelerator runs (and published figures): solved from the newest one-node run of the
-    most devices of the same test on the same system (``model.fit_overlap``, with its contention
+    most devices of the same test on the same system (``fit_overlap``, with its contention
     where its phases measured it; where the cost alone cannot explain the run, the contention it
     solves is put in ``factors``), else ``DEFAULT_OVERLAP_COST``.
     """
@@ -128,11 +128,9 @@ def overlap(store: Any, base: Any, compute: Any, buckets: list[Any], intra: Any,
 def loader(base: Any) -> tuple[Any, str]:
     """The source run's input pipeline as a ``model.Loader`` (its rate, workers and the host's cores); None
     where the run had no ``--data`` loader."""
-    from dlscale.predict.model import Loader
-
     m = base.metrics
     if not m.get("loader_rate"):
-        return None, "input pipeline: not measured (the source run read no --data), so not a cap"
+        return None, "input pipeline: no loader rate in the source run (it read no --data), so no cap"
     cpu = (base.system or {}).get("cpu") or {}
     cores = len(cpu["affinity"]) if cpu.get("affinity") else cpu.get("logical_cpus")
     ld = Loader(float(m["loader_rate"]), int(m.get("loader_workers") or 0), cores)
