@@ -9,12 +9,14 @@ scale` fixes threads per rank), so the 2-rank layouts use both cores of this mac
 contention that costs is measured from the 1x2 run's forward and optimizer phases (predict.run).
 
     .venv/bin/python benchmarks/predict_validation.py --models tinycnn,resnet18 --links 100mbit,1gbit,10gbit
-    .venv/bin/python benchmarks/predict_validation.py --seed001     # the published ladder only (instant)
+    .venv/bin/python benchmarks/predict_validation.py --seed001 --seed002   # the published cases only
+    PYTHONPATH=OTHER/src .venv/bin/python benchmarks/predict_validation.py --models ... --repredict DB   # A/B a model
 
-``--seed001`` predicts seed 001's C4130 ladder (4 P100-PCIe per node, EDR InfiniBand; ResNet-50,
-batch 128 per GPU, 283 images/s on one GPU) from the one-GPU figure and the datasheet links, and
-prints the efficiency error in points against the published 1x4 and 2x4 figures, with the
-effective all-reduce bandwidth the measured figure would imply if no communication were hidden.
+``--seed001`` / ``--seed002`` run the seed papers' published cases (``dlscale.predict.seeds``) as a
+user would, each in a fresh database through the CLI: ``dlscale import`` the one-GPU figure (seed
+001's reference dataset; for seed 002, which publishes none, one V100-SXM2 figure from seed 001),
+then ``dlscale predict resnet50 --from ID --layouts ... --intra ... --inter ...``; and print each
+case against its published target and tolerance, with what the prediction assumed.
 """
 
 from __future__ import annotations
@@ -35,17 +37,28 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--sizes", default="64K:16M:4", help="collectives sizes for the link fits")
     ap.add_argument("--db", default=None, help="results database (default: a temporary one)")
-    ap.add_argument("--seed001", action="store_true", help="only the seed 001 published ladder (no runs)")
+    ap.add_argument("--seed001", action="store_true", help="seed 001's published cases (no training runs)")
+    ap.add_argument("--seed002", action="store_true", help="seed 002's published cases (no training runs)")
+    ap.add_argument("--repredict", metavar="DB", default=None,
+                    help="no runs: predict again the ladder measured in DB (a copy), with the dlscale on PYTHONPATH")
     a = ap.parse_args()
-    if a.seed001:
-        seed001()
+    if a.seed001 or a.seed002:
+        rows = [row for key, on in (("001", a.seed001), ("002", a.seed002)) if on for row in seed_cases(key)]
+        print(f"{sum(r['within'] for r in rows)} of {len(rows)} published cases within their tolerance")
         return 0
     os.environ["DLSCALE_QUIET"] = "1"
     db = a.db or os.path.join(tempfile.mkdtemp(prefix="dlscale-predict-"), "results.db")
     links = [x.strip() for x in a.links.split(",") if x.strip()]
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
     from dlscale import api
     from dlscale.layout import Layout
 
+    if a.repredict:
+        import shutil
+
+        shutil.copy(a.repredict, db)
+        report([row for model in models for row in predicted(api, model, links, db, "repredicted")], db)
+        return 0
     one = dict(nproc_per_node=1, force=True, threads_per_rank=1, timeout_s=600)
     api.micro("collectives", layout=Layout(nproc_per_node=2, threads_per_rank=1, timeout_s=600), db=db,
               ops="all_reduce", sizes=a.sizes, tag="links")
@@ -53,7 +66,7 @@ def main() -> int:
         api.micro("collectives", layout=Layout(emulate_nodes=2, link_bandwidth=rate, **one), db=db,
                   ops="all_reduce", sizes=a.sizes, tag="links")
     rows = []
-    for model in [m.strip() for m in a.models.split(",") if m.strip()]:
+    for model in models:
         rows += validate(api, Layout, model, links, a, db, one)
     report(rows, db)
     return 0
@@ -66,39 +79,67 @@ def validate(api, Layout, model: str, links: list[str], a, db: str, one: dict) -
     api.train(layout=Layout(nproc_per_node=2, force=True, threads_per_rank=1, timeout_s=600), db=db, **test)
     for rate in links:
         api.train(layout=Layout(emulate_nodes=2, link_bandwidth=rate, **one), db=db, **test)
-    api.predict(base.run_id, [(1, 2)], intra="measured", tag=f"predicted-{model}", db=db)
-    for rate in links:
-        api.predict(base.run_id, [(2, 1)], inter=f"measured:{rate}", tag=f"predicted-{model}", db=db)
+    return predicted(api, model, links, db)
+
+
+def predicted(api, model: str, links: list[str], db: str, label: str = "predicted") -> list[dict]:
+    """Predict 1x2 and 2x1 at each rate from the model's measured one-rank run; rows against the measured ones."""
     from dlscale.report.predictions import matched
     from dlscale.store import Store
 
     with Store.open(db) as s:
-        recs = s.query(tag=[f"measured-{model}", f"predicted-{model}"], status="ok")
+        base = next(r for r in s.query(tag=f"measured-{model}", status="ok") if (r.config.get("world_size") or 1) == 1)
+    api.predict(base.run_id, [(1, 2)], intra="measured", tag=f"{label}-{model}", db=db)
+    for rate in links:
+        api.predict(base.run_id, [(2, 1)], inter=f"measured:{rate}", tag=f"{label}-{model}", db=db)
+    with Store.open(db) as s:
+        recs = s.query(tag=[f"measured-{model}", f"{label}-{model}"], status="ok")
     return [r for r in matched(recs) if r["measured"] is not None]
 
 
-SEED001 = {(1, 1): 283.0, (1, 4): 1099.0, (2, 4): 2075.0}  # seed 001 Fig. 26, images/s, batch 128 per GPU
+def seed_cases(key: str) -> list[dict]:
+    """Import the seed's one-GPU figure and predict its layouts through the CLI in a fresh database;
+    print and return ``seeds.judge``'s rows."""
+    import json
+    import subprocess
 
+    from dlscale.predict.seeds import SEEDS, V100_ONE_GPU_CSV, judge
 
-def seed001() -> None:
-    from dlscale.predict.links import link
-    from dlscale.predict.model import Compute, ddp_buckets, gradient_bytes, predict_layouts
+    seed = SEEDS[key]
+    tmp = tempfile.mkdtemp(prefix=f"dlscale-seed{key}-")
+    env = {**os.environ, "DLSCALE_DB": os.path.join(tmp, "results.db")}
 
-    step = 128 / SEED001[(1, 1)]
-    compute = Compute(forward_s=step / 3, backward_s=2 * step / 3, optimizer_s=0.0)  # no phase split published
-    buckets = ddp_buckets(gradient_bytes("resnet50", "fp32"))
-    intra, inter = link("pcie-gen3-x16"), link("ib-edr")
-    print(f"seed 001 C4130 ResNet-50: step {step * 1e3:.1f} ms on one P100, {sum(buckets) / 1e6:.1f} MB of gradients "
-          f"in {len(buckets)} buckets; intra {intra.name} {intra.bandwidth / 1e9:.2f} GB/s, inter {inter.name} "
-          f"{inter.bandwidth / 1e9:.2f} GB/s")
-    for row in predict_layouts(compute, buckets, 128, [(1, 4), (2, 4)], intra, inter):
-        n, g = row["nodes"], row["per_node"]
-        measured = SEED001[(n, g)] / (n * g * SEED001[(1, 1)])
-        p = n * g
-        implied = 2 * (p - 1) / p * sum(buckets) / (step / measured - step)  # nothing hidden, alpha 0
-        print(f"  {n}x{g}: predicted efficiency {row['efficiency'] * 100:.1f}%, published {measured * 100:.1f}%, "
-              f"error {(row['efficiency'] - measured) * 100:+.1f} points; exposed comm {row['exposed_comm'] * 1e3:.2f} ms;"
-              f" the published figure implies {implied / 1e9:.2f} GB/s if no all-reduce were hidden")
+    def dlscale(*args: str) -> list[dict]:
+        p = subprocess.run([sys.executable, "-m", "dlscale.cli.app", *args, "--format", "json"], env=env,
+                           capture_output=True, text=True, check=True)
+        return json.loads(p.stdout)
+
+    if key == "001":
+        imported = dlscale("import", "--ref", "seed001-scaling")
+    else:
+        csv = os.path.join(tmp, "v100.csv")
+        with open(csv, "w") as f:
+            f.write(V100_ONE_GPU_CSV)
+        imported = dlscale("import", csv)
+    one = next(r for r in imported if r["config"]["system"] == seed.system and r["config"]["world_size"] == 1)
+    layouts = ",".join(f"{n}x{g}" for n, g in seed.layouts)
+    preds = dlscale("predict", "resnet50", "--from", one["run_id"], "--layouts", layouts, "--intra", seed.intra,
+                    "--inter", seed.inter)
+    x = {"1x1": preds[0]["metrics"]["throughput"] / preds[0]["metrics"]["speedup"]}
+    x.update({f"{p['config']['nodes']}x{p['config']['devices_per_node']}": p["metrics"]["throughput"] for p in preds})
+    print(f"{seed.name}: dlscale import {seed.one_gpu}; dlscale predict resnet50 --from {one['run_id']} "
+          f"--layouts {layouts} --intra {seed.intra} --inter {seed.inter}")
+    for note in preds[0]["raw"]["notes"]:
+        if note.startswith(("overlap cost", "contention", "run ")):
+            print(f"  note: {note}")
+    print("  predicted " + ", ".join(f"{k} {v:,.0f}/s" for k, v in x.items()))
+    rows = judge(seed, x)
+    for r in rows:
+        fmt = (lambda v: f"{v * 100:.1f}%") if r["unit"] == "points" else (lambda v: f"{v:.3f}x")
+        unit = " points" if r["unit"] == "points" else "x"
+        print(f"  {r['case']:<28} predicted {fmt(r['predicted']):>7}, published {fmt(r['target']):>7}, error "
+              f"{r['error']:+.2f}{unit} (tolerance {r['tolerance']:g}{unit}): {'within' if r['within'] else 'OUTSIDE'}")
+    return rows
 
 
 def report(rows: list[dict], db: str) -> None:

@@ -105,17 +105,98 @@ def test_links_listing(cli):
 
 
 def test_host_cost_is_fitted_from_the_measured_one_node_run(cli, db_path, store_with_runs):
+    from dlscale.predict.fitted import fit_host_bandwidth
+    from dlscale.predict.grads import ddp_buckets, profile
     from dlscale.predict.links import link
-    from dlscale.predict.model import ddp_buckets, fit_host_bandwidth, gradient_bytes
 
     r = cli("predict", "--from", store_with_runs.run_id, "--layouts", "2x1", "--inter", "1gbit", "--intra",
             "10gbit", "--format", "json")
     assert r.code == 0, r.stderr
     (doc,) = json.loads(r.stdout)
-    buckets = ddp_buckets(gradient_bytes("tinycnn", "fp32"))
+    buckets = ddp_buckets(profile("tinycnn", "fp32", {"image_size": 32}).nbytes)
     expected = fit_host_bandwidth(0.05, buckets, 2, link("10gbit"))
     assert doc["config"]["host_bandwidth"] == pytest.approx(expected)
     assert any("host cost" in n and "fitted from" in n for n in doc["raw"]["notes"])
     off = json.loads(cli("predict", "--from", store_with_runs.run_id, "--layouts", "2x1", "--inter", "1gbit",
                          "--intra", "10gbit", "--no-host-cost", "--format", "json").stdout)[0]
     assert off["config"]["host_bandwidth"] is None and off["metrics"]["throughput"] > doc["metrics"]["throughput"]
+
+
+def test_a_layout_given_twice_is_predicted_and_recorded_once(cli, db_path, store_with_runs):
+    r = cli("predict", "--from", store_with_runs.run_id, "--layouts", "1x2,2x1,1x2", "--intra", "10gbit", "--inter",
+            "1gbit", "--tag", "twice", "--format", "json")
+    assert r.code == 0, r.stderr
+    assert [(d["config"]["nodes"], d["config"]["devices_per_node"]) for d in json.loads(r.stdout)] == [(1, 2), (2, 1)]
+    with Store.open(db_path) as s:
+        assert len(s.query(kind="prediction", tag="twice")) == 2
+
+
+def test_cpu_runs_keep_free_overlap_and_say_so(cli, db_path, store_with_runs):
+    (doc,) = json.loads(cli("predict", "--from", store_with_runs.run_id, "--layouts", "2x1", "--inter", "1gbit",
+                            "--format", "json").stdout)
+    assert doc["config"]["overlap_cost"] == 0.0 and doc["metrics"]["overlap_loss"] == 0.0
+    assert any(n.startswith("overlap cost 0: a CPU run") for n in doc["raw"]["notes"])
+
+
+def gpu_record(per_node: int = 1, throughput: float = 400.0, forward: float = 0.1, **extra) -> RunRecord:
+    """A measured ResNet-18 short test on GPUs of one host ("gpubox"), with its phase breakdown."""
+    config = {"model": "resnet18", "batch_size": 64, "image_size": 64, "precision": "bf16", "channels_last": True,
+              "optimizer": "sgd", "device": "cuda", "nodes": 1, "devices_per_node": per_node, "world_size": per_node}
+    metrics = {"world_size": per_node, "throughput": throughput, "step_time_mean": 64 * per_node / throughput,
+               "samples_per_step": 64 * per_node, "phase_forward": forward, "phase_backward": 0.2,
+               "phase_optimizer": 0.02, "phase_h2d": 0.0, "phase_data_wait": 0.0, **extra}
+    return RunRecord(kind="train", workload="resnet18", config=config, metrics=metrics, system={"hostname": "gpubox"},
+                     tag="gpu")
+
+
+def test_the_overlap_cost_is_fitted_from_a_measured_one_node_gpu_run(cli, db_path):
+    from dlscale.predict.fitted import fit_overlap
+    from dlscale.predict.grads import bucket_plan, profile
+    from dlscale.predict.links import link
+    from dlscale.predict.model import compute_from_record
+
+    base = gpu_record()  # 64 / 400 = 0.16 s per step
+    # contention (0.11+0.02)/(0.1+0.02); at that contention the model gives 1x2 736.3/s with free overlap and
+    # 732.1/s with none over PCIe Gen4 (46.8 MB of gradients, 1.5 ms per step): 734.0/s is in between
+    two = gpu_record(per_node=2, throughput=734.0, forward=0.11)
+    with Store.open(str(db_path)) as s:
+        s.insert(base)
+        s.insert(two)
+    r = cli("predict", "--from", base.run_id, "--layouts", "1x2,2x2", "--intra", "pcie4", "--inter", "100gbe",
+            "--format", "json")
+    assert r.code == 0, r.stderr
+    docs = {d["config"]["nodes"]: d for d in json.loads(r.stdout)}
+    prof = profile("resnet18", "bf16", {"image_size": 64})
+    compute = compute_from_record(base, prof.backward_ratio)
+    cost, c, _ = fit_overlap(compute, bucket_plan(prof.grads), 2, link("pcie4"), 128 / 734.0, 0.13 / 0.12)
+    assert 0.4 < cost < 0.7 and c == pytest.approx(0.13 / 0.12)
+    for d in docs.values():
+        assert d["config"]["overlap_cost"] == pytest.approx(cost) and d["config"]["overlap_fitted_from"] == two.run_id
+    assert docs[1]["metrics"]["throughput"] == pytest.approx(734.0, rel=1e-6)  # the layout it was fitted from
+    assert any("fitted, not predicted" in n for n in docs[1]["raw"]["notes"])
+    assert docs[2]["metrics"]["overlap_loss"] > 0
+    given = json.loads(cli("predict", "--from", base.run_id, "--layouts", "2x2", "--intra", "pcie4", "--inter",
+                           "100gbe", "--overlap-cost", "0", "--format", "json").stdout)[0]
+    assert given["config"]["overlap_fitted_from"] is None and given["metrics"]["overlap_loss"] == 0.0
+    assert given["metrics"]["throughput"] > docs[2]["metrics"]["throughput"]
+
+
+def test_new_options_refuse_bad_values_in_one_line(cli, db_path, store_with_runs):
+    run = store_with_runs.run_id
+    for args, words in [(["--overlap-cost", "1.5"], "--overlap-cost"), (["--nics-per-node", "0"], "--nics-per-node"),
+                        (["--inter", "measured:1gbit", "--nics-per-node", "8"], "drop --nics-per-node")]:
+        r = cli("predict", "--from", run, "--layouts", "2x1", "--inter", "1gbit", *args)
+        assert r.code == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert words in r.stderr, (args, r.stderr)
+
+
+def test_find_unused_parameters_and_nics_reach_the_record(cli, db_path, store_with_runs):
+    run = store_with_runs.run_id
+    (plain,) = json.loads(cli("predict", "--from", run, "--layouts", "2x2", "--intra", "10gbit", "--inter", "1gbit",
+                              "--algorithm", "hierarchical", "--format", "json").stdout)
+    (rails,) = json.loads(cli("predict", "--from", run, "--layouts", "2x2", "--intra", "10gbit", "--inter", "1gbit",
+                              "--algorithm", "hierarchical", "--nics-per-node", "2", "--find-unused-parameters",
+                              "--format", "json").stdout)
+    assert plain["config"]["buckets_rebuilt"] and not plain["config"]["find_unused_parameters"]
+    assert not rails["config"]["buckets_rebuilt"] and rails["config"]["nics_per_node"] == 2
+    assert rails["metrics"]["inter_node_efficiency"] > plain["metrics"]["inter_node_efficiency"]

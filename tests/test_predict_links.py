@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -95,7 +96,8 @@ def test_datasheet_figures_and_sources():
     for name, lk in DATASHEET.items():
         assert lk.name == name and lk.source.strip() and lk.bandwidth > 0 and lk.alpha_s > 0
         assert "not a datasheet value" in lk.source  # the latencies are typical figures, said so
-        assert Link.from_dict(lk.to_dict()) == lk
+        back = Link.from_dict(json.loads(json.dumps(lk.to_dict())))  # as a record stores it
+        assert back == lk and back.ring_bandwidth == lk.ring_bandwidth
     assert DATASHEET["pcie-gen4-x16"].bandwidth == pytest.approx(16e9 * 16 / 8 * 128 / 130)
     assert DATASHEET["pcie-gen3-x16"].bandwidth == pytest.approx(15.75e9, rel=1e-3)
     assert DATASHEET["pcie-gen5-x16"].bandwidth == pytest.approx(63.0e9, rel=1e-3)
@@ -105,6 +107,46 @@ def test_datasheet_figures_and_sources():
     assert DATASHEET["nvlink2"].bandwidth == 150e9 and DATASHEET["nvlink3"].bandwidth == 300e9
     assert DATASHEET["nvlink4"].bandwidth == 450e9 and "H100" in DATASHEET["nvlink4"].source
     assert [DATASHEET[f"{g}gbe"].bandwidth for g in (10, 25, 100, 400)] == [1.25e9, 3.125e9, 12.5e9, 50e9]
+
+
+# three edge-disjoint rings over a DGX-1's eight V100s, each hop one NVLink connection (NVIDIA's "three
+# interwoven rings of single NVLink connections"); found by search over DGX1_NVLINKS, written out here
+DGX1_THREE_RINGS = ((0, 1, 2, 3, 7, 5, 6, 4), (0, 2, 6, 7, 4, 5, 1, 3), (0, 3, 2, 1, 5, 6, 7, 4))
+DGX1_QUAD_RINGS = ((0, 1, 2, 3), (0, 2, 1, 3))  # over GPUs 0-3, each run in both directions
+
+
+def _fits(rings: tuple[tuple[int, ...], ...], nvlinks: dict) -> bool:
+    """Every hop of every ring (each used in both directions, full duplex) is an NVLink, and no pair
+    carries more rings than it has connections."""
+    used: dict[tuple[int, int], int] = {}
+    for ring in rings:
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            pair = (min(a, b), max(a, b))
+            used[pair] = used.get(pair, 0) + 1
+    return all(nvlinks.get(pair, 0) >= n for pair, n in used.items())
+
+
+def test_nvlink2_is_a_dgx1_hybrid_cube_mesh_not_nvswitch():
+    """A ring over GPUs 0..g-1 of a DGX-1 reaches only the links among them: the row's rate per g is the
+    fewest links any of them has to the others (a rank sends no faster), and rings reaching it exist."""
+    from dlscale.predict.links import DGX1_NVLINKS, links_within
+
+    assert all(sum(n for pair, n in DGX1_NVLINKS.items() if g in pair) == 6 for g in range(8))  # six per V100
+    nv2 = DATASHEET["nvlink2"]
+    assert nv2.ring_bandwidth == {2: 25e9, 3: 50e9, 4: 100e9, 8: 150e9}
+    assert [links_within(range(g)) for g in (2, 3, 4, 8)] == [1, 2, 4, 6]
+    # the bound is reached: 3 single-link rings x 2 directions x 25 GB/s = 150 over eight GPUs
+    assert all(len(set(r)) == 8 for r in DGX1_THREE_RINGS) and _fits(DGX1_THREE_RINGS, DGX1_NVLINKS)
+    assert _fits(DGX1_QUAD_RINGS, DGX1_NVLINKS) and 2 * 2 * 25e9 == nv2.bandwidth_for(4)
+    assert _fits(((0, 1, 2),), DGX1_NVLINKS) and 2 * 25e9 == nv2.bandwidth_for(3)
+    # GPU 4 has one neighbour among GPUs 0-4: no ring over five GPUs on NVLink alone
+    assert [p for p in DGX1_NVLINKS if 4 in p and set(p) <= set(range(5))] == [(0, 4)]
+    with pytest.raises(UsageError, match="2, 3, 4, 8 GPUs per node, not 5"):
+        nv2.bandwidth_for(5)
+    assert "hybrid cube-mesh" in nv2.source and "NVSwitch" not in nv2.source
+    dgx2 = DATASHEET["nvlink2-nvswitch"]  # V100s behind NVSwitch reach every link in any ring
+    assert dgx2.bandwidth_for(2) == dgx2.bandwidth_for(8) == 150e9 and "NVSwitch" in dgx2.source
+    assert ring_allreduce_s(nv2, 1e9, 2) == pytest.approx(2 * 5e-6 + 1e9 / 25e9)
 
 
 def test_link_by_name_alias_and_rate():

@@ -181,16 +181,23 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
 
 
 def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
-            inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, tag: str | None = None,
+            inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, nics: int = 1,
+            overlap_cost: float | None = None, find_unused_parameters: bool | None = None, tag: str | None = None,
             db: str | None = None) -> list[Any]:
     """Predict the data-parallel scaling of ``layouts`` ((nodes, devices per node) each) from the
-    one-device train run ``run`` and link parameters (``intra``/``inter``: a datasheet link name
-    such as "nvlink4", "ib-ndr", "pcie-gen4-x16" or a rate such as "1gbit"; default: fitted from the
-    newest ``micro collectives`` run of that level in the store). One ``prediction`` record per layout."""
+    one-device run ``run`` (a ``train`` run, or a published figure brought in by ``dlscale import``)
+    and link parameters (``intra``/``inter``: a datasheet link name such as "nvlink4", "ib-ndr",
+    "pcie-gen4-x16" or a rate such as "1gbit"; default: fitted from the newest ``micro collectives``
+    run of that level in the store). ``nics``: NICs per node (each at the inter link's rate);
+    ``overlap_cost``: the share of backward lost while an all-reduce is in flight (default: fitted
+    from a one-node multi-device run of the same test in the store, else 0.5 on accelerators, 0 on
+    CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run). One
+    ``prediction`` record per distinct layout."""
     from dlscale.predict.run import predict as run_predict
 
     return run_predict(run, list(layouts), model=model, intra=intra, inter=inter, algorithm=algorithm,
-                       host_cost=host_cost, tag=tag, db=db)
+                       host_cost=host_cost, nics=nics, overlap_cost=overlap_cost,
+                       find_unused_parameters=find_unused_parameters, tag=tag, db=db)
 
 
 def failed(records: Sequence[Any]) -> list[Any]:

@@ -6,7 +6,9 @@ all-gather); each step sends ``S/p`` bytes to the next rank, so
     T(S) = 2(p-1) * alpha + 2(p-1)/p * S / bandwidth
 
 with ``alpha`` the latency of one step's message and ``bandwidth`` the bytes/s one rank sends in
-one direction. A ``Link`` holds (alpha, bandwidth) and where they came from: a datasheet row
+one direction. Where a node's topology gives a ring of fewer GPUs fewer links (a DGX-1's hybrid
+cube-mesh), ``ring_bandwidth`` holds the rate per ring size. A ``Link`` holds (alpha, bandwidth)
+and where they came from: a datasheet row
 (``DATASHEET``, ``link``), a tc-shaped emulated link (``link("1gbit")``), or a fit to the
 all_reduce timings of a ``dlscale micro collectives`` record (``from_collectives``,
 ``find_measured``). docs/METRICS.md derives every figure.
@@ -36,6 +38,7 @@ class Link:
     bandwidth: float  # bytes/s one rank can send in one direction over this link
     source: str  # the datasheet/specification (document + year) or the run it was fitted from
     fit: dict[str, Any] | None = field(default=None, compare=False)  # fitted links: FIT_KEYS (+ times_s)
+    ring_bandwidth: dict[int, float] | None = field(default=None, compare=False)  # ring's GPUs -> B/s (None: any)
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
@@ -45,6 +48,20 @@ class Link:
         if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
             raise UsageError(f"link {self.name!r}: bandwidth must be a finite number > 0 bytes/s, "
                              f"got {self.bandwidth}")
+        for ranks, bw in (self.ring_bandwidth or {}).items():
+            if not (isinstance(ranks, int) and ranks >= 2 and math.isfinite(bw) and bw > 0):
+                raise UsageError(f"link {self.name!r}: ring_bandwidth maps 2 or more GPUs to a finite rate > 0 "
+                                 f"bytes/s, got {ranks}: {bw}")
+
+    def bandwidth_for(self, ranks: int) -> float:
+        """Bytes/s one rank sends in a ring over ``ranks`` GPUs of one node on this link."""
+        if not self.ring_bandwidth or ranks < 2:
+            return self.bandwidth
+        if ranks not in self.ring_bandwidth:
+            known = ", ".join(str(k) for k in sorted(self.ring_bandwidth))
+            raise UsageError(f"link {self.name}: its topology gives a ring rate for {known} GPUs per node, not "
+                             f"{ranks}; give --intra as a rate or a measured link for {ranks} GPUs per node")
+        return self.ring_bandwidth[ranks]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for a record's config."""
@@ -55,10 +72,11 @@ class Link:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise UsageError(f"link fields {sorted(unknown)} are unknown; a link has name, alpha_s, bandwidth, "
-                             "source and fit")
-        fit = d.get("fit")
+                             "source, fit and ring_bandwidth")
+        fit, rings = d.get("fit"), d.get("ring_bandwidth")
         return cls(name=d["name"], alpha_s=float(d["alpha_s"]), bandwidth=float(d["bandwidth"]),
-                   source=d["source"], fit=dict(fit) if fit is not None else None)
+                   source=d["source"], fit=dict(fit) if fit is not None else None,
+                   ring_bandwidth={int(k): float(v) for k, v in rings.items()} if rings else None)
 
 
 def ring_allreduce_s(link: Link, nbytes: float, ranks: int) -> float:
@@ -68,7 +86,7 @@ def ring_allreduce_s(link: Link, nbytes: float, ranks: int) -> float:
     if ranks == 1:
         return 0.0
     steps = 2 * (ranks - 1)
-    return steps * link.alpha_s + steps / ranks * nbytes / link.bandwidth
+    return steps * link.alpha_s + steps / ranks * nbytes / link.bandwidth_for(ranks)
 
 
 # -- datasheet links --------------------------------------------------------------------------
@@ -91,12 +109,35 @@ def _pcie(gen: int, gts: int, spec: str) -> Link:
                 f"= {bw / GB:.2f} GB/s per direction; {_TYPICAL_P2P}")
 
 
-def _nvlink(gen: int, links: int, gpu: str, sheet: str, total: int) -> Link:
+def _nvlink(name: str, links: int, gpu: str, sheet: str, total: int) -> Link:
     bw = links * 25 * GB
-    return Link(f"nvlink{gen}", 5e-6, bw,
+    return Link(name, 5e-6, bw,
                 f"{sheet}: NVLink {total} GB/s per GPU (both directions) = {links} links x 25 GB/s "
-                f"= {bw / GB:.0f} GB/s per direction, all of the {gpu}'s links (one rank reaches it through "
-                f"NVSwitch); {_TYPICAL_P2P}")
+                f"= {bw / GB:.0f} GB/s per direction, all of the {gpu}'s links (a ring over any GPUs of the node "
+                f"reaches them through NVSwitch); {_TYPICAL_P2P}")
+
+
+# NVLink connections between the eight V100s of a DGX-1 (hybrid cube-mesh), as `nvidia-smi topo -m` prints them
+# there (NV1/NV2): each GPU has six, to four neighbours. Pairs not listed have none.
+DGX1_NVLINKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2, (2, 6): 1,
+                (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
+DGX1_RINGS = (2, 3, 4, 8)  # GPUs per node whose first GPUs (0..g-1) have rings reaching every link bound below
+
+
+def links_within(gpus: range, nvlinks: dict[tuple[int, int], int] = DGX1_NVLINKS) -> int:
+    """The fewest NVLink connections any of ``gpus`` has to the others: a ring over them can send no faster."""
+    return min(sum(n for pair, n in nvlinks.items() if g in pair and set(pair) <= set(gpus)) for g in gpus)
+
+
+def _nvlink_cube_mesh() -> Link:
+    rings = {g: links_within(range(g)) * 25 * GB for g in DGX1_RINGS}
+    per = ", ".join(f"{g} GPUs {bw / GB:.0f} GB/s" for g, bw in rings.items())
+    return Link("nvlink2", 5e-6, rings[8],
+                "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 6 NVLinks x 25 GB/s per direction; NVIDIA DGX-1 "
+                "with Tesla V100 system architecture (2017): a hybrid cube-mesh, 'three interwoven rings of single "
+                "NVLink connections' over the eight GPUs, so a ring over GPUs 0..g-1 reaches only the links among "
+                f"them: {per} per direction (the fewest links any of them has to the others x 25 GB/s; rings "
+                f"reaching it exist for these g, not for 5-7); {_TYPICAL_P2P}", ring_bandwidth=rings)
 
 
 def _ib(gen: str, gbit: int) -> Link:
@@ -115,9 +156,10 @@ DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
     _pcie(3, 8, "PCI-SIG PCI Express Base Specification Revision 3.0 (2010)"),
     _pcie(4, 16, "PCI-SIG PCI Express Base Specification Revision 4.0 (2017)"),
     _pcie(5, 32, "PCI-SIG PCI Express Base Specification Revision 5.0 (2019)"),
-    _nvlink(2, 6, "V100", "NVIDIA Tesla V100 GPU Accelerator datasheet (2018)", 300),
-    _nvlink(3, 12, "A100", "NVIDIA A100 Tensor Core GPU datasheet (2021)", 600),
-    _nvlink(4, 18, "H100", "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM", 900),
+    _nvlink_cube_mesh(),
+    _nvlink("nvlink2-nvswitch", 6, "V100", "NVIDIA DGX-2 datasheet (2018), 16 V100 through NVSwitch", 300),
+    _nvlink("nvlink3", 12, "A100", "NVIDIA A100 Tensor Core GPU datasheet (2021)", 600),
+    _nvlink("nvlink4", 18, "H100", "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM", 900),
     _ib("EDR", 100),
     _ib("HDR", 200),
     _ib("NDR", 400),
@@ -128,7 +170,8 @@ DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
 )}
 
 ALIASES = {"pcie3": "pcie-gen3-x16", "pcie4": "pcie-gen4-x16", "pcie5": "pcie-gen5-x16",
-           "nvlink-v100": "nvlink2", "nvlink-a100": "nvlink3", "nvlink-h100": "nvlink4",
+           "nvlink-v100": "nvlink2", "dgx1": "nvlink2", "dgx2": "nvlink2-nvswitch", "nvlink-a100": "nvlink3",
+           "nvlink-h100": "nvlink4",
            "edr": "ib-edr", "hdr": "ib-hdr", "ndr": "ib-ndr",
            "eth-10g": "10gbe", "eth-25g": "25gbe", "eth-100g": "100gbe", "eth-400g": "400gbe"}
 

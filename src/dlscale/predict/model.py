@@ -1,12 +1,13 @@
 """The step model of ``dlscale predict``: one data-parallel training step, from a one-device run.
 
 A step is compute (forward, backward, optimizer, plus host-to-device copy and data wait) measured
-on one device, and the all-reduce of DDP's gradient buckets, which runs one bucket at a time while
-backward goes on; only what is left of the last all-reduce after backward ends adds to the step.
-Each bucket's all-reduce time comes from the alpha-beta model of its link level
-(``predict.links``). docs/METRICS.md ("Prediction (`dlscale predict`): the step model") derives
-every equation. Pure arithmetic: torch is imported only by ``gradient_bytes``, which builds the
-model on the meta device.
+on one device, or derived from a published figure, and the all-reduce of DDP's gradient buckets
+(``predict.grads``), which runs one bucket at a time while backward goes on. Backward pays for
+that overlap: while an all-reduce is in flight it runs at ``1 - overlap_cost`` of its speed (the
+collective's kernels take SMs and memory bandwidth from it). What is left of the last all-reduce
+after backward ends adds to the step. Each bucket's all-reduce time comes from the alpha-beta
+model of its link level (``predict.links``). docs/METRICS.md ("Prediction (`dlscale predict`):
+the step model") derives every equation. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from typing import Any
 from dlscale.analysis.formulas import scaling_efficiency, speedup
 from dlscale.errors import UsageError
 from dlscale.predict import links
+from dlscale.predict.grads import Bucket
 from dlscale.predict.links import Link
 
-BUCKET_CAP = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25), the default
-FIRST_BUCKET = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the first bucket is closed early
-GRAD_BYTES_PER_ELEMENT = 4  # parameters stay fp32 under autocast (bf16/fp16), so their gradients do too
 ALGORITHMS = ("ring", "hierarchical")
 PHASES = ("forward", "backward", "optimizer", "h2d", "data_wait")
 FROM_HINT = ("`--from RUN` must be an ok one-device `dlscale train` run "
-             "(`dlscale train MODEL --breakdown-steps 10` also gives the phase split)")
+             "(`dlscale train MODEL --breakdown-steps 10` also gives the phase split) or a one-device figure "
+             "brought in by `dlscale import`")
+BACKWARD_RATIO = 2.0  # a layer's backward costs about twice its forward (input and weight gradients)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Compute:
     optimizer_s: float
     other_s: float = 0.0
     notes: tuple[str, ...] = ()  # assumptions made while deriving it (e.g. no phase breakdown)
+    split: str = "measured phases"  # where the phase split came from ("assumed: ..." when no phases)
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_s, self.optimizer_s, self.other_s)
@@ -53,24 +55,39 @@ class Compute:
         return replace(self, forward_s=self.forward_s * factor, backward_s=self.backward_s * factor,
                        optimizer_s=self.optimizer_s * factor, other_s=self.other_s * factor)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"forward_s": self.forward_s, "backward_s": self.backward_s, "optimizer_s": self.optimizer_s,
+                "other_s": self.other_s, "split": self.split}
+
 
 def _measured_step_s(rec: Any) -> float:
-    """The measured window's mean step time: ``step_time_mean``, else samples per step / throughput."""
-    m = rec.metrics
+    """The one-device step: ``step_time_mean``, else samples per step / throughput; for an imported
+    figure, its per-device batch in the figure's unit (images or samples) / throughput."""
+    m, c = rec.metrics, rec.config
     if m.get("step_time_mean"):
         return float(m["step_time_mean"])
     if m.get("samples_per_step") and m.get("throughput"):
         return float(m["samples_per_step"]) / float(m["throughput"])
+    if rec.imported and m.get("throughput"):
+        if c.get("sample_unit", "images") not in ("images", "samples"):
+            raise UsageError(f"run {rec.run_id} is a published figure in {c['sample_unit']}/s: its step needs the "
+                             f"{c['sample_unit']} per device step, which an imported row does not give")
+        if not c.get("batch_size"):
+            raise UsageError(f"run {rec.run_id} is a published figure without a batch size: the step is batch / "
+                             "throughput; import it with a batch_size column")
+        return float(c["batch_size"]) / float(m["throughput"])
     raise UsageError(f"run {rec.run_id} has neither step_time_mean nor throughput and samples_per_step: {FROM_HINT}")
 
 
-def compute_from_record(rec: Any) -> Compute:
+def compute_from_record(rec: Any, backward_ratio: float | None = None) -> Compute:
     """The compute of one step from a one-device train record (a ``RunRecord`` or its dict).
 
     The phases are timed on instrumented steps (a device sync after each phase), which run slower
     than the measured window; they are scaled together so that they add up to the measured mean
-    step time, keeping their proportions. Without them the step is split 1/3 forward, 2/3 backward
-    (a layer's backward costs about twice its forward) with no optimizer time, and ``notes`` says so.
+    step time, keeping their proportions. Without them (a run with ``--breakdown-steps 0``, or a
+    published figure brought in by ``dlscale import``) the step is split forward : backward =
+    1 : ``backward_ratio`` (the model's counted FLOPs; ``BACKWARD_RATIO`` when not counted) with
+    no optimizer or input time, and ``notes`` and ``split`` say so.
     """
     if isinstance(rec, dict):
         from dlscale.record import RunRecord
@@ -82,63 +99,24 @@ def compute_from_record(rec: Any) -> Compute:
     step = _measured_step_s(rec)
     phases = {p: rec.metrics.get(f"phase_{p}") for p in PHASES}
     if any(phases[p] is None for p in ("forward", "backward", "optimizer")):
-        return Compute(step / 3, 2 * step / 3, 0.0, notes=(
-            f"run {rec.run_id} has no phase breakdown: its step of {step:.6g} s is split as forward 1/3, "
-            "backward 2/3, optimizer 0 (an assumption; `dlscale train MODEL --breakdown-steps 10` measures it)",))
+        r, why = (backward_ratio, "counted FLOPs") if backward_ratio else (BACKWARD_RATIO, "a layer's backward "
+                                                                           "costs about twice its forward")
+        split = f"assumed: forward : backward = 1 : {r:.3g} ({why}), optimizer and input time 0"
+        if rec.imported:
+            unit = rec.config.get("sample_unit", "images")
+            what = (f"run {rec.run_id} is a published figure ({rec.config.get('system') or 'system not named'}: "
+                    f"{rec.metrics['throughput']:g} {unit}/s at batch {rec.config['batch_size']} on one device): "
+                    f"its step of {step:.6g} s is {split[9:]}")
+        else:
+            what = (f"run {rec.run_id} has no phase breakdown: its step of {step:.6g} s is {split[9:]} "
+                    "(`dlscale train MODEL --breakdown-steps 10` measures it)")
+        return Compute(step / (1 + r), step * r / (1 + r), 0.0, notes=(f"{what}; an assumption",), split=split)
     timed = sum(float(v or 0.0) for v in phases.values())
     k = step / timed
     other = (float(phases["h2d"] or 0.0) + float(phases["data_wait"] or 0.0)) * k
     return Compute(float(phases["forward"]) * k, float(phases["backward"]) * k, float(phases["optimizer"]) * k,
                    other, notes=(f"phases of run {rec.run_id} ({timed:.6g} s on instrumented steps) scaled by "
                                  f"{k:.4f} to its measured step of {step:.6g} s",))
-
-
-def gradient_bytes(model_name: str, precision: str, shape: dict[str, Any] | None = None) -> list[int]:
-    """Bytes of each trainable parameter's gradient, in the order backward produces them.
-
-    ``shape`` holds the recorded TrainConfig fields that size the model (``model_config``, ``max_table_rows``).
-
-    DDP expects gradients in the reverse of ``model.parameters()`` order (the layers run backwards)
-    and rebuilds its buckets in that ready order after the first step. The model is built on the
-    meta device (shapes only, no memory). Gradients are 4 bytes per element at every precision:
-    dlscale's bf16/fp16 use autocast, which keeps the parameters, hence their gradients, in fp32.
-    """
-    import torch
-
-    from dlscale import workloads
-    from dlscale.config import PRECISIONS
-
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    from dlscale.config import TrainConfig
-
-    w = workloads.get(model_name)
-    cfg = TrainConfig(model=model_name, **(shape or {}))  # the shape fields that size the model (llm configs, tables)
-    with torch.device("meta"):
-        model = w.build(cfg)
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [GRAD_BYTES_PER_ELEMENT * p.numel() for p in reversed(params)]
-
-
-def ddp_buckets(grad_bytes: list[int], bucket_cap: int = BUCKET_CAP, first_bucket: int = FIRST_BUCKET) -> list[int]:
-    """DDP's gradient buckets (bytes, in launch order) for gradients in backward order.
-
-    As ``torch.distributed._compute_bucket_assignment_by_size``: each gradient joins the open
-    bucket, and the bucket closes as soon as it holds at least its cap (the first bucket's cap is
-    ``first_bucket``, later ones ``bucket_cap``). So a bucket can pass its cap by its last
-    gradient, and a gradient larger than the cap that arrives at an empty bucket is alone in it.
-    """
-    if bucket_cap <= 0 or first_bucket <= 0:
-        raise UsageError(f"bucket caps must be > 0 bytes, got first {first_bucket}, then {bucket_cap}")
-    out, size, cap = [], 0, first_bucket
-    for nbytes in grad_bytes:
-        size += nbytes
-        if size >= cap:
-            out.append(size)
-            size, cap = 0, bucket_cap
-    if size:
-        out.append(size)
-    return out
 
 
 def _check_layout(nodes: int, per_node: int, intra: Link | None, inter: Link | None) -> None:
@@ -153,28 +131,33 @@ def _check_layout(nodes: int, per_node: int, intra: Link | None, inter: Link | N
 
 
 def allreduce_s(nbytes: float, nodes: int, per_node: int, intra: Link | None, inter: Link | None,
-                algorithm: str = "ring") -> float:
+                algorithm: str = "ring", nics: int = 1) -> float:
     """Seconds to all-reduce ``nbytes`` over ``nodes`` x ``per_node`` ranks (docs/METRICS.md).
 
-    One node: a ring on ``intra``. Several nodes, ``ring``: one flat ring over all ranks, paced by
-    its slowest hop; the ranks of a node are neighbours in the ring and share one inter-node link
-    (one NIC per node), which carries the ring's one hop out of the node, so alpha is the larger
-    and bandwidth the smaller of the two levels. ``hierarchical``: a reduce-scatter and an
-    all-gather within each node (together a ring all-reduce on ``intra``), and between them each
-    local rank's ring all-reduce of 1/per_node of the buffer across nodes; the per_node rings run
-    at once through the node's one NIC, so together they move the whole buffer at its bandwidth.
+    One node: a ring on ``intra`` (at its rate for ``per_node`` GPUs). Several nodes, ``ring``: one
+    flat ring over all ranks, paced by its slowest hop; the ranks of a node are neighbours in it
+    and the ring's hop out of the node is spread over the node's ``nics`` NICs (one ring per NIC),
+    so alpha is the larger of the two levels and bandwidth the smaller of intra and ``nics`` x
+    inter. ``hierarchical``: a reduce-scatter and an all-gather within each node (together a ring
+    all-reduce on ``intra``), and between them each local rank's ring all-reduce of 1/per_node of
+    the buffer across nodes; the per_node rings run at once through the node's ``nics`` NICs, so
+    together they move the whole buffer at ``nics`` x inter.
     """
     if algorithm not in ALGORITHMS:
         raise UsageError(f"unknown all-reduce algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    if nics < 1:
+        raise UsageError(f"--nics-per-node must be >= 1, got {nics}")
     _check_layout(nodes, per_node, intra, inter)
     if nodes == 1:
         return links.ring_allreduce_s(intra, nbytes, per_node) if per_node > 1 else 0.0
+    rails = inter if nics == 1 else Link(f"{nics} x {inter.name}", inter.alpha_s, nics * inter.bandwidth,
+                                         f"{nics} NICs per node of {inter.name}")
     if per_node == 1:
-        return links.ring_allreduce_s(inter, nbytes, nodes)
+        return links.ring_allreduce_s(rails, nbytes, nodes)
     if algorithm == "hierarchical":
-        return links.ring_allreduce_s(intra, nbytes, per_node) + links.ring_allreduce_s(inter, nbytes, nodes)
-    hop = Link(name=f"slowest hop of {intra.name} and {inter.name}", alpha_s=max(intra.alpha_s, inter.alpha_s),
-               bandwidth=min(intra.bandwidth, inter.bandwidth),
+        return links.ring_allreduce_s(intra, nbytes, per_node) + links.ring_allreduce_s(rails, nbytes, nodes)
+    hop = Link(name=f"slowest hop of {intra.name} and {rails.name}", alpha_s=max(intra.alpha_s, inter.alpha_s),
+               bandwidth=min(intra.bandwidth_for(per_node), rails.bandwidth),
                source="flat ring across nodes: the larger alpha, the smaller bandwidth")
     return links.ring_allreduce_s(hop, nbytes, nodes * per_node)
 
@@ -193,6 +176,7 @@ class StepPrediction:
     exposed_s: float  # what the step waits for after backward: max(0, end of the last all-reduce - backward's end)
     comm_fraction: float
     schedule: list[dict[str, float]] = field(default_factory=list)
+    overlap_loss_s: float = 0.0  # how much later backward ends for running beside the all-reduces
 
 
 def host_cost_s(nbytes: float, ranks: int, host_bandwidth: float | None) -> float:
@@ -206,37 +190,74 @@ def host_cost_s(nbytes: float, ranks: int, host_bandwidth: float | None) -> floa
     return 2 * (ranks - 1) / ranks * nbytes / host_bandwidth
 
 
-def predict_step(compute: Compute, buckets: list[int], nodes: int, per_node: int, intra: Link | None,
-                 inter: Link | None, contention: float = 1.0, algorithm: str = "ring",
-                 host_bandwidth: float | None = None) -> StepPrediction:
+def spread(bucket_bytes: list[int]) -> list[Bucket]:
+    """Buckets ready as backward's time is spread evenly over their bytes (when nothing better is known)."""
+    total, done, out = sum(bucket_bytes), 0, []
+    for nbytes in bucket_bytes:
+        done += nbytes
+        out.append(Bucket(nbytes, done / total if total else 1.0))
+    return out
+
+
+class _Backward:
+    """Backward's progress against the wall clock, slowed while an all-reduce is in flight."""
+
+    def __init__(self, start_s: float, rate_in_flight: float) -> None:
+        self.t, self.done, self.rate, self.lost = start_s, 0.0, rate_in_flight, 0.0
+
+    def advance(self, to: float, busy_until: float) -> float:
+        """Run until ``to`` seconds of backward are done; an all-reduce is in flight until ``busy_until``."""
+        if to <= self.done:
+            return self.t
+        if self.t < busy_until:
+            wall = busy_until - self.t
+            if self.done + wall * self.rate >= to:
+                wall = (to - self.done) / self.rate
+            self.t, self.done = self.t + wall, self.done + wall * self.rate
+            self.lost += wall * (1.0 - self.rate)
+            if self.done >= to:
+                return self.t
+        self.t += to - self.done
+        self.done = to
+        return self.t
+
+
+def predict_step(compute: Compute, buckets: list[Bucket] | list[int], nodes: int, per_node: int,
+                 intra: Link | None, inter: Link | None, contention: float = 1.0, algorithm: str = "ring",
+                 host_bandwidth: float | None = None, overlap_cost: float = 0.0, nics: int = 1) -> StepPrediction:
     """One data-parallel step on ``nodes`` x ``per_node`` ranks (docs/METRICS.md, the step model).
 
     Compute runs ``contention`` times slower than measured (ranks sharing a host's cores and
-    memory; 1.0 = none). Bucket i is ready once backward has produced the gradients through it,
-    backward's time spread evenly over the gradient bytes; all-reduces run one at a time in launch
-    order. One rank: the step is the compute and nothing is communicated.
+    memory; 1.0 = none). Bucket i is ready once backward has done ``ready_i`` of its work (bytes
+    given instead of ``Bucket``s: backward spread evenly over them); all-reduces run one at a
+    time in launch order, and none starts before the buckets ahead of it. While one is in flight
+    backward runs at ``1 - overlap_cost`` of its speed. One rank: the step is the compute.
     """
     if not (math.isfinite(contention) and contention > 0):
         raise UsageError(f"contention must be a finite factor > 0 (1.0 = none), got {contention}")
+    if not 0.0 <= overlap_cost <= 1.0:
+        raise UsageError(f"the overlap cost is the share of backward lost while an all-reduce is in flight: "
+                         f"give 0 (free overlap) to 1 (none), got {overlap_cost}")
     _check_layout(nodes, per_node, intra, inter)
+    plan = spread(buckets) if buckets and not isinstance(buckets[0], Bucket) else list(buckets)
     c = compute.scaled(contention)
-    backward_end = c.forward_s + c.backward_s
-    total = sum(buckets)
+    bwd = _Backward(c.forward_s, 1.0 - overlap_cost)
     schedule: list[dict[str, float]] = []
-    end, done = 0.0, 0
-    if nodes * per_node > 1 and total > 0:
-        for nbytes in buckets:
-            done += nbytes
-            ready = c.forward_s + c.backward_s * done / total
-            t = allreduce_s(nbytes, nodes, per_node, intra, inter, algorithm)
-            t += host_cost_s(nbytes, nodes * per_node, host_bandwidth)
+    end, launched = 0.0, 0.0
+    if nodes * per_node > 1 and sum(b.nbytes for b in plan) > 0:
+        for b in plan:
+            launched = max(launched, b.ready)  # DDP launches its buckets in order
+            ready = bwd.advance(launched * c.backward_s, end)
+            t = allreduce_s(b.nbytes, nodes, per_node, intra, inter, algorithm, nics)
+            t += host_cost_s(b.nbytes, nodes * per_node, host_bandwidth)
             start = max(ready, end)
             end = start + t
-            schedule.append({"bytes": nbytes, "ready_s": ready, "start_s": start, "end_s": end, "allreduce_s": t})
+            schedule.append({"bytes": b.nbytes, "ready_s": ready, "start_s": start, "end_s": end, "allreduce_s": t})
+    backward_end = bwd.advance(c.backward_s, end)
     exposed = max(0.0, end - backward_end) if schedule else 0.0
     comm = sum(b["allreduce_s"] for b in schedule)
-    step = c.step_s + exposed
-    return StepPrediction(step, c, comm, exposed, comm / step, schedule)
+    step = backward_end + exposed + c.optimizer_s + c.other_s
+    return StepPrediction(step, c, comm, exposed, comm / step, schedule, bwd.lost)
 
 
 def _contention_for(contention: dict[int, float] | float, per_host: int) -> float:
@@ -250,30 +271,61 @@ def _contention_for(contention: dict[int, float] | float, per_host: int) -> floa
     return float(contention[per_host])
 
 
-def predict_layouts(compute: Compute, buckets: list[int], batch_per_rank: int, layouts: list[tuple[int, int]],
-                    intra: Link | None, inter: Link | None, contention: dict[int, float] | float = 1.0,
-                    loader_rate: float | None = None, algorithm: str = "ring",
-                    shared_host: bool = False, host_bandwidth: float | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Loader:
+    """The source run's input pipeline: ``rate`` samples/s from ``workers`` loader processes (0: the
+    training process decodes) on a host with ``cores`` cores (None: not known).
+
+    The host's cores are shared by every rank on it and their workers: ``host_rate(g)`` is the
+    rate per loader slot, ``rate / slots(1)``, times ``slots(g) = min(g * workers, cores - g)``
+    (each rank's own process keeps a core), or ``min(g, cores)`` with no workers; ``slots`` >= 1.
+    """
+
+    rate: float
+    workers: int = 1
+    cores: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rate) and self.rate > 0) or self.workers < 0 or (self.cores or 1) < 1:
+            raise UsageError(f"a loader needs a rate > 0 samples/s, workers >= 0 and cores >= 1; got {self.rate}, "
+                             f"{self.workers}, {self.cores}")
+
+    def slots(self, ranks: int) -> int:
+        if self.workers == 0:
+            return ranks if self.cores is None else min(ranks, self.cores)
+        return ranks * self.workers if self.cores is None else max(1, min(ranks * self.workers, self.cores - ranks))
+
+    def host_rate(self, ranks: int) -> float:
+        """Samples/s one host delivers to its ``ranks`` ranks together."""
+        return self.rate / self.slots(1) * self.slots(ranks)
+
+
+def predict_layouts(compute: Compute, buckets: list[Bucket] | list[int], batch_per_rank: int,
+                    layouts: list[tuple[int, int]], intra: Link | None, inter: Link | None,
+                    contention: dict[int, float] | float = 1.0, loader: Loader | None = None,
+                    algorithm: str = "ring", shared_host: bool = False, host_bandwidth: float | None = None,
+                    overlap_cost: float = 0.0, nics: int = 1) -> list[dict[str, Any]]:
     """One row per layout (nodes, per_node): predicted throughput, speed-up, efficiencies, communication.
 
-    Throughput is ``p * batch / step``, capped at ``p * loader_rate`` (each rank's input pipeline)
-    when given. Speed-up and efficiency are against the predicted 1x1; intra-node efficiency is
-    1xg against 1x1, inter-node efficiency nxg against n times 1xg (``analysis.formulas``, as for
-    measured ladders). ``contention``: one factor, or a factor per ranks-per-host. ``shared_host``:
-    the nodes are emulated on one machine, so every rank of the layout shares its cores (ranks per
-    host = nodes x per_node rather than per_node). ``host_bandwidth``: the all-reduce's own per-byte
-    cost on a loaded CPU host (``host_cost_s``), added to every bucket; None for none.
+    Throughput is ``p * batch / step``, capped at what the hosts' input pipelines deliver
+    (``loader``: each host's rate shared by its ranks) when given. Speed-up and efficiency are
+    against the predicted 1x1; intra-node efficiency is 1xg against 1x1, inter-node efficiency
+    nxg against n times 1xg (``analysis.formulas``, as for measured ladders). ``contention``: one
+    factor, or a factor per ranks-per-host. ``shared_host``: the nodes are emulated on one
+    machine, so every rank of the layout shares its cores (ranks per host = nodes x per_node
+    rather than per_node). ``host_bandwidth``: the all-reduce's own per-byte cost on a loaded CPU
+    host (``host_cost_s``), added to every bucket; None for none.
     """
-    if batch_per_rank <= 0 or (loader_rate is not None and not loader_rate > 0):
-        raise UsageError(f"batch per rank must be > 0 and loader rate > 0 samples/s, got {batch_per_rank}, "
-                         f"{loader_rate}")
+    if batch_per_rank <= 0:
+        raise UsageError(f"batch per rank must be > 0, got {batch_per_rank}")
 
     def point(n: int, g: int) -> tuple[StepPrediction, float, bool, float]:
-        f = _contention_for(contention, n * g if shared_host else g)
+        per_host, hosts = (n * g, 1) if shared_host else (g, n)
+        f = _contention_for(contention, per_host)
         pred = predict_step(compute, buckets, n, g, intra if g > 1 else None, inter if n > 1 else None, f, algorithm,
-                            host_bandwidth)
+                            host_bandwidth, overlap_cost, nics)
         x = n * g * batch_per_rank / pred.step_s
-        cap = n * g * loader_rate if loader_rate is not None else math.inf
+        cap = hosts * loader.host_rate(per_host) if loader is not None else math.inf
         return pred, min(x, cap), x > cap, f
 
     base = point(1, 1)[1]
@@ -287,21 +339,8 @@ def predict_layouts(compute: Compute, buckets: list[int], batch_per_rank: int, l
             "intra_node_efficiency": scaling_efficiency(node_x, base, g),
             "inter_node_efficiency": scaling_efficiency(x, node_x, n),
             "comm_fraction": pred.comm_fraction, "comm_time": pred.comm_s, "exposed_comm": pred.exposed_s,
-            "step_time": pred.step_s, "contention": f, "ranks_per_host": n * g if shared_host else g,
-            "input_bound": input_bound, "algorithm": algorithm,
+            "overlap_loss": pred.overlap_loss_s, "step_time": pred.step_s, "contention": f,
+            "ranks_per_host": n * g if shared_host else g, "input_bound": input_bound, "algorithm": algorithm,
             "buckets": len(pred.schedule), "schedule": pred.schedule,
         })
     return rows
-
-
-def fit_host_bandwidth(measured_comm_s: float, buckets: list[int], per_node: int, intra: Link) -> float | None:
-    """``beta_host`` from a measured one-node run of ``per_node`` ranks: the bytes its ring moved per
-    step over the in-training all-reduce time the link alone does not explain,
-    ``sum 2(g-1)/g S_i / (c_measured - sum T_i)``; None when the link explains all of it."""
-    if per_node < 2 or not buckets:
-        return None
-    isolated = sum(allreduce_s(b, 1, per_node, intra, None) for b in buckets)
-    extra = measured_comm_s - isolated
-    if extra <= 0:
-        return None
-    return sum(2 * (per_node - 1) / per_node * b for b in buckets) / extra

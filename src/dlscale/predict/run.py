@@ -1,24 +1,17 @@
 """``dlscale predict``: the data-parallel scaling of layouts you do not have, from runs you have.
 
-From one measured one-device short test (``--from RUN``) and link parameters (fitted from
-``micro collectives`` runs in the store, or datasheet/what-if links), the step model
-(``predict.model``) predicts each layout's throughput, scaling efficiency, intra/inter-node
-efficiency and communication fraction. Each layout is stored as a record of kind
-``prediction`` (config: the layout and the links as used; raw: the bucket schedule), so that
-``dlscale compare kind:prediction tag:MEASURED --by model,layout,link`` reads prediction against
-measurement from the store, and the report can draw one over the other.
-
-Host cost: on CPU hosts an all-reduce's copies and reductions run on the cores that run backward.
-Where the store holds a measured one-node multi-rank run of the same test on the same host, the
-part of its in-training all-reduce time that its link does not explain gives the host's own
-per-byte rate (``model.fit_host_bandwidth``), added to every bucket's all-reduce; that run's own
-layout is then fitted rather than predicted.
-
-Compute contention: ranks that share one host's cores and memory run their compute slower than
-one rank alone. Where the store holds a measured multi-rank run of the same test on this host
-with its phase breakdown, the slowdown of its forward and optimizer phases (which carry no
-communication) over the one-device run's is the contention factor for that many ranks per host;
-elsewhere it is 1 and the record says it was not measured.
+From one one-device short test (``--from RUN``: measured by ``dlscale train``, or a published
+figure brought in by ``dlscale import``) and link parameters (fitted from ``micro collectives``
+runs in the store, or datasheet/what-if links), the step model (``predict.model``) predicts each
+layout's throughput, scaling efficiency, intra/inter-node efficiency and communication fraction.
+What one device cannot show (contention among a host's ranks, the CPU host's own all-reduce
+cost, the cost of overlapping the all-reduce with backward on an accelerator, the input pipeline
+shared by a host's ranks) comes from the store's runs of the same test on the same system, else
+from a stated default (``predict.fitted``); every record's notes say which. Each layout is stored
+as a record of kind ``prediction`` (config: the layout, the links and terms as used; raw: the
+bucket schedule and the notes), so that ``dlscale compare kind:prediction tag:MEASURED --by
+model,layout,link`` reads prediction against measurement from the store, and the report can draw
+one over the other.
 """
 
 from __future__ import annotations
@@ -27,16 +20,15 @@ from typing import Any
 
 from dlscale.errors import UsageError
 from dlscale.log import info
+from dlscale.predict.fitted import TEST_KEYS
 
 UNITS = {"throughput": "samples/s", "speedup": "x", "efficiency": "fraction", "intra_node_efficiency": "fraction",
-         "inter_node_efficiency": "fraction", "comm_fraction": "fraction", "exposed_comm": "s", "step_time": "s",
-         "contention": "x", "world_size": "ranks"}
-TEST_KEYS = ("batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "precision",
-             "channels_last", "compile_mode", "optimizer", "optimizer_impl", "device")
+         "inter_node_efficiency": "fraction", "comm_fraction": "fraction", "exposed_comm": "s", "overlap_loss": "s",
+         "step_time": "s", "contention": "x", "world_size": "ranks"}
 
 
 def source_run(store: Any, run: str) -> Any:
-    """The measured one-device run a prediction starts from (an id or an unambiguous prefix)."""
+    """The one-device run a prediction starts from (an id or an unambiguous prefix)."""
     return store.get(run)  # an unknown or ambiguous id is a UsageError naming it
 
 
@@ -87,42 +79,6 @@ def _level_link(store: Any, given: str | None, level: str, needed: bool, notes: 
     return lk
 
 
-def contention(store: Any, base: Any, per_host: int) -> tuple[float, str]:
-    """Compute slowdown of ``per_host`` ranks sharing this host, from a measured run (else 1.0)."""
-    if per_host <= 1:
-        return 1.0, "one rank per host"
-    f0 = _free_phases(base)
-    for rec in store.query(kind="train", workload=base.workload, status="ok"):
-        c = rec.config
-        same = all(c.get(k) == base.config.get(k) for k in TEST_KEYS) and rec.hostname == base.hostname
-        if same and c.get("devices_per_node") == per_host and (c.get("nodes") or 1) == 1 and _free_phases(rec):
-            if f0:
-                return _free_phases(rec) / f0, f"forward+optimizer of {rec.run_id} over {base.run_id}"
-    return 1.0, f"not measured for {per_host} ranks per host (no {per_host}-rank run of this test with a breakdown)"
-
-
-def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tuple[float | None, str]:
-    """The loaded CPU host's own all-reduce rate (``model.fit_host_bandwidth``) from a measured one-node
-    multi-rank run of the same test on the same host; (None, why) where there is none or not a CPU."""
-    from dlscale.predict.links import find_measured
-    from dlscale.predict.model import fit_host_bandwidth
-
-    if base.config.get("device") != "cpu":
-        return None, "host cost: not a CPU run (device-side collectives do not share the compute cores)"
-    intra = intra or find_measured(store, "intra")
-    for rec in store.query(kind="train", workload=base.workload, status="ok"):
-        c, m = rec.config, rec.metrics
-        g = c.get("devices_per_node") or 1
-        if (g > 1 and (c.get("nodes") or 1) == 1 and rec.hostname == base.hostname and intra is not None
-                and all(c.get(k) == base.config.get(k) for k in TEST_KEYS) and m.get("allreduce_seconds_per_step")):
-            bw = fit_host_bandwidth(m["allreduce_seconds_per_step"], buckets, g, intra)
-            if bw is None:
-                return None, f"host cost: none visible in {rec.run_id} (its link explains its all-reduce time)"
-            return bw, (f"host cost: {bw / 1e9:.3f} GB/s fitted from {rec.run_id}'s in-training all-reduce time "
-                        f"({m['allreduce_seconds_per_step'] * 1e3:.1f} ms per step) over {intra.name}")
-    return None, "host cost: not measured (no one-node multi-rank run of this test on this host)"
-
-
 def emulated_rate(lk: Any) -> str | None:
     """The tc rate of an emulated link ("1gbit"), given as a rate or fitted over emulated nodes; else None."""
     if lk is None:
@@ -132,24 +88,27 @@ def emulated_rate(lk: Any) -> str | None:
     return (lk.fit or {}).get("emulated_link")
 
 
-def _free_phases(rec: Any) -> float | None:
-    m = rec.metrics
-    if m.get("phase_forward") is None or m.get("phase_optimizer") is None:
-        return None
-    return m["phase_forward"] + m["phase_optimizer"]
-
-
 def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
-            inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, tag: str | None = None,
+            inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, nics: int = 1,
+            overlap_cost: float | None = None, find_unused_parameters: bool | None = None, tag: str | None = None,
             db: str | None = None) -> list[Any]:
-    """Predict every layout from ``run``; one stored ``prediction`` record per layout."""
+    """Predict every layout from ``run``; one stored ``prediction`` record per layout (a layout given
+    twice is predicted once)."""
+    from dlscale.predict import fitted
     from dlscale.predict import model as step_model
+    from dlscale.predict.grads import bucket_plan, profile
     from dlscale.store import Store
 
     if algorithm not in ("ring", "hierarchical"):
         raise UsageError(f"unknown --algorithm {algorithm!r}; choose ring or hierarchical")
     if not layouts:
         raise UsageError("give --layouts, e.g. 1x8,2x4,4x2")
+    if nics < 1:
+        raise UsageError(f"--nics-per-node must be >= 1, got {nics}")
+    if overlap_cost is not None and not 0.0 <= overlap_cost <= 1.0:
+        raise UsageError(f"--overlap-cost is the share of backward lost while an all-reduce is in flight: give 0 "
+                         f"(free overlap) to 1 (none), got {overlap_cost}")
+    layouts = list(dict.fromkeys(layouts))
     with Store.open(db) as store:
         base = source_run(store, run)
         if model is not None and model != base.workload:
@@ -157,25 +116,44 @@ def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = Non
         if base.config.get("parallel", "ddp") != "ddp":
             raise UsageError(f"--from {base.run_id} ran {base.config['parallel']}; dlscale predict models DDP "
                              "(a replicated model and one all-reduce of its gradients)")
-        compute = step_model.compute_from_record(base)
-        shape = {k: base.config[k] for k in ("model_config", "max_table_rows") if base.config.get(k) is not None}
-        buckets = step_model.ddp_buckets(step_model.gradient_bytes(base.workload, base.config.get("precision", "fp32"),
-                                                                   shape))
+        shape = {k: base.config[k] for k in ("image_size", "seq_len", "tokens_per_batch", "model_config",
+                                             "max_table_rows") if base.config.get(k) is not None}
+        prof = profile(base.workload, base.config.get("precision") or "fp32", shape)
+        compute = step_model.compute_from_record(base, prof.backward_ratio)
+        unused = bool(base.config.get("find_unused_parameters")) if find_unused_parameters is None \
+            else find_unused_parameters
+        rebuilt = not unused or bool(base.config.get("ddp_static_graph"))
+        buckets = bucket_plan(prof.grads, base.config.get("ddp_bucket_mb"), rebuilt)
         lo, hi, notes = links_for(store, layouts, intra, inter)
+        if nics > 1 and hi is not None and hi.fit is not None:
+            raise UsageError(f"--nics-per-node multiplies a datasheet NIC's rate; the measured inter-node link "
+                             f"{hi.name} already ran over the NICs it had: drop --nics-per-node")
         shared = emulated_rate(hi) is not None  # emulated nodes share this host's cores
         per_host = {n * g if shared else g for n, g in layouts} | {g for _, g in layouts} | {1}
-        factors = {k: contention(store, base, k) for k in per_host}
-        host_bw, host_note = host_bandwidth(store, base, buckets, lo) if host_cost else (None, "host cost: off")
+        factors = {k: fitted.contention(store, base, k) for k in per_host}
+        sizes = [b.nbytes for b in buckets]
+        host_bw, host_note = fitted.host_bandwidth(store, base, sizes, lo) if host_cost else (None, "host cost: off")
+        cost, cost_note, fit_run = fitted.overlap(store, base, compute, buckets, lo, overlap_cost, host_bw, factors)
+        ld, loader_note = fitted.loader(base)
         per_device = base.config.get("units_per_batch") or base.config["batch_size"]  # sample units per device step
         rows = step_model.predict_layouts(compute, buckets, per_device, layouts, lo, hi,
-                                          contention={k: f for k, (f, _) in factors.items()},
-                                          loader_rate=base.metrics.get("loader_rate"), algorithm=algorithm,
-                                          shared_host=shared, host_bandwidth=host_bw)
-        info(f"dlscale predict {base.workload}: from {base.run_id} ({_fmt(base.metrics.get('throughput'))} {base.config.get('sample_unit', 'samples')}/s "
-             f"on one device), {len(buckets)} gradient buckets, {sum(buckets) / 2**20:.1f} MiB per step")
-        notes += [*getattr(compute, "notes", []), host_note]
-        return [_record(store, base, row, lo, hi, algorithm, factors, notes, tag, host_bw)
-                for row in rows if (row["nodes"], row["per_node"]) in set(layouts)]
+                                          contention={k: 1.0 if f is None else f for k, (f, _) in factors.items()},
+                                          loader=ld, algorithm=algorithm, shared_host=shared, host_bandwidth=host_bw,
+                                          overlap_cost=cost, nics=nics)
+        info(f"dlscale predict {base.workload}: from {base.run_id} ({_fmt(base.metrics.get('throughput'))} "
+             f"{base.config.get('sample_unit', 'samples')}/s on one device), {len(buckets)} gradient buckets, "
+             f"{sum(sizes) / 2**20:.1f} MiB per step")
+        notes += [*compute.notes, prof.note, "DDP buckets as built at construction (find_unused_parameters: not "
+                  "rebuilt in ready order)" if not rebuilt else "DDP buckets rebuilt in the order backward readies "
+                  "the gradients", host_note, cost_note, loader_note]
+        if fit_run is not None and (1, fit_run.config["devices_per_node"]) in layouts:
+            notes.append(f"1x{fit_run.config['devices_per_node']} is the layout the overlap cost was fitted from "
+                         f"({fit_run.run_id}): fitted, not predicted")
+        model_cfg = {"compute": compute.to_dict(), "nics_per_node": nics, "overlap_cost": cost,
+                     "overlap_fitted_from": fit_run.run_id if fit_run is not None else None,
+                     "find_unused_parameters": unused, "buckets_rebuilt": rebuilt,
+                     "ddp_bucket_mb": base.config.get("ddp_bucket_mb")}
+        return [_record(store, base, row, lo, hi, algorithm, factors, notes, tag, host_bw, model_cfg) for row in rows]
 
 
 def _fmt(x: Any) -> str:
@@ -185,7 +163,8 @@ def _fmt(x: Any) -> str:
 
 
 def _record(store: Any, base: Any, row: dict[str, Any], lo: Any, hi: Any, algorithm: str,
-            factors: dict[int, tuple[float, str]], notes: list[str], tag: str | None, host_bw: float | None) -> Any:
+            factors: dict[int, tuple[float | None, str]], notes: list[str], tag: str | None, host_bw: float | None,
+            model_cfg: dict[str, Any]) -> Any:
     from dlscale.harness.runner import Outcome, execute
 
     nodes, per_node = row["nodes"], row["per_node"]
@@ -197,10 +176,13 @@ def _record(store: Any, base: Any, row: dict[str, Any], lo: Any, hi: Any, algori
         "inter_link": hi.to_dict() if hi is not None and nodes > 1 else None,
         "emulated_nodes": emulated, "link_bandwidth": emulated_rate(hi) if emulated else None,
         "threads_per_rank": base.config.get("threads_per_rank"), "host_bandwidth": host_bw,
+        "from_imported": bool(base.imported), "system": base.config.get("system"), **model_cfg,
     }
-    f, why = factors.get(row.get("ranks_per_host", per_node), (row.get("contention", 1.0), "as predicted"))
+    f = row.get("contention", 1.0)
+    why = factors.get(row["ranks_per_host"], (None, "as predicted"))[1]
     metrics = {k: row.get(k) for k in ("throughput", "speedup", "efficiency", "intra_node_efficiency",
-                                       "inter_node_efficiency", "comm_fraction", "exposed_comm", "step_time")}
+                                       "inter_node_efficiency", "comm_fraction", "exposed_comm", "overlap_loss",
+                                       "step_time")}
     metrics.update({"contention": f, "world_size": nodes * per_node})
     raw = {"schedule": row.get("schedule", []), "notes": [*notes, f"contention {f:.3f}: {why}"]}
     return execute(kind="prediction", workload=base.workload, config=config, tag=tag, store=store,
