@@ -31,7 +31,7 @@ def _one_error_line(res):
         (["train", "tinycnn", "--optimizer", "lbfgs"], "unknown --optimizer"),
         (["train", "alexnet", "--image-size", "32"], "too small for alexnet"),
         (["train", "tinycnn", "--device", "tpu"], "unknown --device"),
-        (["train"], "Missing argument"),
+        (["train"], "give MODEL (e.g. dlscale train resnet50"),
         (["nosuchcommand"], "No such command"),
         (["results", "show", "does-not-exist"], "no run"),
     ],

@@ -14,7 +14,7 @@ from typing import Any
 
 from dlscale.analysis import domains
 from dlscale.analysis.compare import key_value, system_label
-from dlscale.format import fmt_fixed, fmt_pct
+from dlscale.format import fmt_ci, fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots, sections_extra
 from dlscale.report.domain_section import domain_section
@@ -113,7 +113,7 @@ def _throughput_row(system: str, imported: bool, label: str, recs: Sequence[RunR
     cvs = [r.metrics.get("cv") for r in recs if isinstance(r.metrics.get("cv"), (int, float))]
     mfus = [r.metrics.get("mfu") for r in recs if isinstance(r.metrics.get("mfu"), (int, float))]
     row = [label, system + (" (imported)" if imported else ""), fmt_fixed(mean),
-           f"{fmt_fixed(ci[0])} - {fmt_fixed(ci[1])}" if ci else "-", fmt_pct(max(cvs), 1) if cvs else "-",
+           fmt_ci(ci[0], ci[1], fmt_fixed) if ci else "-", fmt_pct(max(cvs), 1) if cvs else "-",
            fmt_pct(sum(mfus) / len(mfus), 1) if mfus else "-", str(len(recs))]
     return row, mean, ci
 
