@@ -34,6 +34,8 @@ def _one_error_line(res):
         (["train"], "give MODEL (e.g. dlscale train resnet50"),
         (["nosuchcommand"], "No such command"),
         (["results", "show", "does-not-exist"], "no run"),
+        (["results", "list", "--limit", "0"], "--limit must be >= 1 (rows to list, newest first), got 0"),
+        (["results", "list", "--limit", "-1"], "--limit must be >= 1 (rows to list, newest first), got -1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
