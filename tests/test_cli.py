@@ -44,6 +44,21 @@ def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
     assert needle in _one_error_line(res)
 
 
+@pytest.mark.parametrize("args, line", [
+    (["train", "tinycnn", "--steps", "abc"], "--steps 'abc': give a whole number"),
+    (["train", "tinycnn", "--steps", "1.5"], "--steps '1.5': give a whole number"),
+    (["train", "tinycnn", "--lr", "fast"], "--lr 'fast': give a number"),
+    (["tune", "tinycnn", "--budget", "1e"], "--budget '1e': give a number"),
+    (["results", "list", "--format", "xml"], "--format 'xml': choose one of human, json"),
+    (["report", "--format", "pdf"], "--format 'pdf': choose one of html, md, both"),
+    (["micro", "gemm", "--iters", "z"], "--iters 'z': give a whole number"),
+])
+def test_bad_option_values_are_worded_by_dlscale_not_the_validation_library(cli, db_path, args, line):
+    res = cli(*args)
+    assert res.code == 2 and _one_error_line(res) == f"error: {line}"
+    assert "Input should be" not in res.stderr and "Value error" not in res.stderr
+
+
 def test_precision_unsupported_on_this_device(cli, db_path):
     if has_cuda():
         pytest.skip("this machine has a GPU, where tf32 may be supported")

@@ -48,7 +48,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, json_problem
 from dlscale.workloads.base import Workload, register
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def read_model_config(path: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"{opt}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
+        raise UsageError(f"{opt}: not valid JSON ({json_problem(e, line=True)})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{opt}: a config.json holds a JSON object, this holds a {type(data).__name__}")
     if data.get("model_type") != "llama":
