@@ -59,7 +59,8 @@ def test_cli_import_marks_runs_imported_and_stores_a_file_once(cli, db_path):
     assert rec["system"] == {"name": "cluster-a", "imported": True}  # nothing of this machine attached
     again = cli("import", str(DATA / "horovod_synthetic_resnet50_8gpu.txt"), "--system", "cluster-a", "--nodes", "2",
                 "--devices-per-node", "4", "--format", "json")
-    assert again.code == 0 and json.loads(again.stdout) == [] and "imported before" in again.stderr
+    assert again.code == 0 and json.loads(again.stdout) == []
+    assert "1 of 1 run was imported before; stored once" in again.stderr  # not "1 of 1 runs were"
     listed = cli("results", "list")
     assert "train (imported)" in listed.stdout
 

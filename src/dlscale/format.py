@@ -125,9 +125,10 @@ def fmt_gain(gain: Any, ci: Any = None) -> str:
     return f"{gain:.2f}x" + (f" (95% CI {fmt_ci(ci[0], ci[1], lambda v: f'{v:.2f}x')})" if ci else "")
 
 
-def fmt_count(n: int, noun: str, plural: str | None = None) -> str:
-    """A whole count and its noun: "1 point", "3 points", "2 classes" (``plural`` where +s is wrong)."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+def fmt_count(n: Any, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, singular for exactly one: "1 point", "3 points", "2 classes" (``plural``
+    where +s is wrong), "1,200 runs"; the number as ``fmt_num`` writes it ("-" when missing)."""
+    return f"{fmt_num(n)} {noun if n == 1 else plural or noun + 's'}"
 
 
 def format_metric(name: str, value: Any, unit: str | None) -> str:

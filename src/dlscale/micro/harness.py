@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscale import stats
+from dlscale.format import fmt_count
 from dlscale.harness.runner import Outcome, execute
 from dlscale.micro.base import MIN_REPS, Microbench, MicroOptions, case_budget
 from dlscale.harness.device import device_name
@@ -138,7 +139,8 @@ def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str
     warnings = list(plan.notes)
     noisy = [r for r in rows if r["cv"] > 0.1]
     if noisy:
-        warnings.append(f"{len(noisy)} of {len(rows)} cases vary by more than 10% (CV) between reps: "
+        warnings.append(f"{len(noisy)} of {fmt_count(len(rows), 'case')} {'varies' if len(noisy) == 1 else 'vary'} "
+                        "by more than 10% (CV) between reps: "
                         "use more --reps or a quieter machine")
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in ROW_UNITS.items()}},
                    raw={"rows": rows, "times_s": times_all}, warnings=warnings)
