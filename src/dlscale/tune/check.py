@@ -30,6 +30,22 @@ from typing import Any
 from dlscale.tune.search import TIE, Outcome, Result, Search, Step, reference
 
 
+def seconds_of(search: Search, settings: dict[str, Any]) -> float:
+    """How long a trial of ``settings`` takes: the mean of its own trials, else of every trial (0: none known)."""
+    own = [t.seconds for t in search.trials if t.settings == settings and t.seconds is not None]
+    every = [t.seconds for t in search.trials if t.seconds is not None]
+    known = own or every
+    return sum(known) / len(known) if known else 0.0
+
+
+def cost(search: Search) -> float:
+    """The seconds this check would take if the search stopped now with one knob more kept: per kept
+    knob a trial without it and one of the final configuration, then ``final_pairs`` pairs of the
+    start and the best and one more start trial. The search starts no trial past its budget less this."""
+    t_s, t_b = seconds_of(search, search.start), seconds_of(search, search.incumbent)
+    return (search.kept + 1) * (t_b + max(t_s, t_b)) + search.final_pairs * (t_s + t_b) + t_s
+
+
 def without(settings: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """``settings`` with the keys of one step put back as they were (None: the key was not set), and what
     the change takes with it: a compile mode needs compile, prefetching needs loader workers."""

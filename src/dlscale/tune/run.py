@@ -255,11 +255,24 @@ def search_body(search: Search, output: str | None, model: str, not_searched: li
         raw = {"ablation": [s.to_dict() for s in out.steps], "trials": [t.to_dict() for t in out.trials],
                "side_by_side": out.pairs, "trial_run_ids": [t.run_id for t in out.trials if t.run_id],
                "best_config": best, "config_file": str(path.resolve()), "not_searched": out.not_searched}
-        warnings = [] if out.gain is not None else [
-            "the closing side-by-side of the start and the best could not run (see raw.trials); no gain measured"]
-        return RunOutcome(metrics=metrics, units=units, raw=raw, warnings=warnings)
+        return RunOutcome(metrics=metrics, units=units, raw=raw, warnings=gain_warnings(out.gain, out.gain_ci))
 
     return body
+
+
+def gain_warnings(gain: float | None, ci: tuple[float, float] | None) -> list[str]:
+    """What the closing side-by-side leaves in doubt: no gain measured, or an interval that reaches 1 or below."""
+    from dlscale.format import fmt_gain
+
+    if gain is None:
+        return ["the closing side-by-side of the start and the best could not run (see raw.trials); no gain measured"]
+    if ci is None or ci[0] > 1.0:
+        return []
+    if ci[1] < 1.0:
+        return [f"side by side the best ran slower than the start ({fmt_gain(gain, ci)}): keep the default "
+                "configuration, and tune again on a quieter machine"]
+    return [f"side by side the best and the start are not told apart ({fmt_gain(gain, ci)} reaches 1): the machine's "
+            "noise is larger than the gain; tune again on a quieter machine or with more --steps"]
 
 
 def tune(model: str, *, db: str | None = None, budget_s: float | None = None, resume: bool = False,

@@ -243,7 +243,9 @@ class Search:
         else:
             timeout = self.trial_timeout_s
             if not self.closing and self.deadline is not None:
-                left = self.deadline - self.clock() - self.closing_cost()
+                from dlscale.tune.check import cost
+
+                left = self.deadline - self.clock() - cost(self)
                 if left <= 0:
                     self.budget_spent = True
                     return None
@@ -254,20 +256,6 @@ class Search:
         res.seq = len(self.trials)
         self.trials.append(res)
         return res
-
-    def seconds_of(self, settings: dict[str, Any]) -> float:
-        """How long a trial of ``settings`` takes: the mean of its own trials, else of every trial (0: none known)."""
-        own = [t.seconds for t in self.trials if t.settings == settings and t.seconds is not None]
-        every = [t.seconds for t in self.trials if t.seconds is not None]
-        known = own or every
-        return sum(known) / len(known) if known else 0.0
-
-    def closing_cost(self) -> float:
-        """The seconds the closing check would take if the search stopped now with one knob more kept:
-        per kept knob a trial without it and one of the final configuration, then ``final_pairs`` pairs
-        of the start and the best and one more start trial."""
-        t_s, t_b = self.seconds_of(self.start), self.seconds_of(self.incumbent)
-        return (self.kept + 1) * (t_b + max(t_s, t_b)) + self.final_pairs * (t_s + t_b) + t_s
 
     def fresh(self, settings: dict[str, Any]) -> Result | None:
         """A new trial of ``settings`` (its next repeat index), never an earlier one reused."""
