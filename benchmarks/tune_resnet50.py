@@ -58,8 +58,9 @@ def main() -> None:
     print(f"tune: {tune_s:.0f} s, {tune['metrics']['trials_run']} trials, gain {tune['metrics']['gain']:.2f}x", file=sys.stderr)
     for s in tune["raw"]["ablation"]:
         lo, hi = s["ci"]
+        retest = "" if s.get("retest") is None else f"{s['retest']:.2f}x"
         print(f"| {s['knob']} | {s['value']} | {s['throughput']:.1f} ({lo:.1f}-{hi if hi is None else round(hi, 1)}) "
-              f"| {s['gain']:.2f}x | {s['cumulative']:.2f}x | {s['note']} |", file=sys.stderr)
+              f"| {s['gain']:.2f}x | {retest} | {s['note']} |", file=sys.stderr)
     print(best.read_text(), file=sys.stderr)
     pairs = ab_pairs(a, best, db)
     print(json.dumps({"model": a.model, "budget_s": a.budget, "tune_seconds": round(tune_s, 1),

@@ -31,15 +31,32 @@ def _one_error_line(res):
         (["train", "tinycnn", "--optimizer", "lbfgs"], "unknown --optimizer"),
         (["train", "alexnet", "--image-size", "32"], "too small for alexnet"),
         (["train", "tinycnn", "--device", "tpu"], "unknown --device"),
-        (["train"], "Missing argument"),
+        (["train"], "give MODEL (e.g. dlscale train resnet50"),
         (["nosuchcommand"], "No such command"),
         (["results", "show", "does-not-exist"], "no run"),
+        (["results", "list", "--limit", "0"], "--limit must be >= 1 (rows to list, newest first), got 0"),
+        (["results", "list", "--limit", "-1"], "--limit must be >= 1 (rows to list, newest first), got -1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
     res = cli(*args)
     assert res.code == 2, (res.code, res.stderr)
     assert needle in _one_error_line(res)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "tinycnn", "--steps", "abc"], "--steps 'abc': give a whole number"),
+    (["train", "tinycnn", "--steps", "1.5"], "--steps '1.5': give a whole number"),
+    (["train", "tinycnn", "--lr", "fast"], "--lr 'fast': give a number"),
+    (["tune", "tinycnn", "--budget", "1e"], "--budget '1e': give a number"),
+    (["results", "list", "--format", "xml"], "--format 'xml': choose one of human, json"),
+    (["report", "--format", "pdf"], "--format 'pdf': choose one of html, md, both"),
+    (["micro", "gemm", "--iters", "z"], "--iters 'z': give a whole number"),
+])
+def test_bad_option_values_are_worded_by_dlscale_not_the_validation_library(cli, db_path, args, line):
+    res = cli(*args)
+    assert res.code == 2 and _one_error_line(res) == f"error: {line}"
+    assert "Input should be" not in res.stderr and "Value error" not in res.stderr
 
 
 def test_precision_unsupported_on_this_device(cli, db_path):

@@ -98,3 +98,67 @@ def test_cli_compare_reference_against_a_stored_run(cli, db_path):
     assert "+39.79%" in human.stdout and "(A - B) / B" in human.stdout and "1.40x" in human.stdout
     assert cli("compare", "tag:nothing-here", "tag:mine").code == 2
     assert cli("compare", "tag:mine", "tag:mine", "--by", "colour").code == 2
+
+
+def _store_measured_and_predicted(db_path):
+    """Tag T: two measured resnet50 runs of 100 images/s and a prediction of 303 images/s for it."""
+    from dlscale.store import Store
+
+    def rec(kind, thr, tag="T"):
+        return RunRecord(kind=kind, workload="resnet50", config={"batch_size": 32}, tag=tag,
+                         metrics={"throughput": thr, "world_size": 1}, units={"throughput": "images/s"},
+                         system={"hostname": "box"})
+
+    with Store.open(db_path) as s:
+        for r in (rec("train", 100.0), rec("train", 100.0), rec("prediction", 303.0), rec("train", 100.0, "U")):
+            s.insert(r)
+
+
+def test_a_selection_takes_measured_runs_unless_kind_asks(cli, db_path):
+    _store_measured_and_predicted(db_path)
+    r = cli("compare", "imported:no", "tag:T", "--format", "json")
+    assert r.code == 0, r.stderr
+    (row,) = json.loads(r.stdout)["rows"]
+    # the prediction of 303 images/s is no measurement: measured runs alone give +0.00%, not +202.93%
+    assert row["pct_difference"] == pytest.approx(0.0) and (row["n_a"], row["n_b"]) == (3, 2)
+    r = cli("compare", "kind:prediction,tag:T", "tag:T", "--format", "json")
+    (row,) = json.loads(r.stdout)["rows"]
+    assert row["a"] == 303.0 and row["b"] == 100.0 and row["n_a"] == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["imported:maybe", "tag:T"], "bad selector 'imported:maybe': imported:maybe; use imported:yes or imported:no"),
+    (["tag:T", "tag:U", "--metric", "thruput"],
+     "--metric thruput: no run of A (tag:T) has a number for it; its runs have throughput, world_size "
+     "(`dlscale results show RUN` lists a run's)"),
+    (["tag:T", "tag:V"], "A and B have no model in common (A: resnet50; B: resnet18); select runs of one model on "
+                         "both sides (model:NAME), or compare --by family"),
+])
+def test_compare_refuses_what_would_print_an_empty_or_wrong_table(cli, db_path, args, needle):
+    from dlscale.store import Store
+
+    _store_measured_and_predicted(db_path)
+    with Store.open(db_path) as s:
+        s.insert(RunRecord(kind="train", workload="resnet18", config={"batch_size": 32}, tag="V",
+                           metrics={"throughput": 500.0}, units={"throughput": "images/s"}))
+    r = cli("compare", *args)
+    assert r.code == 2 and r.stdout == ""
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line == f"error: {needle}"
+
+
+def test_nan_never_reaches_a_percent_difference(cli, db_path):
+    from dlscale.store import Store
+
+    _store_measured_and_predicted(db_path)
+    with Store.open(db_path) as s:  # a record stored before import refused NaN
+        s.insert(RunRecord(kind="train", workload="resnet50", config={"batch_size": 32}, tag="N", imported=True,
+                           metrics={"throughput": float("nan")}, units={"throughput": "images/s"}))
+        s.insert(RunRecord(kind="train", workload="resnet50", config={"batch_size": 32}, tag="N", imported=True,
+                           metrics={"throughput": 120.0}, units={"throughput": "images/s"}))
+    r = cli("compare", "tag:N", "tag:T")
+    assert r.code == 0, r.stderr
+    assert "nan" not in r.stdout and "+20.00%" in r.stdout
+    g = cmp.group([RunRecord(kind="train", workload="m", config={}, metrics={"throughput": v})
+                   for v in (float("nan"), float("inf"), 10.0)], ["model"])
+    assert [(x.value, x.n) for x in g.values()] == [(10.0, 1)]

@@ -170,7 +170,7 @@ def test_data_bench_rates_for_0_1_2_workers(cli, db_path, tiny_ds):
     assert m["cores_needed"] == pytest.approx(100000 / m["decode_rate_per_core"])
     assert m["workers_needed"] is None and "no measured worker count reaches" in r.stderr
     shown = cli("results", "show", rec["run_id"])
-    assert shown.code == 0 and "decode+augment, one core" in shown.stdout and "loader, 2 worker(s)" in shown.stdout
+    assert shown.code == 0 and "decode+augment, one core" in shown.stdout and "loader, 2 workers" in shown.stdout
 
 
 def test_data_bench_target_from_a_recorded_run(cli, db_path, tiny_ds):

@@ -81,7 +81,8 @@ def test_fmt_seconds(s, want):
 
 
 def test_format_metric_picks_by_unit():
-    assert format_metric("throughput_ci95", [95.0, 105.0], "samples/s") == "[95.00, 105.0] samples/s"  # 105 >= 100: one decimal
+    assert format_metric("throughput_ci95", [95.0, 105.0], "samples/s") == "95.00 - 105.0 samples/s"  # 105 >= 100: one decimal
+    assert format_metric("throughput_ci95", [229.5, float("inf")], "images/s") == ">= 229.5 (no upper bound) images/s"
     assert format_metric("repeat_throughputs", [1.0, 2.0], "samples/s") == "1.00, 2.00"
     assert format_metric("x", list(range(10)), None) == "0, 1, 2, 3, 4, 5, 6, 7 ..."
     assert format_metric("step_time_p50", 0.0123, "s") == "12.30 ms"
@@ -101,3 +102,39 @@ def test_no_rich_and_no_torch():
             "print(sorted(m for m in ('rich', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_interval_without_an_upper_bound_says_so():
+    from dlscale.format import fmt_ci
+
+    assert fmt_ci(95.0, 105.0) == "95.00 - 105.0"
+    assert fmt_ci(229.5, math.inf) == ">= 229.5 (no upper bound)"  # not "229.5 - inf"
+    assert fmt_ci(229.5, None, fmt_fixed) == ">= 229.5 (no upper bound)"
+    assert fmt_ci(None, 3.0) == "-"
+
+
+def test_the_short_test_summary_names_an_unbounded_interval_and_the_fix():
+    from rich.console import Console
+
+    from dlscale.cli.render import train_summary_table
+    from dlscale.record import RunRecord
+
+    rec = RunRecord(kind="train", workload="tinycnn", config={"batch_size": 8, "sample_unit": "images"},
+                    metrics={"throughput": 240.0, "throughput_ci95": [229.5, math.inf], "throughput_ci_method": "steps",
+                             "measured_steps": 2})
+    console = Console(width=300, record=True)
+    console.print(train_summary_table(rec))
+    text = console.export_text()
+    assert "inf" not in text.replace("info", "")
+    assert "95% CI >= 229.5 (no upper bound), over steps; 2 measured steps vary too much to bound it: run more --steps" \
+        in text
+
+
+def test_counts_and_gains_read_as_words():
+    from dlscale.format import fmt_count, fmt_gain
+
+    assert fmt_count(1, "point") == "1 point" and fmt_count(0, "point") == "0 points"
+    assert fmt_count(2, "class", "classes") == "2 classes" and fmt_count(1, "class", "classes") == "1 class"
+    assert fmt_count(1200, "run") == "1,200 runs"
+    assert fmt_gain(3.3142, [2.9, 3.78]) == "3.31x (95% CI 2.90x - 3.78x)"
+    assert fmt_gain(1.0) == "1.00x" and fmt_gain(None) == "no gain measured"

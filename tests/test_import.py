@@ -45,7 +45,7 @@ def test_format_detection_and_bad_files():
         parsers.detect("hello\nworld\n")
     with pytest.raises(UsageError, match="unknown throughputs"):
         parsers.parse_csv("system,model,throughputs\na,resnet50,1\n")
-    with pytest.raises(UsageError, match="row 2: throughput must be a number"):
+    with pytest.raises(UsageError, match="line 2: throughput must be a number"):
         parsers.parse_csv("system,model,throughput\na,resnet50,fast\n")
 
 
@@ -59,7 +59,8 @@ def test_cli_import_marks_runs_imported_and_stores_a_file_once(cli, db_path):
     assert rec["system"] == {"name": "cluster-a", "imported": True}  # nothing of this machine attached
     again = cli("import", str(DATA / "horovod_synthetic_resnet50_8gpu.txt"), "--system", "cluster-a", "--nodes", "2",
                 "--devices-per-node", "4", "--format", "json")
-    assert again.code == 0 and json.loads(again.stdout) == [] and "imported before" in again.stderr
+    assert again.code == 0 and json.loads(again.stdout) == []
+    assert "1 of 1 run was imported before; stored once" in again.stderr  # not "1 of 1 runs were"
     listed = cli("results", "list")
     assert "train (imported)" in listed.stdout
 
@@ -131,3 +132,45 @@ def test_concurrent_imports_of_one_file_store_it_once(db_path, tmp_path):
     with Store.open(db_path) as s:
         recs = s.query(imported=True)
     assert len(recs) == 3 and sorted(r.config["source_index"] for r in recs) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("row, needle", [
+    ("lab,resnet50,fp16,256,nan,", "line 4: throughput must be a finite number > 0, got nan"),
+    ("lab,resnet50,fp16,256,-5,", "line 4: throughput must be a finite number > 0, got -5.0"),
+    ("lab,resnet50,fp16,256,1e999,", "line 4: throughput must be a finite number > 0, got inf"),
+    ("lab,resnet50,fp16,256,0,", "line 4: throughput must be a finite number > 0, got 0.0"),
+    ("lab,resnet50,fp99,256,100,", "line 4: precision 'fp99' is not one of fp32, tf32, bf16, fp16, fp8, int8"),
+    ("lab,resnet50,fp16,-1,100,", "line 4: batch_size must be a whole number >= 1, got -1"),
+    ("lab,resnet50,fp16,2.5,100,", "line 4: batch_size must be a whole number, got '2.5'"),
+    ("lab,resnet50,fp16,256,100,75.9", "line 4: target_accuracy must be a fraction in (0, 1] such as 0.759 (or 75.9%), "
+                                    "got 75.9"),
+])
+def test_import_refuses_nonsense_rows_naming_the_line(cli, db_path, tmp_path, row, needle):
+    f = tmp_path / "rows.csv"
+    f.write_text("# two good rows, then the one under test\nsystem,model,precision,batch_size,throughput,target_accuracy\n"
+                 f"lab,resnet50,fp16,256,900,\n{row}\n")
+    r = cli("import", str(f))
+    assert r.code == 2 and r.stdout == ""
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line == f"error: CSV row at {needle}; correct or remove it, nothing was imported"
+    assert cli("results", "list", "--format", "json").stdout.strip() == "[]"  # nothing stored, the good row neither
+
+
+def test_import_takes_a_percentage_target_and_any_case_precision(tmp_path):
+    rows = parsers.parse_csv("system,model,precision,throughput,target_accuracy\nlab,resnet50,FP16,900,75.9%\n")
+    assert rows[0].target_accuracy == pytest.approx(0.759) and rows[0].precision == "fp16"
+
+
+def test_import_options_are_checked_like_the_rows(cli, db_path):
+    log = str(DATA / "horovod_synthetic_resnet50_8gpu.txt")
+    for args, needle in ((["--precision", "fp99"], "unknown --precision 'fp99'; choose one of fp32"),
+                         (["--nodes", "0"], "--nodes must be >= 1, got 0")):
+        r = cli("import", log, *args)
+        assert r.code == 2 and needle in r.stderr
+
+
+def test_a_log_with_a_zero_throughput_is_refused(tmp_path):
+    log = tmp_path / "hvd.txt"
+    log.write_text("Model: resnet50\nBatch size: 64\nTotal img/sec on 8 GPU(s): 0.0 +-0.0\n")
+    with pytest.raises(UsageError, match=r"hvd.txt: run 1 \(resnet50\): throughput must be a finite number > 0"):
+        imp.parse_file(log)

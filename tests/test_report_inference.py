@@ -63,7 +63,15 @@ def test_tune_section_shows_the_ablation_table():
     sec = tune_section([rec])
     (table,) = sec.tables
     assert table.columns[2] == "throughput (images/s)"
-    assert table.rows[1][:6] == ["precision", "bf16", "20.0", "19.0 - inf", "x2.00", "x2.00"]
-    assert "x2.00 over the starting configuration" in table.caption
+    # a record made before the closing check: no re-test; its gain named as the product of the steps
+    assert table.rows[1][:7] == ["precision", "bf16", "20.0", ">= 19.0 (no upper bound)", "x2.00", "-", "kept"]
+    assert "x2.00 over the starting configuration as the product of its steps' gains" in table.caption
     assert sec.notes == ["resnet50: not searched: compile modes: needs a field"]
     assert tune_section([]) is None
+    rec.metrics = {"gain": 1.8, "gain_ci95": [1.6, 2.0], "gain_pairs": 3}
+    rec.raw["ablation"][1].update(retest=1.9, reverted=False)
+    rec.raw["ablation"].append({"knob": "compile", "value": True, "throughput": 21.0, "ci": [20.0, 22.0], "gain": 1.05,
+                                "kept": True, "retest": 0.99, "reverted": True, "note": ""})
+    (table,) = tune_section([rec]).tables
+    assert table.rows[1][4:7] == ["x2.00", "x1.90", "kept"] and table.rows[2][4:7] == ["x1.05", "x0.99", "reverted"]
+    assert "1.80x (95% CI 1.60x - 2.00x) over the starting configuration, measured side by side (3 pairs)" in table.caption

@@ -69,6 +69,12 @@ def test_dry_run_lists_points_as_json(cli, db_path, tmp_path):
     assert Store.open(db_path).count() == 0  # nothing ran
 
 
+def test_a_one_point_sweep_says_one_point(cli, db_path, tmp_path):
+    r = cli("sweep", str(_write(tmp_path, "name: one\n" + TINY + "matrix:\n  batch_size: [4]\n")), "--dry-run")
+    assert r.code == 0, r.stderr
+    assert "sweep one: 1 point (0 excluded by exclude:)" in " ".join(r.stdout.split()) and "1 points" not in r.stdout
+
+
 def _records_by_point(db: Path) -> dict[str, list]:
     out: dict[str, list] = {}
     with Store.open(db) as s:

@@ -206,7 +206,9 @@ def test_c4_file_names_parquet_and_a_given_tokenizer(made, tmp_path):
 
 
 @pytest.mark.parametrize("name,content,where,fault", [
-    ("a.jsonl", ['{"text": "gume"}', "", '{"text": "boli"', '{"text": "x"}'], 3, "not a JSON object"),
+    ("a.jsonl", ['{"text": "gume"}', "", '{"text": "boli"', '{"text": "x"}'], 3,
+     "not a JSON object (Expecting ',' delimiter at column 16)"),
+    ("a.jsonl", ['{"text": "gume"}', '{"text": "bo'], 2, "not a JSON object (Unterminated string starting at column 10)"),
     ("a.jsonl", ['{"text": "gume"}', '{"body": "boli"}'], 2, 'no "text" string'),
     ("a.json", ['["gume"]'], 1, 'no "text" string'),
 ])

@@ -131,7 +131,7 @@ def test_open_remaps_ids_drops_single_rating_users_and_holds_out_the_latest(tmp_
     items = [f"{5000 + k // 2},{1000 + k},4.0,0" for k in range(100)]  # 50 more users: 103 items in all
     write(tmp_path, "\n".join(rows + items) + "\n")
     data = TASK.open(str(tmp_path), cfg())
-    assert data.dropped_users == 1 and "1 users with fewer than 2 ratings dropped" in data.describe
+    assert data.dropped_users == 1 and "1 user with fewer than 2 ratings dropped" in data.describe
     assert list(data.user_ids[:3]) == [10, 99, 5000] and data.n_users == 52 and data.n_items == 103
     item = {int(m): k for k, m in enumerate(data.item_ids)}
     assert data.eval_items[0, 0] == item[500] and data.eval_items[1, 0] == item[900]  # latest timestamps

@@ -132,20 +132,95 @@ def dev_threads() -> int:
     return torch.get_num_threads()
 
 
-def test_cumulative_gain_is_the_product_of_the_steps(tmp_path):
+def test_the_gain_is_the_closing_side_by_side_of_the_start_and_the_best(tmp_path):
     with Store.open(tmp_path / "r.db") as store:
         dev = FakeDevice(store, gains={("precision", "bf16"): 1.6, ("channels_last", False): 1.25,
                                        ("compile", True): 1.5}, half=0.01)
         rec = tune_fake(tmp_path, dev, fix={"precision": "bf16", "threads_per_rank": dev_threads()})
-    steps = rec.raw["ablation"]
-    product = 1.0
-    for s in steps:
-        product *= s["gain"]
-        assert s["cumulative"] == pytest.approx(product)
+    steps = {s["knob"]: s for s in rec.raw["ablation"]}
     # precision fixed at bf16 (the start), then channels_last off 1.25x, compile 1.5x: 1.875x
-    assert [s["knob"] for s in steps if s["kept"] and s["knob"] != "start"] == ["channels_last", "compile"]
-    assert rec.metrics["gain"] == pytest.approx(1.25 * 1.5)
+    assert [k for k, s in steps.items() if s["kept"] and k != "start"] == ["channels_last", "compile"]
+    assert steps["channels_last"]["gain"] == pytest.approx(1.25) and steps["compile"]["gain"] == pytest.approx(1.5)
+    # each kept knob re-tested at the end: the final configuration over the final without it
+    assert steps["channels_last"]["retest"] == pytest.approx(1.25) and steps["compile"]["retest"] == pytest.approx(1.5)
+    assert not any(s["reverted"] for s in steps.values())
+    # then start and best alternate S, B, S, B, S, B, S: three pairs, each exactly 1.875x on a steady device
+    best = {"channels_last": False, "compile": True}
+    tail = [{k: c[k] for k in best} for c in dev.calls[-7:]]
+    assert tail == [{"channels_last": True, "compile": False}, best] * 3 + [{"channels_last": True, "compile": False}]
+    pairs = rec.raw["side_by_side"]
+    assert len(pairs) == rec.metrics["gain_pairs"] == 3 and all(p["ratio"] == pytest.approx(1.875) for p in pairs)
+    assert rec.metrics["gain"] == pytest.approx(1.875) and rec.metrics["gain_ci95"] == pytest.approx([1.875, 1.875])
     assert rec.metrics["throughput_best"] / rec.metrics["throughput_start"] == pytest.approx(1.875)
+    assert "1.88x (95% CI 1.88x - 1.88x) over the default configuration, side by side" in \
+        (tmp_path / "best.yaml").read_text()
+
+
+def test_a_lucky_knob_is_caught_by_its_re_test_and_the_gain_is_not_the_product(tmp_path):
+    # compile truly gives 1.5x; channels_last off gives nothing, but its first trial ran 10% fast (a lucky
+    # moment: CIs apart, so kept at 1.1x). At the compile step (trial 3) the incumbent is interpolated
+    # two thirds of the way from that lucky trial (1) to a normal one (4): compile reads 1.5 / 1.1^(1/3).
+    # The product of the steps: 1.5 x 1.1^(2/3), 6.6% above the truth.
+    threads = dev_threads()
+    lucky = {(("bf16", 32, False, False, threads), 0): 1.1}
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("compile", True): 1.5}, noise=lucky, half=0.01)
+        rec = tune_fake(tmp_path, dev, fix={"precision": "bf16", "threads_per_rank": threads})
+    steps = {s["knob"]: s for s in rec.raw["ablation"]}
+    assert steps["channels_last"]["kept"] and steps["channels_last"]["gain"] == pytest.approx(1.1)
+    product = math.prod(s["gain"] for s in rec.raw["ablation"])
+    assert product == pytest.approx(1.5 * 1.1 ** (2 / 3))  # what the old figure reported
+    # at the end, the final configuration is no faster with channels_last off than without: reverted
+    assert steps["channels_last"]["retest"] == pytest.approx(1.0) and steps["channels_last"]["reverted"]
+    assert steps["compile"]["retest"] == pytest.approx(1.5) and not steps["compile"]["reverted"]
+    assert rec.raw["best_config"]["channels_last"] is True and rec.raw["best_config"]["compile"] is True
+    assert rec.metrics["gain"] == pytest.approx(1.5)  # the true gain
+
+
+def test_a_gain_the_side_by_side_cannot_confirm_is_flagged():
+    from dlscale.tune.run import gain_warnings
+
+    assert gain_warnings(1.5, (1.2, 1.9)) == [] and gain_warnings(1.0, None) == []
+    assert gain_warnings(0.65, (0.17, 2.45)) == [
+        "side by side the best and the start are not told apart (0.65x (95% CI 0.17x - 2.45x) reaches 1): the "
+        "machine's noise is larger than the gain; tune again on a quieter machine or with more --steps"]
+    assert gain_warnings(0.8, (0.7, 0.9))[0].startswith("side by side the best ran slower than the start (0.80x")
+    assert "no gain measured" in gain_warnings(None, None)[0]
+
+
+def test_the_product_of_the_steps_is_biased_upward_and_the_side_by_side_is_not():
+    """Many searches on a noisy fake (every trial x a lognormal factor, sd 5%) whose true gain is known:
+    the product of the kept steps' gains overstates it on average; the closing side-by-side does not."""
+    import random
+
+    from dlscale.tune.search import Search
+
+    knobs = {"a": [1, 2, 3, 4], "b": [1, 2, 3, 4], "c": [1, 2, 3, 4]}
+    true_gain = {("a", 3): 1.2}  # one real gain among twelve candidates; the rest are noise
+    path_logs, final_logs, truths = [], [], []
+    for seed in range(60):
+        rng = random.Random(seed)
+
+        def runner(options, key, timeout_s, rng=rng):
+            thr = 100.0 * math.prod(g for (k, v), g in true_gain.items() if options.get(k) == v)
+            thr *= math.exp(rng.gauss(0.0, 0.05))
+            rec = RunRecord(kind="train", workload="fake", config=dict(options), raw={"sweep_point": key})
+            rec.metrics = {"throughput": thr, "throughput_ci95": [thr * 0.97, thr * 1.03]}
+            return rec
+
+        out = Search({"a": 0, "b": 0, "c": 0, "batch_size": 8}, knobs, runner, lambda: 0.0, knobs=tuple(knobs)).run()
+        truth = math.prod(g for (k, v), g in true_gain.items() if out.best.settings.get(k) == v)
+        truths.append(math.log(truth))
+        path_logs.append(sum(math.log(s.gain) for s in out.steps))
+        final_logs.append(math.log(out.gain))
+    n = len(truths)
+    path_bias = sum(p - t for p, t in zip(path_logs, truths)) / n
+    final_bias = sum(f - t for f, t in zip(final_logs, truths)) / n
+    final_sd = (sum((f - t - final_bias) ** 2 for f, t in zip(final_logs, truths)) / (n - 1)) ** 0.5
+    print(f"mean log bias: product of the steps {path_bias:+.4f}, side by side {final_bias:+.4f} (sd {final_sd:.4f})")
+    assert path_bias > 0.03  # the best of noisy candidates, kept only when it looks good: upward
+    assert abs(final_bias) < 3 * final_sd / n ** 0.5 + 1e-9  # the side-by-side: centred on the truth
+    assert abs(final_bias) < path_bias / 3
 
 
 def test_batch_search_grows_until_out_of_memory_then_bisects(tmp_path):
@@ -201,9 +276,11 @@ def test_each_candidate_is_followed_by_a_fresh_incumbent_trial(tmp_path):
                                             "compile_mode": "max-autotune"})
     # start (channels_last on); [off, start]: kept 1.3x; then optimizer_impl foreach/fused, each followed
     # by the incumbent (channels_last off)
+    # then the closing check: channels_last re-tested (on, then the final), and S, B, S, B, S, B, S
     seq = [(c["channels_last"], c.get("optimizer_impl")) for c in dev.calls]
     assert seq == [(True, None), (False, None), (True, None),
-                   (False, "foreach"), (False, None), (False, "fused"), (False, None)]
+                   (False, "foreach"), (False, None), (False, "fused"), (False, None),
+                   (True, None), (False, None)] + [(True, None), (False, None)] * 3 + [(True, None)]
     assert {c["compile_mode"] for c in dev.calls} == {"max-autotune"} and all(c["compile"] for c in dev.calls)
     rows = {r["knob"]: r for r in rec.raw["ablation"]}
     # the candidate (trial 1) against the incumbent interpolated between trials 0 and 2: 1.3 exactly,
@@ -212,6 +289,8 @@ def test_each_candidate_is_followed_by_a_fresh_incumbent_trial(tmp_path):
     assert rows["compile"]["note"] == rows["compile_mode"]["note"] == "fixed by --fix"
     assert rec.raw["best_config"]["compile_mode"] == "max-autotune" and rec.raw["best_config"]["compile"] is True
     assert not rows["optimizer_impl"]["kept"] and rows["optimizer_impl"]["tried"] == ["foreach", "fused"]
+    # the re-test and the side-by-side are drift-corrected alike: 1.3 exactly, though the machine slows 10% a trial
+    assert rows["channels_last"]["retest"] == pytest.approx(1.3) and rec.metrics["gain"] == pytest.approx(1.3)
 
 
 def test_the_drift_correction_interpolates_the_incumbent():
@@ -239,11 +318,24 @@ def test_fix_is_honoured(tmp_path):
 
 
 def test_budget_stops_starting_trials(tmp_path):
+    # Trials take 10 s. A search trial starts only while the budget leaves room for the closing check as if
+    # one more knob were kept: 2 x 10 s (its re-test) + 3 pairs x 20 s + 10 s = 90 s with none kept so far.
     with Store.open(tmp_path / "r.db") as store:
         dev = FakeDevice(store, trial_s=10.0)
-        rec = tune_fake(tmp_path, dev, budget_s=25.0)  # trials at t=0, 10, 20 start; t=30 does not
-    assert len(dev.calls) == 3 and rec.metrics["trials_run"] == 3 and rec.metrics["budget_spent"] is True
+        rec = tune_fake(tmp_path, dev, budget_s=125.0)  # t = 0 (nothing known yet), 10, 20, 30 start; 40 does not
+    assert len(dev.calls) == 4 and rec.metrics["trials_run"] == 4 and rec.metrics["budget_spent"] is True
     assert any(line.endswith(": budget spent") for line in rec.raw["not_searched"])
+    assert rec.metrics["gain"] == 1.0 and rec.raw["side_by_side"] == []  # nothing kept: nothing to set side by side
+
+
+def test_the_closing_check_runs_in_the_room_the_search_left(tmp_path):
+    with Store.open(tmp_path / "r.db") as store:
+        dev = FakeDevice(store, gains={("channels_last", False): 2.0}, trial_s=10.0)
+        rec = tune_fake(tmp_path, dev, budget_s=125.0, fix={"precision": "fp32"})
+    # start, channels_last off, start: kept. Now 2 x 20 + 60 + 10 = 110 s are kept back: at t = 30 the search
+    # stops; the re-test (2 trials) and the side-by-side (7) end at t = 120, inside the budget
+    assert len(dev.calls) == 12 and dev.now <= 125.0 and rec.metrics["budget_spent"] is True
+    assert rec.metrics["gain"] == pytest.approx(2.0) and rec.metrics["gain_pairs"] == 3
 
 
 def test_resume_reuses_finished_trials(tmp_path):
@@ -318,9 +410,11 @@ def test_best_yaml_round_trips_into_train_config(tmp_path, cli, monkeypatch):
     assert configfile.load(tmp_path / "best.yaml") == best and best["channels_last"] is False
     threads = torch.get_num_threads()
     try:
-        r = cli("train", "tinycnn", "--config", str(tmp_path / "best.yaml"), "--steps", "2", "--warmup-steps", "0",
+        # no MODEL: the file names it
+        r = cli("train", "--config", str(tmp_path / "best.yaml"), "--steps", "2", "--warmup-steps", "0",
                 "--breakdown-steps", "0", "--monitor-interval", "0", "--db", str(tmp_path / "t.db"), "--format", "json")
         assert r.code == 0, r.stderr
+        assert json.loads(r.stdout)["workload"] == "tinycnn"
         cfg = json.loads(r.stdout)["config"]
         assert {k: cfg[k] for k in ("batch_size", "precision", "channels_last", "compile")} == \
             {k: best[k] for k in ("batch_size", "precision", "channels_last", "compile")}
@@ -356,6 +450,12 @@ def test_config_file_errors_name_file_and_line(tmp_path, cli, db_path):
     f.write_text("model: resnet50\n")
     r = cli("train", "tinycnn", "--config", str(f))
     assert r.code == 2 and "is for model 'resnet50'" in r.stderr
+    f.write_text("batch_size: 8\n")
+    r = cli("train", "--config", str(f))
+    assert r.code == 2 and r.stderr.strip() == (f"error: --config {f} names no model: give MODEL (dlscale train MODEL "
+                                                f"--config {f}) or add `model: NAME` to the file")
+    r = cli("train")
+    assert r.code == 2 and r.stderr.startswith("error: give MODEL") and "Missing argument" not in r.stderr
 
 
 def test_fix_and_memory_parsing():
@@ -378,8 +478,10 @@ def test_real_short_tune_on_tinycnn(tmp_path):
 
     rec = api.tune("tinycnn", budget_s=30, steps=3, warmup_steps=1, max_batch=64, db=str(tmp_path / "r.db"),
                    output=str(tmp_path / "best.yaml"), device="cpu", fix=["compile=false"])
-    assert rec.kind == "tune" and rec.metrics["trials_run"] >= 2
-    assert rec.metrics["throughput_start"] > 0
+    # the search leaves the budget room for the closing check (a 30 s budget may allow the start alone)
+    m = rec.metrics
+    assert rec.kind == "tune" and m["trials_run"] >= 1 and m["throughput_start"] > 0
+    assert (m["gain"] == 1.0 and m["gain_pairs"] == 0) or m["gain_pairs"] == 3
     assert configfile.load(tmp_path / "best.yaml")["model"] == "tinycnn"
 
 

@@ -195,6 +195,9 @@ def test_malformed_model_config_names_line_and_column(tmp_path):
     path = _write(tmp_path, "bad.json", '{"model_type": "llama",\n  "hidden_size": 64,,\n}')
     msg = _usage_error(model="llama", model_config=path)
     assert path in msg and "line 2, column 21" in msg  # the second comma: 2 spaces + 18 chars, then col 21
+    path = _write(tmp_path, "cut.json", '{"model_type": "lla')
+    msg = _usage_error(model="llama", model_config=path)
+    assert msg.endswith("not valid JSON (Unterminated string starting at line 1, column 16)")  # one "at", its place
 
 
 def test_non_llama_model_config(tmp_path):

@@ -7,6 +7,8 @@ records it in the store with status ``failed`` before the CLI exits.
 
 from __future__ import annotations
 
+from typing import Any
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -33,3 +35,10 @@ class RunFailure(DlscaleError):
         super().__init__(message)
         self.run_id = run_id
         self.records = records or []  # what a command of several runs recorded before it failed
+
+
+def json_problem(e: Any, line: bool = False) -> str:
+    """A ``json.JSONDecodeError`` as one phrase with where it is: "Expecting ',' delimiter at column 7",
+    "Unterminated string starting at column 10" (Python's message may already end in "at")."""
+    where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
+    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"

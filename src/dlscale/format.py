@@ -10,6 +10,9 @@ tables can all share them. A missing value (``None``) is always ``"-"``.
 - ``fmt_si``: decimal SI prefixes for rates and counts (FLOP, FLOP/s, B/s, bit/s).
 - ``fmt_bytes``: binary prefixes for memory (KiB, MiB, GiB, TiB).
 - ``fmt_seconds``: seconds, milliseconds or microseconds.
+- ``fmt_ci``: a confidence interval, one bound of which may be unbounded.
+- ``fmt_gain``: a measured ratio with its 95% CI ("3.31x (95% CI 2.90x - 3.78x)").
+- ``fmt_count``: a count and its noun, singular for one ("1 point", "2 points").
 - ``format_metric``: one recorded metric by its unit (docs/METRICS.md), choosing among the above.
 """
 
@@ -104,12 +107,36 @@ def fmt_seconds(s: float | None) -> str:
     return f"{s * 1e6:.1f} us"
 
 
+def fmt_ci(lo: Any, hi: Any, fmt: Any = fmt_num) -> str:
+    """An interval "229.5 - 240.1", each bound by ``fmt``; an upper bound that is missing, infinite or NaN
+    (a throughput interval mapped from a step-time interval that reaches 0 s) reads ">= 229.5 (no upper
+    bound)"; no lower bound: "-"."""
+    if not _is_number(lo) or lo != lo:
+        return MISSING
+    if not _is_number(hi) or hi != hi or hi == float("inf"):
+        return f">= {fmt(lo)} (no upper bound)"
+    return f"{fmt(lo)} - {fmt(hi)}"
+
+
+def fmt_gain(gain: Any, ci: Any = None) -> str:
+    """A measured ratio and its 95% CI: "3.31x (95% CI 2.90x - 3.78x)"; "no gain measured" for None."""
+    if not _is_number(gain):
+        return "no gain measured"
+    return f"{gain:.2f}x" + (f" (95% CI {fmt_ci(ci[0], ci[1], lambda v: f'{v:.2f}x')})" if ci else "")
+
+
+def fmt_count(n: Any, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, singular for exactly one: "1 point", "3 points", "2 classes" (``plural``
+    where +s is wrong), "1,200 runs"; the number as ``fmt_num`` writes it ("-" when missing)."""
+    return f"{fmt_num(n)} {noun if n == 1 else plural or noun + 's'}"
+
+
 def format_metric(name: str, value: Any, unit: str | None) -> str:
     """One metric value with its unit, formatted for a person."""
     if value is None:
         return MISSING
-    if isinstance(value, list) and len(value) == 2 and unit == "samples/s" and name.endswith("ci95"):
-        return f"[{fmt_num(value[0])}, {fmt_num(value[1])}] samples/s"
+    if isinstance(value, list) and len(value) == 2 and name.endswith("ci95"):
+        return fmt_ci(value[0], value[1]) + (f" {unit}" if unit else "")
     if isinstance(value, list):
         return ", ".join(fmt_num(v) for v in value[:8]) + (" ..." if len(value) > 8 else "")
     if unit == "s":

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlscale.format import fmt_count
+
 TFLOPS = 1e12
 
 
@@ -138,7 +140,7 @@ def cpu_isa_peak(isa: dict[str, bool], cores: int | None, ghz: float | None) -> 
     else:
         return None
     return Peak(cores * ghz * 1e9 * per_cycle, "isa-estimate",
-                f"{cores} cores x {ghz} GHz x {per_cycle} FLOP/cycle ({what}, fp32)")
+                f"{fmt_count(cores, 'core')} x {ghz} GHz x {per_cycle} FLOP/cycle ({what}, fp32)")
 
 
 _MEASURED: dict[tuple[str, int, int], Peak] = {}
@@ -162,7 +164,7 @@ def measured_cpu_gemm_peak(precision: str, n: int = 2048, reps: int = 5) -> Peak
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t0)
     peak = Peak(2 * n**3 / best, "measured-gemm",
-                f"best of {reps} {n}x{n}x{n} {precision} torch.matmul on this CPU, {torch.get_num_threads()} threads")
+                f"best of {reps} {n}x{n}x{n} {precision} torch.matmul on this CPU, {fmt_count(torch.get_num_threads(), 'thread')}")
     _MEASURED[key] = peak
     return peak
 

@@ -6,13 +6,17 @@
   ``X / X_ref`` for throughputs and ``T_ref / T`` for times (``formulas.relative_score``).
 
 Runs are grouped by a key (``model`` by default; any of ``KEYS``); a group's value is the mean
-of its runs' metric, and the number of runs is kept beside it. For metrics counted in sample units
-(throughput: images/s, tokens/s, samples/s; ``domains.unit_bearing``) the unit is always part of
-the key, so runs of different units never share a mean or a ratio; each row says its ``unit``.
+of its runs' metric (finite numbers only: a NaN or an infinity never enters a mean), and the
+number of runs is kept beside it. For metrics counted in sample units (throughput: images/s,
+tokens/s, samples/s; ``domains.unit_bearing``) the unit is always part of the key, so runs of
+different units never share a mean or a ratio; each row says its ``unit``. ``check_metric``
+refuses a metric no run of a side has, and ``pct_table`` two sides with no group in common,
+rather than print an empty comparison.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +58,27 @@ def system_label(rec: RunRecord) -> str:
     if rec.imported:
         return str(rec.config.get("system") or (rec.system or {}).get("name") or "imported")
     return str((rec.system or {}).get("hostname") or "?")
+
+
+def value_of(rec: RunRecord, metric: str) -> float | None:
+    """The run's ``metric`` as a finite number, else None (missing, text, a flag, NaN or infinite)."""
+    v = rec.metrics.get(metric)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def check_metric(sides: dict[str, Sequence[RunRecord]], metric: str) -> None:
+    """Refuse ``metric`` when no ok run of a side has a number for it, naming the metrics its runs have."""
+    from dlscale.errors import UsageError
+
+    for name, recs in sides.items():
+        ok = [r for r in recs if r.status == "ok"]
+        if not any(value_of(r, metric) is not None for r in ok):
+            have = sorted({k for r in ok for k in r.metrics if value_of(r, k) is not None})
+            listed = ", ".join(have[:12]) + (", ..." if len(have) > 12 else "")
+            raise UsageError(f"--metric {metric}: no run of {name} has a number for it; its runs have "
+                             f"{listed or 'no numeric metrics'} (`dlscale results show RUN` lists a run's)")
 
 
 def check_keys(by: Sequence[str]) -> None:
@@ -100,11 +125,11 @@ def group(records: Iterable[RunRecord], by: Sequence[str], metric: str = "throug
     imported: dict[tuple, int] = {}
     units: dict[tuple, str | None] = {}
     for r in records:
-        v = r.metrics.get(metric)
-        if r.status != "ok" or not isinstance(v, (int, float)) or isinstance(v, bool):
+        v = value_of(r, metric)
+        if r.status != "ok" or v is None:
             continue
         k = tuple(key_value(r, k) for k in keys)
-        vals.setdefault(k, []).append(float(v))
+        vals.setdefault(k, []).append(v)
         imported[k] = imported.get(k, 0) + int(r.imported)
         units.setdefault(k, _metric_unit(r, metric, unit_key))
     return {k: Group(k, sum(v) / len(v), len(v), imported[k], units[k]) for k, v in vals.items()}
@@ -127,6 +152,7 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
     domains.check_same_unit(a, b, metric)
     keys = group_keys(by, metric, [*a, *b])
     ga, gb = group(a, by, metric), group(b, by, metric)
+    check_common(ga, gb, by)
     extra = {m: (group(a, keys, m), group(b, keys, m)) for m in efficiency_metrics([*a, *b], metric)}
     rows = []
     for k in _order(set(ga) | set(gb)):
@@ -144,6 +170,23 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
 def efficiency_metrics(records: Sequence[RunRecord], metric: str) -> list[str]:
     """The per-joule and per-dollar figures that go beside ``metric`` and that some of the records have."""
     return [m for m in domains.EFFICIENCY.get(metric, ()) if any(m in r.metrics for r in records)]
+
+
+def check_common(ga: dict[tuple, Group], gb: dict[tuple, Group], by: Sequence[str]) -> None:
+    """Refuse A and B whose groups share no key: every row would have one side empty."""
+    from dlscale.errors import UsageError
+
+    if not ga or not gb or set(ga) & set(gb):
+        return
+
+    def names(g: dict[tuple, Group]) -> str:
+        keys = sorted({"/".join(str(x) for x in k[:len(by)]) for k in g})
+        return ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
+
+    what = "model" if list(by) == ["model"] else "/".join(by)
+    fix = ("select runs of one model on both sides (model:NAME), or compare --by family" if what == "model"
+           else "select runs that share them, or group by fewer fields (--by)")
+    raise UsageError(f"A and B have no {what} in common (A: {names(ga)}; B: {names(gb)}); {fix}")
 
 
 def score_table(selections: dict[str, Sequence[RunRecord]], reference: Sequence[RunRecord],

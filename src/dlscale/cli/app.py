@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     except (_tx.ClickException, click.ClickException) as e:  # bad options, missing arguments
         if debug:
             traceback.print_exc()
-        print(f"error: {_one_line(e.format_message())}", file=sys.stderr)
+        from dlscale.cli.badinput import message
+
+        print(f"error: {_one_line(message(e))}", file=sys.stderr)
         code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
     except DlscaleError as e:
         if debug:

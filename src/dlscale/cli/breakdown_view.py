@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from dlscale.cli.render import fmt_bytes, fmt_num, fmt_pct, fmt_seconds
+from dlscale.format import fmt_count
 
 PHASE_LABELS = {"data_wait": "data-wait", "h2d": "host-to-device copy", "forward": "forward",
                 "backward": "backward (compute)", "optimizer": "optimizer", "comm": "communication (exposed)"}
@@ -62,7 +63,7 @@ def _monitor(rec: Any) -> Table | None:
     if not names:
         return None
     t = Table("quantity", "mean", "max", "unit", title=f"resources during the measured window "
-              f"({m.get('monitor_samples')} samples every {fmt_num(m.get('monitor_interval'))} s)", title_justify="left")
+              f"({fmt_count(m.get('monitor_samples'), 'sample')} every {fmt_num(m.get('monitor_interval'))} s)", title_justify="left")
     for n in names:
         unit = u.get(f"monitor_{n}_mean", "")
         f = fmt_bytes if unit == "bytes" else fmt_num

@@ -21,7 +21,9 @@ refused. --domains prints instead, for A (and B if given), seed 000's domain sca
 family and model, the metric at each device count, the speed-up over the smallest device count,
 the scaling efficiency (speed-up / device ratio) and, with --reference, the score over the
 reference system. A selector is filters joined by commas: tag:NAME (or a bare tag),
-system:NAME, model:NAME, run:ID+ID, ref:DATASET (a shipped reference dataset), imported:yes|no."""
+system:NAME, model:NAME, run:ID+ID, ref:DATASET (a shipped reference dataset), imported:yes|no,
+kind:KIND. Selections take measured runs: predictions only with kind:prediction. A --metric no
+run of a side has, and A and B with no group (model) in common, are refused."""
 
 EPILOG = """Examples:\n\n
   dlscale compare ref:seed001-table5,system:SN-8xV100-16GB-SXM2 ref:seed001-table5,system:MN-C4140-K-V100-SXM2\n\n
@@ -56,6 +58,7 @@ def compare(
         ra = select(store, a)
         rb = select(store, b) if b is not None else None
         rref = select(store, reference) if reference else None
+    cmp.check_metric({f"A ({a})": ra, **({f"B ({b})": rb} if rb is not None else {})}, metric)
     if domains:
         _domains({a: ra, **({b: rb} if b is not None and rb is not None else {})}, rref, reference, metric,
                  across_systems, fmt)

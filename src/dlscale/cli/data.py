@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
+from dlscale.format import fmt_count
 
 HELP = """Measure the input pipeline of an ImageNet-layout JPEG tree without training.
 
@@ -72,8 +73,8 @@ def data_table(rec) -> Table:
     from dlscale.cli.render import fmt_num, fmt_pct
 
     m = rec.metrics
-    t = Table(show_header=False, title=f"dlscale data {rec.config['root']} ({rec.config['split']}, {m['images_in_split']} images, "
-              f"{m['classes']} classes)  run {rec.run_id}", title_justify="left")
+    t = Table(show_header=False, title=f"dlscale data {rec.config['root']} ({rec.config['split']}, {fmt_count(m['images_in_split'], 'image')}, "
+              f"{fmt_count(m['classes'], 'class', 'classes')})  run {rec.run_id}", title_justify="left")
     t.add_column("stage", style="bold")
     t.add_column("result")
     if "read_MBps_cold" in m:
@@ -84,10 +85,10 @@ def data_table(rec) -> Table:
               f"({fmt_num(m['mean_file_bytes'] / 1e3)} kB a file)")
     t.add_row("decode+augment, one core", f"{fmt_num(m['decode_rate_per_core'])} images/s per core")
     for w, r, e in zip(m["loader_workers"], m["loader_rates"], m["worker_scaling_efficiency"]):
-        t.add_row(f"loader, {w} worker(s)", f"{fmt_num(r)} images/s" + (f"  (scaling efficiency {fmt_pct(e)})" if e is not None else ""))
+        t.add_row(f"loader, {fmt_count(w, 'worker')}", f"{fmt_num(r)} images/s" + (f"  (scaling efficiency {fmt_pct(e)})" if e is not None else ""))
     t.add_row("cores available", str(m["cores_available"]))
     if m.get("target_rate"):
         wn = m.get("workers_needed")
         t.add_row("to feed", f"{fmt_num(m['target_rate'])} images/s: [bold]{fmt_num(m['cores_needed'])} cores[/bold] of decoding; "
-                  + (f"{wn} worker(s) reached it here" if wn is not None else "no measured worker count reached it"))
+                  + (f"{fmt_count(wn, 'worker')} reached it here" if wn is not None else "no measured worker count reached it"))
     return t

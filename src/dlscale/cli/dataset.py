@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dlscale.cli.common import Format, FormatOpt, info, out, print_json
+from dlscale.format import fmt_count
 
 app = typer.Typer(help="Make datasets for input-pipeline and storage runs (nothing is downloaded).", no_args_is_help=True)
 
@@ -26,14 +27,14 @@ def make(
     from dlscale.data.synth import DatasetSpec, make_dataset
 
     spec = DatasetSpec(images=images, classes=classes, size=size, val_images=val_images, quality=quality, seed=seed)
-    info(f"dlscale dataset make {root}: {spec.images} train + {spec.n_val} val images, {classes} classes, {size}px")
+    info(f"dlscale dataset make {root}: {spec.images} train + {spec.n_val} val images, {fmt_count(classes, 'class', 'classes')}, {size}px")
     summary = make_dataset(root, spec)
     if fmt == Format.json:
         print_json(summary)
         return
     for split in ("train", "val"):
         s = summary[split]
-        out.print(f"{split}: {s['images']} images, {s['bytes'] / 1e6:.1f} MB, "
+        out.print(f"{split}: {fmt_count(s['images'], 'image')}, {s['bytes'] / 1e6:.1f} MB, "
                   f"{s['bytes'] / max(1, s['images']) / 1e3:.1f} kB mean, in {root}/{split}/<class>/")
 
 

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json
+from dlscale.format import fmt_count
 
 HELP = """Import results made elsewhere so they can be compared with dlscale's own runs.
 
@@ -67,7 +68,8 @@ def import_(
     with Store.open(db) as store:  # checks and writes in one transaction: concurrent imports store one copy
         new = store.insert_imports(recs)
     if len(new) < len(recs):
-        info(f"{len(recs) - len(new)} of {len(recs)} runs were imported before; stored once")
+        again = len(recs) - len(new)
+        info(f"{again} of {fmt_count(len(recs), 'run')} {'was' if again == 1 else 'were'} imported before; stored once")
     if fmt == Format.json:
         print_json([r.to_dict() for r in new])
         return

@@ -99,7 +99,7 @@ def batch_table(rec):
     """Batch size vs throughput (95% CI, CV) and latency per batch p50/p90/p99/max."""
     from rich.table import Table
 
-    from dlscale.format import fmt_num, fmt_pct, fmt_seconds
+    from dlscale.format import fmt_ci, fmt_num, fmt_pct, fmt_seconds
 
     m, c = rec.metrics, rec.config
     unit = c.get("sample_unit", "samples")
@@ -114,7 +114,7 @@ def batch_table(rec):
         thr = fmt_num(m["throughput_by_batch"][i])
         lat = [fmt_seconds((m.get(f"latency_{k}_by_batch") or [None] * (i + 1))[i]) for k in ("p50", "p90", "p99", "max")]
         t.add_row(f"[bold]{b}[/bold]" if b == best else str(b), f"[bold]{thr}[/bold]" if b == best else thr,
-                  f"{fmt_num(ci[0])} - {fmt_num(ci[1])}" if ci else "-",
+                  fmt_ci(ci[0], ci[1]) if ci else "-",
                   fmt_pct((m.get("cv_by_batch") or [None] * (i + 1))[i]), *lat)
     if rec.status != "ok":
         t.caption = f"error: {rec.error}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from dlscale.format import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_si, format_metric
+from dlscale.format import fmt_bytes, fmt_ci, fmt_num, fmt_pct, fmt_seconds, fmt_si, format_metric
 from dlscale.record import RunRecord
 
 __all__ = ["fmt_bytes", "fmt_num", "fmt_pct", "fmt_seconds", "fmt_si", "format_metric", "train_summary_table"]
@@ -30,8 +30,10 @@ def train_summary_table(rec: RunRecord) -> Table:
         return t
     unit = c.get("sample_unit", "samples")
     ci = m.get("throughput_ci95")
-    spread = (f"95% CI {fmt_num(ci[0])} - {fmt_num(ci[1])}, over {m.get('throughput_ci_method')}" if ci
+    spread = (f"95% CI {fmt_ci(ci[0], ci[1])}, over {m.get('throughput_ci_method')}" if ci
               else "no 95% CI: fewer than 2 measured samples")
+    if ci and fmt_ci(ci[0], ci[1]).startswith(">="):
+        spread += f"; {m.get('measured_steps')} measured steps vary too much to bound it: run more --steps"
     t.add_row("throughput", f"[bold]{fmt_num(m.get('throughput'))} {unit}/s[/bold]  ({spread})")
     t.add_row("step time p50 / p90 / p99",
               " / ".join(fmt_seconds(m.get(k)) for k in ("step_time_p50", "step_time_p90", "step_time_p99")))

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from dlscale.cli.common import DbOpt, info, out
+from dlscale.format import fmt_count
 
 HELP = """Write an HTML/Markdown report of the runs in the results database.
 
@@ -62,6 +63,6 @@ def report(
         written = render.write(rep, out_dir, fmt.value)
     except OSError as e:
         raise UsageError(f"cannot write the report into {out_dir}: {e.strerror}") from None
-    info(f"report of {len(records)} runs")
+    info(f"report of {fmt_count(len(records), 'run')}")
     for p in written:
         out.print(str(p), markup=False, highlight=False)

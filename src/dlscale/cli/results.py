@@ -38,6 +38,10 @@ def list_(
     limit: Annotated[int, typer.Option("--limit", help="At most this many rows.")] = 50,
     db: DbOpt = None, fmt: FormatOpt = Format.human,
 ) -> None:
+    if limit < 1:
+        from dlscale.errors import UsageError
+
+        raise UsageError(f"--limit must be >= 1 (rows to list, newest first), got {limit}")
     recs = _query(db, tag, model, kind, status, limit)
     if fmt == Format.json:
         print_json([_summary(r) for r in recs])

@@ -4,7 +4,10 @@ A selector is filters joined by commas, all of which a run must pass:
 ``tag:NAME`` (a bare word is a tag), ``system:NAME`` (an imported system's name or a host name), ``model:NAME``, ``run:ID+ID`` (ids or unambiguous prefixes), ``ref:NAME`` (a
 shipped reference dataset, read from the package; nothing is written), ``imported:yes|no``,
 ``kind:KIND`` (train, prediction, micro, ...).
-Only runs with status ok are selected.
+Only runs with status ok are selected, and only measured ones unless ``kind:`` asks otherwise:
+``prediction`` records (what ``dlscale predict`` modelled) join a selection only with
+``kind:prediction``, so a modelled figure never enters a measured average. ``run:`` names records
+of any kind.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
 FILTERS = ("tag", "system", "model", "run", "ref", "imported", "kind")
+NOT_MEASURED = ("prediction",)  # kinds a selection takes only when kind: names them
+YES, NO = ("yes", "true", "1"), ("no", "false", "0")
 
 
 def parse(selector: str) -> list[tuple[str, str]]:
@@ -23,6 +28,8 @@ def parse(selector: str) -> list[tuple[str, str]]:
             name, value = "tag", item
         if name not in FILTERS or not value:
             raise UsageError(f"bad selector {selector!r}: {item!r}; use {', '.join(f + ':VALUE' for f in FILTERS)}")
+        if name == "imported" and value.lower() not in YES + NO:
+            raise UsageError(f"bad selector {selector!r}: imported:{value}; use imported:yes or imported:no")
         parts.append((name, value))
     if not parts:
         raise UsageError("empty selector; e.g. tag:baseline or ref:seed001-table5,system:SN-8xV100-16GB-SXM2")
@@ -57,8 +64,10 @@ def select(store, selector: str) -> list[RunRecord]:
         elif k == "kind":
             recs = [r for r in recs if r.kind == v]
         elif k == "imported":
-            want = v.lower() in ("yes", "true", "1")
+            want = v.lower() in YES
             recs = [r for r in recs if r.imported == want]
+    if not any(k in ("kind", "run") for k, _ in filters):
+        recs = [r for r in recs if r.kind not in NOT_MEASURED]
     recs = [r for r in recs if r.status == "ok"]
     if not recs:
         raise UsageError(f"selector {selector!r} matches no ok runs; see `dlscale results list`")

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, err, info, interactive, out, print_json
+from dlscale.format import fmt_count
 
 HELP = """Run a matrix of train (or micro) runs described by a YAML file and record every point.
 
@@ -63,10 +64,10 @@ def sweep(
         _dry_run(sw, done, fmt)
         return
     if done and not resume:
-        info(f"note: {len(done)} of {len(sw.points)} points are already in {where}; "
+        info(f"note: {len(done)} of {fmt_count(len(sw.points), 'point')} {'is' if len(done) == 1 else 'are'} already in {where}; "
              "they run again (pass --resume to skip them)")
     todo = [p for p in sw.points if not (resume and p.hash in done)]
-    info(f"dlscale sweep {sw.name}: {len(sw.points)} points ({sw.excluded} excluded), {len(todo)} to run"
+    info(f"dlscale sweep {sw.name}: {fmt_count(len(sw.points), 'point')} ({sw.excluded} excluded), {len(todo)} to run"
          f"{' on Slurm' if executor == 'slurm' else ''}, tag {sw.tag!r}, database {where}")
     with _Progress(len(todo), fmt) as progress:
         results = api.sweep(file, db=db, resume=resume, timeout_per_run=timeout_per_run, executor=executor,
@@ -74,7 +75,7 @@ def sweep(
     _summary(results, fmt)
     failed = [r for r in results if r.status == "failed"]
     if failed:
-        raise RunFailure(f"sweep {sw.name} finished; {len(failed)} of {len(results)} points failed (recorded with "
+        raise RunFailure(f"sweep {sw.name} finished; {len(failed)} of {fmt_count(len(results), 'point')} failed (recorded with "
                          f"their errors; `dlscale results list --status failed --tag {sw.tag}`)")
 
 
@@ -108,7 +109,7 @@ def _dry_run(sw, done, fmt: Format) -> None:
     if fmt == Format.json:
         print_json({"name": sw.name, "tag": sw.tag, "excluded": sw.excluded, "points": rows})
         return
-    t = Table("#", "point hash", "done", "timeout", "command", title=f"sweep {sw.name}: {len(rows)} points "
+    t = Table("#", "point hash", "done", "timeout", "command", title=f"sweep {sw.name}: {fmt_count(len(rows), 'point')} "
               f"({sw.excluded} excluded by exclude:)", title_justify="left")
     for r in rows:
         t.add_row(str(r["index"] + 1), r["hash"], "yes" if r["done"] else "", f"{r['timeout_s']:g} s", r["command"])

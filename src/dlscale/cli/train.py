@@ -30,11 +30,11 @@ EPILOG = """Examples:\n\n
   dlscale train llama_tiny --seq-len 256 --batch-size 8 --precision bf16\n\n
   dlscale train llama3.2_1b --nproc-per-node 8 --parallel fsdp --activation-checkpointing\n\n
   dlscale train transformer_base --tokens-per-batch 4096\n\n
-  dlscale train resnet50 --config tune-resnet50.yaml   (what `dlscale tune resnet50` wrote; options given here win)"""
+  dlscale train --config tune-resnet50.yaml   (what `dlscale tune resnet50` wrote, model included; options given here win)"""
 
 
 def train(
-    model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
+    model: Annotated[Optional[str], typer.Argument(help="Model name; `dlscale models` lists them (optional with a --config file that names one).", show_default=False)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Per-device batch size.")] = 32,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Input size in pixels (default: the model's native).", show_default=False)] = None,
     seq_len: sopt.SeqLenOpt = None,
@@ -104,6 +104,11 @@ def train(
         from dlscale.tune import configfile
 
         opts = configfile.merge(config, opts, configfile.explicit_options())
+    elif model is None:
+        from dlscale.errors import UsageError
+
+        raise UsageError("give MODEL (e.g. dlscale train resnet50; `dlscale models` lists them) or --config FILE "
+                         "naming one (what `dlscale tune` wrote)")
     threads_per_rank = opts.pop("threads_per_rank")
     cfg = TrainConfig(**opts)
     price = copt.price(price_per_hour, systems_file, system)

@@ -9,6 +9,7 @@ import typer
 from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
 from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
+from dlscale.format import fmt_count
 
 HELP = """Long test: train MODEL to a quality target and record the time to reach it.
 
@@ -156,9 +157,9 @@ def _summary_table(rec: Any) -> Any:
               f"{shape}{c.get('optimizer')}, lr schedule {c.get('lr_schedule')}, peak lr {fmt_num(m.get('peak_lr'))}")
     target, final, unit = _quality(rec)
     if m.get("reached_target"):
-        t.add_row("time to target", f"[bold]{fmt_seconds(m['time_to_target'])}[/bold] ({target}) in {m['epochs_to_target']} epochs")
+        t.add_row("time to target", f"[bold]{fmt_seconds(m['time_to_target'])}[/bold] ({target}) in {fmt_count(m['epochs_to_target'], 'epoch')}")
     else:
-        t.add_row("time to target", f"[yellow]not reached[/yellow] ({target}) in {m.get('epochs_run')} epochs")
+        t.add_row("time to target", f"[yellow]not reached[/yellow] ({target}) in {fmt_count(m.get('epochs_run'), 'epoch')}")
     ckpt = fmt_seconds(m.get("checkpoint_time")) if c.get("checkpoint_dir") else "none written"
     t.add_row("of which", f"training {fmt_seconds(m.get('train_time'))}, evaluation {fmt_seconds(m.get('eval_time'))}, "
               f"checkpoints {ckpt}, set-up {fmt_seconds(m.get('setup_time'))}")
@@ -199,7 +200,7 @@ def _olympic_table(rec: Any) -> Any:
 
     from dlscale.cli.render import fmt_seconds
 
-    t = Table(title=f"olympic mean over {rec.metrics['runs']} runs  [{rec.run_id}]", show_header=False, title_justify="left")
+    t = Table(title=f"olympic mean over {fmt_count(rec.metrics['runs'], 'run')}  [{rec.run_id}]", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("times to target", ", ".join(fmt_seconds(x) for x in rec.raw["times_to_target"]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Optional
 
 import typer
@@ -20,9 +19,11 @@ data-loader workers (with --data), the compile mode (max-autotune; CUDA graphs o
 optimizer's implementation (foreach / fused), pinned memory and prefetch (with --data). Every trial is a real short
 test recorded under one tag, and each candidate is measured right beside a fresh trial of the
 incumbent, so a slow drift of the machine's load cancels; a change is kept only when its gain is
-clear of the noise (docs/METRICS.md). Prints the ablation
-table (each knob's value, throughput with its 95% CI, gain over the previous row, cumulative
-gain) and writes the best configuration as YAML for `dlscale train --config FILE`."""
+clear of the noise (docs/METRICS.md). After the last knob each kept knob is re-tested against the
+final configuration (one that no longer helps is taken out), and the start and the best run side
+by side, alternating, 3 pairs: that is the gain reported. Prints the ablation table (each knob's
+value, throughput with its 95% CI, gain at its step, re-test at the end), the side-by-side pairs,
+and writes the best configuration as YAML for `dlscale train --config FILE`."""
 
 EPILOG = """Examples:\n\n
   dlscale tune resnet50 --budget 1200\n\n
@@ -33,7 +34,7 @@ EPILOG = """Examples:\n\n
 
 def tune(
     model: Annotated[str, typer.Argument(help="Model name; `dlscale models` lists them.", show_default=False)],
-    budget: Annotated[Optional[float], typer.Option("--budget", help="Wall seconds; no trial starts once spent (default: no limit).", show_default=False)] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="Wall seconds for the whole tune: the search stops early enough to leave the closing re-tests and side-by-side room (default: no limit).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the trials of an earlier tune under the same --tag instead of running them again.")] = False,
     fix: Annotated[Optional[list[str]], typer.Option("--fix", help="KNOB=VALUE left alone (repeatable): precision, batch_size, channels_last, compile, compile_mode, threads_per_rank, workers, optimizer_impl, pin_memory, prefetch_factor.", show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Largest peak memory a batch may use, e.g. 16G or 70% (default on CPU: 80% of RAM; GPUs: what fits).", show_default=False)] = None,
@@ -70,23 +71,31 @@ def tune(
 
 
 def render(rec: Any) -> None:
-    """The ablation table, the trials' count, what was not searched and where the YAML went."""
+    """The ablation table, the closing side-by-side, the trials' count, what was not searched and where the YAML went."""
     from rich.table import Table
 
+    from dlscale.format import fmt_ci, fmt_fixed, fmt_gain
+
     unit = rec.units.get("throughput_start", "")
-    t = Table(title=f"dlscale tune {rec.workload}: {rec.metrics['gain']:.2f}x the default ({rec.run_id})")
-    for col in ("knob", "value", "tried", f"throughput ({unit})", "95% CI", "gain", "cumulative", "note"):
-        t.add_column(col, justify="right" if col in ("gain", "cumulative") or col.startswith("throughput") else "left")
+    m = rec.metrics
+    t = Table(title=f"dlscale tune {rec.workload}: {fmt_gain(m['gain'], m.get('gain_ci95'))} over the default, side by side "
+                    f"({rec.run_id})")
+    for col in ("knob", "value", "tried", f"throughput ({unit})", "95% CI", "gain at its step", "re-test at the end",
+                "note"):
+        t.add_column(col, justify="right" if col.startswith(("gain", "re-test", "throughput")) else "left")
     for s in rec.raw["ablation"]:
         lo, hi = s["ci"]
-        ci = f"{lo:,.1f} - {'inf' if hi is None or math.isinf(hi) else f'{hi:,.1f}'}"
         value = "" if s["value"] is None else str(s["value"])
         tried = ", ".join(str(v) for v in s["tried"])
-        style = "bold" if s["kept"] and s["knob"] != "start" else None
-        t.add_row(s["knob"], value, tried, f"{s['throughput']:,.1f}", ci, f"{s['gain']:.2f}x", f"{s['cumulative']:.2f}x",
+        style = "bold" if s["kept"] and not s.get("reverted") and s["knob"] != "start" else None
+        retest = "" if s.get("retest") is None else f"{s['retest']:.2f}x"
+        t.add_row(s["knob"], value, tried, f"{s['throughput']:,.1f}", fmt_ci(lo, hi, fmt_fixed), f"{s['gain']:.2f}x", retest,
                   s["note"], style=style)
     out.print(t)
-    m = rec.metrics
+    pairs = rec.raw.get("side_by_side") or []
+    if pairs:
+        out.print(f"side by side, start / best ({unit}): "
+                  + ", ".join(f"{p['start']:,.1f} / {p['best']:,.1f} ({p['ratio']:.2f}x)" for p in pairs))
     out.print(f"trials: {m['trials_run']} run, {m['trials_reused']} reused (tag {rec.tag})"
               + ("; the budget ran out" if m.get("budget_spent") else ""))
     for line in rec.raw.get("not_searched", []):

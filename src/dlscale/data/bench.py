@@ -21,6 +21,7 @@ from dlscale.analysis import breakdown as bd
 from dlscale.analysis.formulas import scaling_efficiency
 from dlscale.data import loader as ld
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 
 
 @dataclass(frozen=True)
@@ -141,10 +142,10 @@ def run_bench(cfg: DataBenchConfig, on_stage=None) -> tuple[dict[str, Any], dict
     top = cores if cfg.max_workers is None else cfg.max_workers
     batches = max(2, math.ceil(cfg.images / cfg.batch_size))
     if len(samples) < cfg.batch_size:
-        raise UsageError(f"{cfg.root}/{cfg.split} has {len(samples)} images, fewer than one --batch-size {cfg.batch_size}")
+        raise UsageError(f"{cfg.root}/{cfg.split} has {fmt_count(len(samples), 'image')}, fewer than one --batch-size {cfg.batch_size}")
     workers, rates = [], []
     for w in range(0, top + 1):
-        say(f"loader, {w} worker(s)")
+        say(f"loader, {fmt_count(w, 'worker')}")
         workers.append(w)
         rates.append(loader_rate(cfg, w, batches))
     eff = [scaling_efficiency(r, rates[1], w) if w >= 1 and len(rates) > 1 else None for w, r in zip(workers, rates)]
@@ -160,5 +161,5 @@ def run_bench(cfg: DataBenchConfig, on_stage=None) -> tuple[dict[str, Any], dict
         u.update({"target_rate": "images/s", "cores_needed": "cores", "workers_needed": "processes"})
         if not enough:
             warnings.append(f"no measured worker count reaches {cfg.target_rate:.4g} images/s "
-                            f"(best {max(rates):.4g}); about {math.ceil(need)} cores of decoding are needed")
+                            f"(best {max(rates):.4g}); about {fmt_count(math.ceil(need), 'core')} of decoding {'is' if math.ceil(need) == 1 else 'are'} needed")
     return m, u, {"loader_rates": [[w, r] for w, r in zip(workers, rates)]}, warnings

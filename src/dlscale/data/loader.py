@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet channel statistics (the torchvision convention)
 STD = (0.229, 0.224, 0.225)
@@ -267,7 +268,7 @@ def build_loader(
     classes, samples = scan(root, split)
     drop_last = train if drop_last is None else drop_last
     if drop_last and len(samples) < batch_size:
-        raise UsageError(f"{Path(root) / split} has {len(samples)} images, fewer than one batch of {batch_size}")
+        raise UsageError(f"{Path(root) / split} has {fmt_count(len(samples), 'image')}, fewer than one batch of {batch_size}")
     ds = JpegDataset(samples, image_size, train, strict, normalize, plain_resize)
     g = torch.Generator().manual_seed(seed)
     if distributed is not None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from dlscale.distributed import faults
 from dlscale.errors import RunFailure, UsageError
+from dlscale.format import fmt_count
 from dlscale.layout import Layout
 
 RANK_MODULE = "dlscale.distributed.rank"
@@ -136,7 +137,7 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
         raise UsageError("--emulate-nodes starts its own ranks; do not combine it with torchrun, srun or mpirun")
     asked = layout.world_size if (layout.force or layout.nnodes > 1 or layout.nproc_per_node > 1) else None
     if asked is not None and asked != env.world_size:
-        raise UsageError(f"mismatched world size: {env.launcher} started {env.world_size} ranks but "
+        raise UsageError(f"mismatched world size: {env.launcher} started {fmt_count(env.world_size, 'rank')} but "
                          f"--nproc-per-node x --nnodes is {asked}")
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db,
                     price=asdict(price) if price is not None else None)

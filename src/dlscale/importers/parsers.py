@@ -9,12 +9,17 @@ Three formats, each into ``ImportedRow``s:
   twin): ``Model:``, ``Batch size:``, ``Number of GPUs:``, ``Iter #i: X img/sec per GPU``,
   ``Img/sec per GPU: X +-C`` and ``Total img/sec on N GPU(s): X +-C``.
 - **CSV** with the columns documented in docs/METRICS.md (``CSV_COLUMNS``).
+
+Every row is checked before anything is stored (``row_problem``): figures are finite and above
+zero, counts are whole numbers >= 1, the target accuracy is a fraction (or a percentage written
+with %), the precision is one dlscale knows; a CSV row that fails names its line in the file.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +31,11 @@ CSV_REQUIRED = ("system", "model")
 CSV_OPTIONAL = ("precision", "batch_size", "nodes", "devices_per_node", "throughput", "time_to_accuracy_s",
                 "target_accuracy", "epochs", "speedup", "avg_power_w", "energy_j", "note")
 CSV_COLUMNS = CSV_REQUIRED + CSV_OPTIONAL
+# what a published figure may have run in: the short test's precisions, fp8 (tensor-core training
+# with scaling) and int8
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+POSITIVE = ("throughput", "time_to_accuracy_s", "epochs", "speedup", "avg_power_w", "energy_j")  # finite and > 0
+COUNTS = ("batch_size", "nodes", "devices_per_node")  # whole numbers >= 1
 
 # names other tools give the seed papers' models -> dlscale's registry names
 MODEL_ALIASES = {
@@ -161,8 +171,9 @@ def parse_horovod(text: str) -> list[ImportedRow]:
 
 # -- CSV ---------------------------------------------------------------------------------------
 def parse_csv(text: str) -> list[ImportedRow]:
-    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    all_lines = text.splitlines()
+    kept = [n for n, ln in enumerate(all_lines, 1) if not ln.lstrip().startswith("#")]  # file line of each kept line
+    reader = csv.DictReader(io.StringIO("\n".join(all_lines[n - 1] for n in kept)))
     cols = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in CSV_REQUIRED if c not in cols]
     unknown = [c for c in cols if c not in CSV_COLUMNS]
@@ -171,45 +182,97 @@ def parse_csv(text: str) -> list[ImportedRow]:
                          f"{'; ' if missing and unknown else ''}{'unknown ' + ', '.join(unknown) if unknown else ''}; "
                          f"columns are {', '.join(CSV_COLUMNS)} (docs/METRICS.md)")
     rows = []
-    for i, raw in enumerate(reader, start=2):
+    for raw in reader:
+        where = f"CSV row at line {kept[reader.line_num - 1]}"
         r = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
         if not r.get("system") or not r.get("model"):
-            raise UsageError(f"CSV row {i}: system and model are required")
+            raise refused(where, "system and model are required")
         row = ImportedRow(
             model=model_name(r["model"]), system=r["system"], source_format="csv", precision=r.get("precision") or None,
-            batch_size=_int(r.get("batch_size"), i, "batch_size"), nodes=_int(r.get("nodes"), i, "nodes"),
-            devices_per_node=_int(r.get("devices_per_node"), i, "devices_per_node"),
-            throughput=_float(r.get("throughput"), i, "throughput"),
-            time_to_accuracy_s=_float(r.get("time_to_accuracy_s"), i, "time_to_accuracy_s"),
-            target_accuracy=_float(r.get("target_accuracy"), i, "target_accuracy"),
-            epochs=_float(r.get("epochs"), i, "epochs"), speedup=_float(r.get("speedup"), i, "speedup"),
-            avg_power_w=_float(r.get("avg_power_w"), i, "avg_power_w"), energy_j=_float(r.get("energy_j"), i, "energy_j"),
+            batch_size=_count(r.get("batch_size"), where, "batch_size"), nodes=_count(r.get("nodes"), where, "nodes"),
+            devices_per_node=_count(r.get("devices_per_node"), where, "devices_per_node"),
+            throughput=_float(r.get("throughput"), where, "throughput"),
+            time_to_accuracy_s=_float(r.get("time_to_accuracy_s"), where, "time_to_accuracy_s"),
+            target_accuracy=_fraction(r.get("target_accuracy"), where),
+            epochs=_float(r.get("epochs"), where, "epochs"), speedup=_float(r.get("speedup"), where, "speedup"),
+            avg_power_w=_float(r.get("avg_power_w"), where, "avg_power_w"),
+            energy_j=_float(r.get("energy_j"), where, "energy_j"),
             note=r.get("note") or None,
         )
         if row.throughput is None and row.time_to_accuracy_s is None and row.speedup is None:
-            raise UsageError(f"CSV row {i}: give at least one of throughput, time_to_accuracy_s, speedup")
+            raise refused(where, "give at least one of throughput, time_to_accuracy_s, speedup")
+        check_row(row, where)
         rows.append(row)
     return rows
 
 
-def _int(v: str | None, row: int | None = None, col: str = "") -> int | None:
-    if v is None or str(v).strip() == "":
-        return None
-    try:
-        return int(float(v))
-    except ValueError:
-        if row is None:
-            return None
-        raise UsageError(f"CSV row {row}: {col} must be a whole number, got {v!r}") from None
+def row_problem(row: ImportedRow) -> str | None:
+    """What is wrong with a row's figures (None: nothing): a NaN, an infinity, a figure <= 0, a count
+    below 1, a target accuracy outside (0, 1], an unknown precision."""
+    for col in POSITIVE:
+        v = getattr(row, col)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            return f"{col} must be a finite number > 0, got {v!r}"
+    for col in COUNTS:
+        v = getattr(row, col)
+        if v is not None and v < 1:
+            return f"{col} must be a whole number >= 1, got {v!r}"
+    if row.target_accuracy is not None and not (math.isfinite(row.target_accuracy) and 0 < row.target_accuracy <= 1):
+        return f"target_accuracy must be a fraction in (0, 1] such as 0.759 (or 75.9%), got {row.target_accuracy!r}"
+    if row.precision is not None and row.precision.lower() not in PRECISIONS:
+        return f"precision {row.precision!r} is not one of {', '.join(PRECISIONS)}"
+    return None
 
 
-def _float(v: str | None, row: int, col: str) -> float | None:
+def check_row(row: ImportedRow, where: str) -> None:
+    """Refuse a row with nonsense in it (``row_problem``), naming where it is; a known precision is lower-cased."""
+    problem = row_problem(row)
+    if problem:
+        raise refused(where, problem)
+    if row.precision is not None:
+        row.precision = row.precision.lower()
+
+
+def refused(where: str, problem: str) -> UsageError:
+    """The one-line refusal of a row: where it is, what is wrong, and that nothing of the file was stored."""
+    return UsageError(f"{where}: {problem}; correct or remove it, nothing was imported")
+
+
+def _count(v: str | None, where: str, col: str) -> int | None:
     if v is None or v == "":
         return None
     try:
-        return float(v.rstrip("%"))
+        x = float(v)
     except ValueError:
-        raise UsageError(f"CSV row {row}: {col} must be a number, got {v!r}") from None
+        x = math.nan
+    if not (math.isfinite(x) and x == int(x)):
+        raise refused(where, f"{col} must be a whole number, got {v!r}")
+    return int(x)
+
+
+def _float(v: str | None, where: str, col: str) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise refused(where, f"{col} must be a number, got {v!r}") from None
+
+
+def _fraction(v: str | None, where: str) -> float | None:
+    """target_accuracy: a fraction (0.759), or a percentage written with % (75.9%)."""
+    if v is None or v == "":
+        return None
+    x = _float(v.removesuffix("%"), where, "target_accuracy")
+    return x / 100 if v.endswith("%") and x is not None else x
+
+
+def _int(v: str | None) -> int | None:
+    """A whole number from a log's header (None when it is not one)."""
+    try:
+        return int(float(v)) if v is not None and str(v).strip() else None
+    except ValueError:
+        return None
 
 
 def detect(text: str) -> str:

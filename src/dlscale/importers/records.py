@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
-from dlscale.importers.parsers import PARSERS, ImportedRow, detect
+from dlscale.importers.parsers import PARSERS, PRECISIONS, ImportedRow, check_row, detect
 from dlscale.record import RunRecord, utc_now
 from dlscale.workloads.base import FAMILIES, family_of
 
@@ -110,12 +110,22 @@ def parse_file(path: str | Path, fmt: str = "auto") -> list[ImportedRow]:
     rows = PARSERS[kind](text)
     if not rows:
         raise UsageError(f"{p}: no results found in it as {kind} (no finished run in the file)")
+    if kind != "csv":  # a CSV row is checked where its line is known
+        for i, row in enumerate(rows, 1):
+            check_row(row, f"{p}: run {i} ({row.model})")
     return rows
 
 
 def with_overrides(rows: list[ImportedRow], **overrides: Any) -> list[ImportedRow]:
-    """Fill what a log does not say (system name, nodes, precision) from the command line."""
+    """Fill what a log does not say (system name, nodes, precision) from the command line (checked here)."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    for key in ("nodes", "devices_per_node"):
+        if key in given and given[key] < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be >= 1, got {given[key]}")
+    if "precision" in given:
+        if given["precision"].lower() not in PRECISIONS:
+            raise UsageError(f"unknown --precision {given['precision']!r}; choose one of {', '.join(PRECISIONS)}")
+        given["precision"] = given["precision"].lower()
     return [replace(r, **given) for r in rows]
 
 

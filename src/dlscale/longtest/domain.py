@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlscale.format import fmt_count
 from dlscale.harness import device as dev
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.longtest.config import TTAConfig, same_config_key
@@ -295,7 +296,7 @@ def _warn(s: DomainSetup, out: Outcome, best: float | None) -> None:
     cfg, task = s.cfg, s.task
     if s.progress.hit is None:
         out.warnings.append(f"the target ({task.metric_label} {cfg.target:g}) was not reached in "
-                            f"{out.metrics['epochs_run']} epochs (best {best}); raise --max-epochs or tune the LR")
+                            f"{fmt_count(out.metrics['epochs_run'], 'epoch')} (best {best}); raise --max-epochs or tune the LR")
     problems = list(s.log_problems)
     if problems:
         out.warnings.append(f"the MLPerf log {cfg.mlperf_log} is open division; the closed division would refuse: "

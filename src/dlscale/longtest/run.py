@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 from dlscale.log import info
 
 
@@ -77,7 +78,8 @@ def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:
     if layout.distributed or env is not None:
         from dlscale.distributed.job import run_job
 
-        info(f"dlscale tta {cfg.model}: {layout.world_size} ranks ({layout.nodes} node(s) x {layout.nproc_per_node}), "
+        info(f"dlscale tta {cfg.model}: {fmt_count(layout.world_size, 'rank')} ({fmt_count(layout.nodes, 'node')} x "
+             f"{layout.nproc_per_node}), "
              f"global batch {cfg.global_batch}, target {target_words(cfg)}")
         return run_job("tta", asdict(cfg), layout, str(store.path), price)
     device = dev.select_device(cfg.device)
@@ -85,7 +87,7 @@ def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:
     dev.check_precision(resolved.precision, device)
     shape = f"{resolved.image_size}px, " if resolved.image_size else ""
     info(f"dlscale tta {resolved.model}: target {target_words(resolved)}, batch {resolved.batch_size}, "
-         f"{shape}up to {resolved.max_epochs} epochs, on {device}")
+         f"{shape}up to {fmt_count(resolved.max_epochs, 'epoch')}, on {device}")
 
     def body(_rec: Any) -> Any:
         if resolved.family != "classification":

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import workloads
+from dlscale.format import fmt_count
 from dlscale.harness import device as dev
 from dlscale.harness.runner import Outcome
 from dlscale.longtest import checkpoint
@@ -440,7 +441,7 @@ def _outcome(cfg: TTAConfig, curve: list[dict[str, Any]], hit: dict[str, Any] | 
     if hit is None:
         warnings.append(f"the target (top-1 {cfg.target_top1}"
                         f"{'' if cfg.target_top5 is None else f', top-5 {cfg.target_top5}'}) was not reached in "
-                        f"{metrics['epochs_run']} epochs (best top-1 {metrics['best_top1']}); "
+                        f"{fmt_count(metrics['epochs_run'], 'epoch')} (best top-1 {metrics['best_top1']}); "
                         "raise --max-epochs or tune the LR")
     raw = {"curve": [{k: v for k, v in c.items() if k != "reached"} for c in curve]}
     return Outcome(metrics=metrics, units=dict(UNITS), raw=raw, warnings=warnings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 
 
 def run_rank(spec: Any, env: Any) -> Any:
@@ -28,7 +29,7 @@ def run_rank(spec: Any, env: Any) -> Any:
 
     cfg, layout = TTAConfig(**spec.config), spec.layout_config
     if cfg.world_size != env.world_size:
-        raise UsageError(f"mismatched world size: the launcher started {env.world_size} ranks, "
+        raise UsageError(f"mismatched world size: the launcher started {fmt_count(env.world_size, 'rank')}, "
                          f"the config says {cfg.world_size}")
     device = dev.select_device(cfg.device, host_rank(env))
     resolved = cfg.resolve(device.type)

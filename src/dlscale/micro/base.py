@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -114,6 +115,6 @@ def size_filter(cases: list[Case], opts: MicroOptions, device: Any, notes: list[
         return cases
     kept = [c for c in cases if c.flops is None or c.flops <= limit * 1e9]
     if len(kept) < len(cases):
-        notes.append(f"{len(cases) - len(kept)} of {len(cases)} cases skipped: above {limit:g} GFLOP per call "
+        notes.append(f"{len(cases) - len(kept)} of {fmt_count(len(cases), 'case')} skipped: above {limit:g} GFLOP per call "
                      "on this device (--full runs every shape, --max-gflop sets the limit)")
     return kept

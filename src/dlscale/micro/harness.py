@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscale import stats
+from dlscale.format import fmt_count
 from dlscale.harness.runner import Outcome, execute
 from dlscale.micro.base import MIN_REPS, Microbench, MicroOptions, case_budget
 from dlscale.harness.device import device_name
@@ -170,7 +171,8 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     warnings = list(plan.notes)
     noisy = [r for r in rows if r["cv"] > 0.1]
     if noisy:
-        warnings.append(f"{len(noisy)} of {len(rows)} cases vary by more than 10% (CV) between reps: "
+        warnings.append(f"{len(noisy)} of {fmt_count(len(rows), 'case')} {'varies' if len(noisy) == 1 else 'vary'} "
+                        "by more than 10% (CV) between reps: "
                         "use more --reps or a quieter machine")
     energy = {"source": meter.found.source if not meter.reason else None,
               "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}

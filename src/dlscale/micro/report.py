@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from dlscale.format import fmt_fixed, fmt_num, fmt_pct
+from dlscale.format import fmt_count, fmt_fixed, fmt_num, fmt_pct
 from dlscale.record import RunRecord
 
 MODES = ("out-of-place", "in-place")
@@ -114,7 +114,7 @@ def collectives_tables(rec: RunRecord) -> list[Table]:
     rows = rec.raw.get("rows", [])
     tables = []
     for op in dict.fromkeys(r["op"] for r in rows):
-        t = Table(title=f"{op}  ({rec.config.get('backend')}, {rec.metrics.get('world_size') or rec.config.get('world_size')} ranks)",
+        t = Table(title=f"{op}  ({rec.config.get('backend')}, {fmt_count(rec.metrics.get('world_size') or rec.config.get('world_size'), 'rank')})",
                   title_justify="left")
         for c in ("size (B)", "count (elements)", "type", "redop", "root"):
             t.add_column(c, justify="right")

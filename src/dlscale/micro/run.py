@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.errors import RunFailure, UsageError
+from dlscale.format import fmt_count
 from dlscale.log import info
 
 COMMON = ("device", "warmup", "reps", "case_budget_s", "seed", "tag")
@@ -141,8 +142,8 @@ def run_collectives(cfg: Any, layout: Any, db: str | None, price: Any = None) ->
     from dlscale.layout import Layout
 
     layout = default_collectives_layout(layout or Layout())
-    info(f"dlscale micro collectives: {layout.world_size} ranks ({layout.nproc_per_node} per node, "
-         f"{layout.nodes} node(s){', emulated' if layout.emulate_nodes else ''}), sizes {cfg.sizes}")
+    info(f"dlscale micro collectives: {fmt_count(layout.world_size, 'rank')} ({layout.nproc_per_node} per node, "
+         f"{fmt_count(layout.nodes, 'node')}{', emulated' if layout.emulate_nodes else ''}), sizes {cfg.sizes}")
     rec = run_job("collectives", cfg.to_dict(), layout, db, price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlscale.format import fmt_count
 from dlscale.monitor import nvml
 
 # nvmlClocksEventReason* bits (nvml.h; the same values as the older nvmlClocksThrottleReason* names).
@@ -118,7 +119,7 @@ def run_warnings(report: dict[str, Any]) -> list[str]:
     counts, n = report.get("throttle_samples") or {}, report.get("samples") or 0
     bad = {r: c for r, c in counts.items() if r in ALARMING and c}
     if bad:
-        seen = ", ".join(f"{r} in {c} of {n} samples" for r, c in sorted(bad.items()))
+        seen = ", ".join(f"{r} in {c} of {fmt_count(n, 'sample')}" for r, c in sorted(bad.items()))
         out.append(f"{label} slowed its clocks during the run ({seen}): its figures are below what a healthy "
                    "GPU gives; check cooling and power (dlscale sysinfo --health)")
     before, after = report.get("before") or {}, report.get("after") or {}

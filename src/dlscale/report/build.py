@@ -14,7 +14,7 @@ from typing import Any
 
 from dlscale.analysis import domains
 from dlscale.analysis.compare import key_value, system_label
-from dlscale.format import fmt_fixed, fmt_pct
+from dlscale.format import fmt_ci, fmt_count, fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots, sections_extra
 from dlscale.report.domain_section import domain_section
@@ -86,8 +86,8 @@ def systems_section(records: Sequence[RunRecord]) -> Section:
         gpus = ", ".join(d.get("name", "?") for d in acc.get("devices") or []) or "none"
         mem = (s.get("memory") or {}).get("total_bytes")
         sw = s.get("software") or {}
-        rows.append([name, str(cpu.get("model") or "-"), f"{cpu.get('physical_cores') or '-'} cores / "
-                     f"{cpu.get('logical_cpus') or '-'} threads", "-" if not mem else f"{mem / 2**30:.1f} GiB",
+        rows.append([name, str(cpu.get("model") or "-"), f"{fmt_count(cpu.get('physical_cores'), 'core')} / "
+                     f"{fmt_count(cpu.get('logical_cpus'), 'thread')}", "-" if not mem else f"{mem / 2**30:.1f} GiB",
                      gpus, f"torch {sw.get('torch') or '-'}", str(len(recs))])
     return Section("System inventory", "Where the runs ran (from each record's inventory); imported runs carry "
                    "only the name of the system they came from.",
@@ -117,7 +117,7 @@ def _throughput_row(system: str, imported: bool, label: str, recs: Sequence[RunR
     cvs = [r.metrics.get("cv") for r in recs if isinstance(r.metrics.get("cv"), (int, float))]
     mfus = [r.metrics.get("mfu") for r in recs if isinstance(r.metrics.get("mfu"), (int, float))]
     row = [label, system + (" (imported)" if imported else ""), fmt_fixed(mean),
-           f"{fmt_fixed(ci[0])} - {fmt_fixed(ci[1])}" if ci else "-", fmt_pct(max(cvs), 1) if cvs else "-",
+           fmt_ci(ci[0], ci[1], fmt_fixed) if ci else "-", fmt_pct(max(cvs), 1) if cvs else "-",
            fmt_pct(sum(mfus) / len(mfus), 1) if mfus else "-", str(len(recs))]
     return row, mean, ci
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dlscale.format import fmt_fixed, fmt_num, fmt_pct
+from dlscale.format import fmt_count, fmt_fixed, fmt_num, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots
 from dlscale.report.model import Figure, Section, TableData
@@ -37,7 +37,7 @@ def _reference_note(table: list[dict[str, Any]], label: str | None) -> str:
     found = [d for d in table if d["reference"] and d["reference"]["value"] is not None]
     notes = sorted({d["reference"]["note"] for d in table if d["reference"] and d["reference"]["note"]})
     text = (f"Scores are over the reference {label}: X_N / X_ref, X_ref its throughput for the same model and "
-            f"sample shape at its smallest device count ({len(found)} of {len(table)} domains have one).")
+            f"sample shape at its smallest device count ({len(found)} of {fmt_count(len(table), 'domain')} {'has' if len(found) == 1 else 'have'} one).")
     return " ".join([text, *notes])
 
 
@@ -95,7 +95,7 @@ def _time_section(tables: dict[tuple[str, str], list[list[str]]], fig: Figure | 
     if reference is not None:
         found = sum(1 for d in shown if d["reference"] and d["reference"]["value"] is not None)
         notes.append(f"Scores are over the reference {reference_label}: T_ref / T_N, T_ref its time to train the same "
-                     f"model to the same target at its smallest device count ({found} of {len(shown)} domains have one).")
+                     f"model to the same target at its smallest device count ({found} of {fmt_count(len(shown), 'domain')} {'has' if found == 1 else 'have'} one).")
     return Section(
         "Time to train by domain and device count (seed 000)",
         "Per domain (family, model, target): the time to train T_N at each device count, speed-up = T_n0 / T_N over "

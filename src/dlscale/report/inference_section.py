@@ -14,7 +14,7 @@ from typing import Any
 
 from dlscale.analysis import domains
 from dlscale.analysis.compare import system_label
-from dlscale.format import fmt_fixed, fmt_num, fmt_seconds
+from dlscale.format import fmt_ci, fmt_fixed, fmt_num, fmt_seconds
 from dlscale.record import RunRecord
 from dlscale.report import plots
 from dlscale.report.model import Figure, Section, TableData
@@ -41,7 +41,7 @@ def batch_rows(r: RunRecord) -> list[list[str]]:
         ci = _at(m.get("throughput_ci95_by_batch"), i)
         rows.append([r.workload, system_label(r), str(c.get("runtime", "torch")), str(c.get("precision")), str(b),
                      fmt_fixed(_at(m.get("throughput_by_batch"), i)),
-                     f"{fmt_fixed(ci[0])} - {fmt_fixed(ci[1])}" if isinstance(ci, list) and len(ci) == 2 else "-",
+                     fmt_ci(ci[0], ci[1], fmt_fixed) if isinstance(ci, list) and len(ci) == 2 else "-",
                      *(fmt_seconds(_at(m.get(f"latency_{q}_by_batch"), i)) for q in ("p50", "p90", "p99", "max"))])
     return rows
 

@@ -55,10 +55,16 @@ def load(path: str | Path) -> dict[str, Any]:
 
 def merge(path: str | Path, options: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
     """``options`` (the command's, by field name) with the file's values for those not given
-    explicitly. A ``model`` in the file must name the command's model."""
+    explicitly. A ``model`` in the file must name the command's model, and is the model when the
+    command names none."""
     values = load(path)
     model = values.pop("model", None)
-    if model is not None and options.get("model") not in (None, model):
+    if options.get("model") is None:
+        if model is None:
+            raise UsageError(f"--config {path} names no model: give MODEL (dlscale train MODEL --config {path}) "
+                             "or add `model: NAME` to the file")
+        options = {**options, "model": model}
+    elif model is not None and options["model"] != model:
         raise UsageError(f"--config {path} is for model {model!r}, not {options['model']!r}; "
                          "drop `model:` from the file or train that model")
     return {**options, **{k: v for k, v in values.items() if k not in explicit}}

@@ -213,6 +213,7 @@ def best_config(settings: dict[str, Any]) -> dict[str, Any]:
 
 def search_body(search: Search, output: str | None, model: str, not_searched: list[str]) -> Callable[[Any], Any]:
     """The ``tune`` record's body: run the search, write the YAML, return the figures."""
+    from dlscale.format import fmt_gain
     from dlscale.harness.runner import Outcome as RunOutcome
     from dlscale.tune import configfile
 
@@ -222,21 +223,37 @@ def search_body(search: Search, output: str | None, model: str, not_searched: li
                                                  if s.note == "budget spent"]
         best = best_config(out.best.settings)
         path = Path(output or f"tune-{model}.yaml")
-        configfile.dump(best, path, header=f"dlscale tune {model}: {out.gain:.2f}x the default short test's "
-                                           f"throughput\nuse: dlscale train {model} --config {path}")
+        configfile.dump(best, path, header=f"dlscale tune {model}: {fmt_gain(out.gain, out.gain_ci)} over the "
+                                           f"default configuration, side by side\nuse: dlscale train {model} --config {path}")
         unit = search.unit
-        metrics = {"throughput_start": out.start.throughput, "throughput_best": out.best.throughput,
-                   "throughput_best_ci95": list(out.best.to_dict()["ci"]), "gain": out.gain,
+        metrics = {"throughput_start": out.throughput_start, "throughput_best": out.throughput_best,
+                   "throughput_best_ci95": list(out.best_ci) if out.best_ci else None, "gain": out.gain,
+                   "gain_ci95": list(out.gain_ci) if out.gain_ci else None, "gain_pairs": len(out.pairs),
                    "trials_run": sum(1 for t in out.trials if not t.reused),
                    "trials_reused": sum(1 for t in out.trials if t.reused), "budget_spent": out.budget_spent}
         units = {"throughput_start": unit, "throughput_best": unit, "throughput_best_ci95": unit, "gain": "ratio",
-                 "trials_run": "trials", "trials_reused": "trials"}
+                 "gain_ci95": "ratio", "gain_pairs": "pairs", "trials_run": "trials", "trials_reused": "trials"}
         raw = {"ablation": [s.to_dict() for s in out.steps], "trials": [t.to_dict() for t in out.trials],
-               "trial_run_ids": [t.run_id for t in out.trials if t.run_id], "best_config": best,
-               "config_file": str(path.resolve()), "not_searched": out.not_searched}
-        return RunOutcome(metrics=metrics, units=units, raw=raw)
+               "side_by_side": out.pairs, "trial_run_ids": [t.run_id for t in out.trials if t.run_id],
+               "best_config": best, "config_file": str(path.resolve()), "not_searched": out.not_searched}
+        return RunOutcome(metrics=metrics, units=units, raw=raw, warnings=gain_warnings(out.gain, out.gain_ci))
 
     return body
+
+
+def gain_warnings(gain: float | None, ci: tuple[float, float] | None) -> list[str]:
+    """What the closing side-by-side leaves in doubt: no gain measured, or an interval that reaches 1 or below."""
+    from dlscale.format import fmt_gain
+
+    if gain is None:
+        return ["the closing side-by-side of the start and the best could not run (see raw.trials); no gain measured"]
+    if ci is None or ci[0] > 1.0:
+        return []
+    if ci[1] < 1.0:
+        return [f"side by side the best ran slower than the start ({fmt_gain(gain, ci)}): keep the default "
+                "configuration, and tune again on a quieter machine"]
+    return [f"side by side the best and the start are not told apart ({fmt_gain(gain, ci)} reaches 1): the machine's "
+            "noise is larger than the gain; tune again on a quieter machine or with more --steps"]
 
 
 def tune(model: str, *, db: str | None = None, budget_s: float | None = None, resume: bool = False,

@@ -13,8 +13,13 @@ it no longer fits (out of memory, or a peak over ``max_memory``) or stops gettin
 bisects between the last batch that fitted and the first that did not; the incumbent is measured
 again after the growth. Every trial has a key (a hash of its options and repeat index); trials
 already in ``done`` (the store, with ``--resume``) are reused instead of run, in the same order, so
-a resumed search makes the same decisions. No trial starts once the budget is spent. The clock and
-the runner are injected, so the search runs in tests on a fake device. No torch at import time.
+a resumed search makes the same decisions. After the last knob comes the closing check
+(``tune.check``): each kept knob re-tested against the final configuration, then the start and the
+best side by side; the gain reported is that side-by-side's, not the product of the steps' gains
+(each the best of several noisy candidates, so biased upward). No trial of the search starts once
+the budget, less the time the closing check is expected to take, is spent; the closing check always
+runs. The clock and the runner are injected, so the search runs in tests on a fake device. No torch
+at import time.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dlscale.record import RunRecord, config_hash
 KNOBS = ("precision", "batch_size", "channels_last", "compile", "threads_per_rank", "workers", "compile_mode",
          "optimizer_impl", "pin_memory", "prefetch_factor")
 TIE = 1e-9  # ratios within this of 1 are equal (floating-point rounding of the drift correction)
+FINAL_PAIRS = 3  # pairs of the closing side-by-side of the start and the best
 TrialRunner = Callable[[dict[str, Any], str, float], RunRecord]  # (options, key, timeout_s) -> the trial's record
 
 
@@ -47,6 +53,7 @@ class Result:
     error: str | None = None
     reused: bool = False  # found in the store (--resume), not run again
     seq: int = -1  # its place in the search's sequence of trials (the drift correction interpolates on it)
+    seconds: float | None = None  # how long the trial took (None: reused and not known)
 
     @property
     def fits(self) -> bool:
@@ -67,37 +74,44 @@ class Decision:
 
 @dataclass
 class Step:
-    """One row of the ablation table."""
+    """One row of the ablation table: a step of the forward selection, and its re-test at the end."""
 
     knob: str
     value: Any
     tried: list[Any]
     throughput: float
     ci: tuple[float, float]
-    gain: float  # over the previous row (1.0 when the knob was not changed)
-    cumulative: float  # the product of the gains so far
-    kept: bool
+    gain: float  # at its step: over the incumbent of that time (1.0 when the knob was not changed)
+    kept: bool  # kept at its step
     note: str
     run_id: str | None = None
+    retest: float | None = None  # kept rows: final / final without this knob, side by side at the end
+    reverted: bool = False  # its re-test found the final configuration no faster with it: taken out again
+    before: dict[str, Any] = field(default_factory=dict)  # kept rows: the keys its step changed, as they were
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("before")
         d["ci"] = [self.ci[0], None if math.isinf(self.ci[1]) else self.ci[1]]
         return d
 
 
 @dataclass
 class Outcome:
+    """The search's result: the start and the best (measured side by side at the end), the table, the trials."""
+
     start: Result
     best: Result
     steps: list[Step]
     trials: list[Result]
     not_searched: list[str]
     budget_spent: bool = False
-
-    @property
-    def gain(self) -> float:
-        return self.steps[-1].cumulative if self.steps else 1.0
+    gain: float | None = None  # the closing side-by-side's: the geometric mean of its pairs' ratios
+    gain_ci: tuple[float, float] | None = None
+    pairs: list[dict[str, Any]] = field(default_factory=list)  # the side-by-side: each best trial against the start
+    throughput_start: float = 0.0  # the mean of the start's trials in the side-by-side
+    throughput_best: float = 0.0
+    best_ci: tuple[float, float] | None = None  # over the best's trials in the side-by-side
 
 
 def trial_key(options: dict[str, Any], repeat: int = 0) -> str:
@@ -203,27 +217,42 @@ class Search:
     fixed: dict[str, Any] = field(default_factory=dict)
     trial_timeout_s: float = 1800.0
     unit: str = "samples/s"
+    final_pairs: int = FINAL_PAIRS
+    knobs: tuple[str, ...] = KNOBS  # the order they are visited in
     trials: list[Result] = field(default_factory=list)
     budget_spent: bool = False
+    closing: bool = False  # the closing check runs: the budget no longer stops a trial
+    kept: int = 0  # knobs kept so far
+    incumbent: dict[str, Any] = field(default_factory=dict)  # the settings kept so far
 
     def __post_init__(self) -> None:
         self.deadline = None if self.budget_s is None else self.clock() + self.budget_s
+        self.incumbent = dict(self.start)
+        if self.final_pairs < FINAL_PAIRS:
+            raise ValueError(f"the closing side-by-side needs at least {FINAL_PAIRS} pairs, got {self.final_pairs}")
 
     def measure(self, settings: dict[str, Any], repeat: int = 0) -> Result | None:
-        """The trial of ``settings`` (from the store when done before); None once the budget is spent."""
+        """The trial of ``settings`` (from the store when done before); None once the search's budget is spent."""
         key = trial_key(settings, repeat)
         for t in self.trials:
             if t.key == key:
                 return t
         if key in self.done:
             res = result_of(self.done[key], settings, key, self.max_memory, reused=True)
+            res.seconds = record_seconds(self.done[key])
         else:
-            left = None if self.deadline is None else self.deadline - self.clock()
-            if left is not None and left <= 0:
-                self.budget_spent = True
-                return None
-            timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 60.0))
+            timeout = self.trial_timeout_s
+            if not self.closing and self.deadline is not None:
+                from dlscale.tune.check import cost
+
+                left = self.deadline - self.clock() - cost(self)
+                if left <= 0:
+                    self.budget_spent = True
+                    return None
+                timeout = min(self.trial_timeout_s, max(left, 60.0))
+            t0 = self.clock()
             res = result_of(self.runner(dict(settings), key, timeout), settings, key, self.max_memory)
+            res.seconds = self.clock() - t0
         res.seq = len(self.trials)
         self.trials.append(res)
         return res
@@ -249,7 +278,7 @@ class Search:
         return cand, reference(before, after, cand.seq)
 
     def run(self) -> Outcome:
-        """Every knob in order; the ablation table; what was left out."""
+        """Every knob in order, then the closing check; the ablation table; what was left out."""
         start = self.fresh(self.start)
         if start is None or not start.fits:
             from dlscale.errors import RunFailure
@@ -257,36 +286,43 @@ class Search:
             why = "the budget was spent before it ran" if start is None else f"{start.status}: {start.error}"
             raise RunFailure(f"the starting configuration failed ({why}); lower --batch-size or fix the model options",
                              run_id=start.run_id if start else None)
-        inc, steps, cumulative = start, [], 1.0
-        steps.append(Step("start", None, [], start.throughput, start.ci, 1.0, 1.0, True, "the default", start.run_id))
-        for knob in KNOBS:
+        inc, steps = start, []
+        steps.append(Step("start", None, [], start.throughput, start.ci, 1.0, True, "the default", start.run_id))
+        for knob in self.knobs:
             if knob in self.fixed:
-                steps.append(Step(knob, self.fixed[knob], [], inc.throughput, inc.ci, 1.0, cumulative, False,
-                                  "fixed by --fix", inc.run_id))
+                steps.append(Step(knob, self.fixed[knob], [], inc.throughput, inc.ci, 1.0, False, "fixed by --fix",
+                                  inc.run_id))
                 continue
             if knob not in self.candidates:
                 continue
-            inc, step = self.knob(knob, inc, cumulative)
-            cumulative = step.cumulative
+            inc, step = self.knob(knob, inc)
             steps.append(step)
-        return Outcome(start, inc, steps, self.trials, [], self.budget_spent)
+            if step.kept:
+                self.kept += 1
+                self.incumbent = dict(inc.settings)
+        from dlscale.tune.check import close
 
-    def knob(self, knob: str, inc: Result, cumulative: float) -> tuple[Result, Step]:
+        self.closing = True
+        return close(self, start, inc, steps)
+
+    def knob(self, knob: str, inc: Result) -> tuple[Result, Step]:
         """Try one knob's candidates, each beside the incumbent; the new incumbent and the table row."""
         pairs = self.batch_pairs(inc) if knob == "batch_size" else self.value_pairs(knob, inc)
         same = inc.settings.get(knob)
         ran = [v for v, c, _ in pairs if c is not None]  # the table shows what was measured
         judged = [(c, ref) for _, c, ref in pairs if c is not None and c.fits and ref is not None]
         if not judged:
-            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, cumulative, False,
-                             why_none(pairs, self.budget_spent), inc.run_id)
+            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, False, why_none(pairs, self.budget_spent),
+                             inc.run_id)
         cand, ref = max(judged, key=lambda p: p[0].throughput / p[1].throughput if p[1].throughput > 0 else math.inf)
         d = decide(ref, cand, lambda: self.again(cand.settings, inc.settings))
         if not d.keep:
-            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, cumulative, False,
+            return inc, Step(knob, same, ran, inc.throughput, inc.ci, 1.0, False,
                              f"best {cand.settings.get(knob)}: {d.reason}", inc.run_id)
-        return cand, Step(knob, cand.settings.get(knob), ran, cand.throughput, cand.ci, d.gain,
-                          cumulative * d.gain, True, d.reason, cand.run_id)
+        before = {k: inc.settings.get(k) for k in set(cand.settings) | set(inc.settings)
+                  if cand.settings.get(k) != inc.settings.get(k)}
+        return cand, Step(knob, cand.settings.get(knob), ran, cand.throughput, cand.ci, d.gain, True, d.reason,
+                          cand.run_id, before=before)
 
     def again(self, cand: dict[str, Any], inc: dict[str, Any]) -> tuple[Result | None, Result | None]:
         """The repeat of ``decide``: the candidate and the incumbent once more, side by side (reference, candidate)."""
@@ -344,6 +380,18 @@ class Search:
                 break
             lo, hi = (mid, hi) if r.fits else (lo, mid)
         return tried, measured
+
+
+def record_seconds(rec: RunRecord) -> float | None:
+    """A stored trial's wall time from its timestamps (None when it has no finish time)."""
+    from datetime import datetime
+
+    if not rec.finished_at:
+        return None
+    try:
+        return (datetime.fromisoformat(rec.finished_at) - datetime.fromisoformat(rec.created_at)).total_seconds()
+    except ValueError:
+        return None
 
 
 def why_none(pairs: list[Pair], budget_spent: bool) -> str:

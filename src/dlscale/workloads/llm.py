@@ -48,7 +48,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, json_problem
+from dlscale.format import fmt_count
 from dlscale.workloads.base import Workload, register
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def read_model_config(path: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"{opt}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
+        raise UsageError(f"{opt}: not valid JSON ({json_problem(e, line=True)})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{opt}: a config.json holds a JSON object, this holds a {type(data).__name__}")
     if data.get("model_type") != "llama":
@@ -243,8 +244,8 @@ class LlamaLM(Workload):
         f = {**_DEFAULTS, **self.size}
         n, n_emb = param_counts(f)
         total = n + (0 if f["tie_word_embeddings"] else n_emb)
-        return (f"seq {self.default_seq_len}, {f['num_hidden_layers']} layers, hidden {f['hidden_size']}, "
-                f"{f['num_attention_heads']} heads ({f['num_key_value_heads']} KV), vocab {f['vocab_size']}, "
+        return (f"seq {self.default_seq_len}, {fmt_count(f['num_hidden_layers'], 'layer')}, hidden {f['hidden_size']}, "
+                f"{fmt_count(f['num_attention_heads'], 'head')} ({f['num_key_value_heads']} KV), vocab {f['vocab_size']}, "
                 f"{total / 1e6:.1f}M parameters")
 
     def smoke_shape(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 from dlscale.longtest.tasks import register
 from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
 
@@ -119,8 +120,8 @@ class DetectionTask(Task):
             raise UsageError(f"{ann_path(data, 'val')}: no annotations: mAP needs ground-truth boxes")
         size = _image_size(train.sizes + val.sizes)
         n_boxes = sum(len(b) for b in train.boxes)
-        describe = (f"COCO layout, {len(train.files)} train ({n_boxes} boxes) + {len(val.files)} val images, "
-                    f"{len(ids)} categories, {size} px")
+        describe = (f"COCO layout, {len(train.files)} train ({fmt_count(n_boxes, 'box', 'boxes')}) + {len(val.files)} "
+                    f"val images, {fmt_count(len(ids), 'category', 'categories')}, {size} px")
         info = {"layout": "COCO 2017", "categories": len(ids), "train_boxes": n_boxes, "image_size": size,
                 "made": "dlscale shapes" in str(train.doc.get("info", {}).get("description", ""))}
         return DetectionData(root=str(data), n_train=len(train.files), n_eval=len(val.files), describe=describe,
@@ -137,7 +138,7 @@ class DetectionTask(Task):
         if "num_classes" in inspect.signature(w.builder).parameters:
             return w.builder(data.image_size, num_classes=len(data.category_ids) + 1)
         if len(data.category_ids) + 1 > w.num_classes:
-            raise UsageError(f"{cfg.model} predicts {w.num_classes - 1} categories; --data has "
+            raise UsageError(f"{cfg.model} predicts {fmt_count(w.num_classes - 1, 'category', 'categories')}; --data has "
                              f"{len(data.category_ids)}: use detector_tiny, which is sized to the data")
         return w.builder(data.image_size)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, json_problem
 from dlscale.longtest.tasks.base import layout_error
 
 CATEGORIES = ("circle", "square", "triangle")
@@ -171,7 +171,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise layout_error(path, e.lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+        raise layout_error(path, e.lineno, f"malformed JSON: {json_problem(e)}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise layout_error(path, None, f"unreadable: {e}") from None
     if not isinstance(doc, dict):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 from dlscale.longtest.tasks import register
 from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
 
@@ -123,7 +124,7 @@ class LLMTask(Task):
         train, train_docs = tokenize_split(tok, eos, shards["train"])
         val, val_docs = tokenize_split(tok, eos, shards["val"])
         if len(val) < 2:
-            raise UsageError(f"--data {data}: the validation split has {len(val)} tokens; it needs at least 2")
+            raise UsageError(f"--data {data}: the validation split has {fmt_count(len(val), 'token')}; it needs at least 2")
         info = {"tokenizer": os.path.abspath(tok_path), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
                 "seq_len": seq_len, "train_documents": train_docs, "val_documents": val_docs,
                 "train_tokens": int(len(train)), "val_tokens": int(len(val)), "eos_id": eos,
@@ -154,8 +155,8 @@ class LLMTask(Task):
         per_step = int(cfg.batch_size) * int(getattr(cfg, "world_size", 1) or 1)
         steps = data.train_windows // per_step
         if steps < 1:
-            raise UsageError(f"--batch-size {cfg.batch_size} x {per_step // int(cfg.batch_size)} ranks needs "
-                             f"{per_step} windows of {data.seq_len + 1} tokens; the training split has "
+            raise UsageError(f"--batch-size {cfg.batch_size} x {fmt_count(per_step // int(cfg.batch_size), 'rank')} "
+                             f"needs {fmt_count(per_step, 'window')} of {data.seq_len + 1} tokens; the training split has "
                              f"{data.train_windows}: lower --batch-size or --seq-len")
         return steps
 

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, json_problem
 from dlscale.longtest.tasks.base import layout_error
 
 SUFFIXES = (".jsonl", ".json", ".json.gz", ".jsonl.gz", ".parquet")
@@ -78,9 +78,9 @@ def iter_texts(path: str) -> Iterator[str]:
 
 def _line_text(path: str, line_no: int, line: str) -> str:
     try:
-        obj = json.loads(line)
+        obj = json.loads(line.rstrip("\r\n"))  # without the newline, so an error points into the line
     except json.JSONDecodeError as e:
-        raise layout_error(path, line_no, f"not a JSON object ({e.msg} at column {e.colno}); each line "
+        raise layout_error(path, line_no, f"not a JSON object ({json_problem(e)}); each line "
                            "holds one document as {\"text\": ...}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
         raise layout_error(path, line_no, "no \"text\" string; each line holds one document as {\"text\": ...}")

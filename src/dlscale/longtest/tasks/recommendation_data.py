@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from dlscale.format import fmt_count
 from dlscale.longtest.tasks.base import TaskData, layout_error
 
 HEADER = ("userId", "movieId", "rating", "timestamp")
@@ -158,7 +159,7 @@ def _scan_error(path: str) -> Exception:
                 continue
             fields = line.rstrip("\r\n").split(",")
             if len(fields) != len(HEADER):
-                return layout_error(path, n, f"{len(fields)} fields, expected {len(HEADER)} ({','.join(HEADER)}); "
+                return layout_error(path, n, f"{fmt_count(len(fields), 'field')}, expected {len(HEADER)} ({','.join(HEADER)}); "
                                     "a truncated or malformed row")
             for name, v in zip(HEADER, fields):
                 try:
@@ -220,9 +221,9 @@ def read(data: str) -> RecData:
     eval_items[u[held], 0] = i[held]
     eval_items[:, 1:] = sample_unseen(np.arange(n_users), EVAL_NEGATIVES, n_items, seen,
                                       np.random.default_rng(EVAL_NEGATIVE_SEED), path, distinct=True)
-    describe = (f"MovieLens layout {path}: {n_users} users, {n_items} items, {int(train.sum())} training "
-                f"interactions, {n_users} held out (1 + {EVAL_NEGATIVES} negatives each); {dropped} users with "
-                "fewer than 2 ratings dropped")
+    describe = (f"MovieLens layout {path}: {fmt_count(n_users, 'user')}, {fmt_count(n_items, 'item')}, "
+                f"{fmt_count(int(train.sum()), 'training interaction')}, {n_users} held out (1 + {EVAL_NEGATIVES} "
+                f"negatives each); {fmt_count(dropped, 'user')} with fewer than 2 ratings dropped")
     info = {"users": n_users, "items": n_items, "train_interactions": int(train.sum()), "dropped_users": dropped,
             "eval_negatives": EVAL_NEGATIVES}
     made = os.path.join(os.path.dirname(path), "dataset.json")
@@ -248,7 +249,7 @@ def sample_unseen(users: Any, k: int, n_items: int, seen: Any, rng: Any, path: s
     if distinct:
         per_user = np.bincount(seen // n_items, minlength=int(users.max()) + 1)[users]
         if (n_items - per_user < k).any():
-            raise layout_error(path, None, f"a user interacted with all but fewer than {k} of the {n_items} items; "
+            raise layout_error(path, None, f"a user interacted with all but fewer than {k} of the {fmt_count(n_items, 'item')}; "
                                f"leave-one-out ranks the held-out item against {k} items the user never rated")
     out = rng.integers(0, n_items, size=(len(users), k))
     bad = np.ones(out.shape, dtype=bool)

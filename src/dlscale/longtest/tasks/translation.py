@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.format import fmt_count
 from dlscale.longtest.tasks import register
 from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
 from dlscale.longtest.tasks import translation_data as td
@@ -183,8 +184,8 @@ class TranslationTask(Task):
     def steps_per_epoch(self, data: TaskData, cfg: Any) -> int:
         steps = data.n_train // (cfg.batch_size * cfg.world_size)
         if steps < 1:
-            raise UsageError(f"--batch-size {cfg.batch_size} x {cfg.world_size} ranks is more than the {data.n_train} "
-                             "training sentence pairs; lower --batch-size")
+            raise UsageError(f"--batch-size {cfg.batch_size} x {fmt_count(cfg.world_size, 'rank')} is more than the "
+                             f"{fmt_count(data.n_train, 'training sentence pair')}; lower --batch-size")
         return steps
 
     def batches(self, data: TaskData, model: Any, ctx: EpochContext) -> Iterator[PairBatch]:

@@ -19,6 +19,7 @@ import os
 import random
 from typing import Any
 
+from dlscale.format import fmt_count
 from dlscale.longtest.tasks.base import layout_error
 
 SPLITS = ("train", "val")
@@ -174,7 +175,7 @@ def read_pairs(root: str, split: str) -> tuple[list[str], list[str]]:
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         short, long_, n = (src_path, tgt_path, len(src)) if len(src) < len(tgt) else (tgt_path, src_path, len(tgt))
-        raise layout_error(short, n + 1, f"missing: the file ends after {n} sentences but {long_} has "
+        raise layout_error(short, n + 1, f"missing: the file ends after {fmt_count(n, 'sentence')} but {long_} has "
                                          f"{max(len(src), len(tgt))} (the two sides must be aligned line by line)")
     return src, tgt
 
