@@ -111,11 +111,16 @@ def test_an_unbounded_ci_overlaps_and_needs_a_repeat():
 
 # -- the search on a fake device -------------------------------------------------------------------
 
+@pytest.mark.isa
 def test_clear_gain_kept_gain_inside_noise_not(tmp_path):
+    from dlscale.tune.run import device_knobs
+
+    # bf16 is a candidate only where this CPU (as its ISA cap leaves it) has native bf16
+    kept = "bf16" if "bf16" in device_knobs("cpu", True, False)[0]["precision"] else "fp32"
     with Store.open(tmp_path / "r.db") as store:
         # bf16 doubles (CIs +-2% apart); compile gives 1% (CIs overlap), and the repeat measures it 1% slower
         dev = FakeDevice(store, gains={("precision", "bf16"): 2.0, ("compile", True): 1.01},
-                         noise={(("bf16", 32, True, True, dev_threads()), 1): 0.98})
+                         noise={((kept, 32, True, True, dev_threads()), 1): 0.98})
         rec = tune_fake(tmp_path, dev, fix={"threads_per_rank": dev_threads()})
     rows = {r["knob"]: r for r in rec.raw["ablation"]}
     if "bf16" in rec.config["candidates"]["precision"]:
@@ -124,6 +129,23 @@ def test_clear_gain_kept_gain_inside_noise_not(tmp_path):
     assert not rows["compile"]["kept"] and rows["compile"]["value"] is False
     assert "within noise" in rows["compile"]["note"]
     assert rec.raw["best_config"]["compile"] is False
+
+
+@pytest.mark.isa
+def test_bf16_is_searched_only_on_a_cpu_with_native_bf16(monkeypatch):
+    from dlscale.system import cpu_info
+    from dlscale.tune.run import device_knobs
+
+    isa = cpu_info()["isa"]
+    native = isa["avx512_bf16"] or isa["amx_bf16"]
+    cands, left = device_knobs("cpu", True, False)
+    assert ("bf16" in cands["precision"]) == native
+    assert any("neither AVX512-BF16 nor AMX" in why for why in left) == (not native)
+    monkeypatch.setenv("DLSCALE_CPU_ISA", "avx2")  # as an AVX2-only machine, whatever this one is
+    cands, left = device_knobs("cpu", True, False)
+    assert cands["precision"] == ["fp32"] and any("neither AVX512-BF16 nor AMX" in why for why in left)
+    with pytest.raises(UsageError, match="--fix precision=bf16: this device runs fp32"):
+        run_tune("tinycnn", db=":memory:", device="cpu", fix={"precision": "bf16"}, runner=None, clock=lambda: 0.0)
 
 
 def dev_threads() -> int:
@@ -136,9 +158,9 @@ def test_the_gain_is_the_closing_side_by_side_of_the_start_and_the_best(tmp_path
     with Store.open(tmp_path / "r.db") as store:
         dev = FakeDevice(store, gains={("precision", "bf16"): 1.6, ("channels_last", False): 1.25,
                                        ("compile", True): 1.5}, half=0.01)
-        rec = tune_fake(tmp_path, dev, fix={"precision": "bf16", "threads_per_rank": dev_threads()})
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32", "threads_per_rank": dev_threads()})
     steps = {s["knob"]: s for s in rec.raw["ablation"]}
-    # precision fixed at bf16 (the start), then channels_last off 1.25x, compile 1.5x: 1.875x
+    # precision fixed at fp32 (the start; every CPU runs it), then channels_last off 1.25x, compile 1.5x: 1.875x
     assert [k for k, s in steps.items() if s["kept"] and k != "start"] == ["channels_last", "compile"]
     assert steps["channels_last"]["gain"] == pytest.approx(1.25) and steps["compile"]["gain"] == pytest.approx(1.5)
     # each kept knob re-tested at the end: the final configuration over the final without it
@@ -162,10 +184,10 @@ def test_a_lucky_knob_is_caught_by_its_re_test_and_the_gain_is_not_the_product(t
     # two thirds of the way from that lucky trial (1) to a normal one (4): compile reads 1.5 / 1.1^(1/3).
     # The product of the steps: 1.5 x 1.1^(2/3), 6.6% above the truth.
     threads = dev_threads()
-    lucky = {(("bf16", 32, False, False, threads), 0): 1.1}
+    lucky = {(("fp32", 32, False, False, threads), 0): 1.1}
     with Store.open(tmp_path / "r.db") as store:
         dev = FakeDevice(store, gains={("compile", True): 1.5}, noise=lucky, half=0.01)
-        rec = tune_fake(tmp_path, dev, fix={"precision": "bf16", "threads_per_rank": threads})
+        rec = tune_fake(tmp_path, dev, fix={"precision": "fp32", "threads_per_rank": threads})
     steps = {s["knob"]: s for s in rec.raw["ablation"]}
     assert steps["channels_last"]["kept"] and steps["channels_last"]["gain"] == pytest.approx(1.1)
     product = math.prod(s["gain"] for s in rec.raw["ablation"])
