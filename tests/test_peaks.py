@@ -91,6 +91,15 @@ def test_measured_cpu_gemm_peak_is_physical():
     assert 1e8 < p.flops < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s on any CPU
 
 
+def test_the_gemm_peak_probe_stops_growing_at_its_time_budget():
+    """A precision the CPU only emulates must not hold a run for minutes: with no time to spare the
+    probe measures at its smallest size and says so; with time to spare it reaches n."""
+    tight = peaks.measured_cpu_gemm_peak("fp32", n=512, reps=2, budget_s=1e-9)
+    assert tight.source.startswith("best of 2 256x256x256 fp32") and "within the probe's 1e-09 s budget" in tight.source
+    roomy = peaks.measured_cpu_gemm_peak("fp32", n=512, reps=2, budget_s=1e9)
+    assert roomy.source.startswith("best of 2 512x512x512 fp32") and "budget" not in roomy.source
+
+
 CPU_SYSTEM = {"cpu": {"model": "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz", "nominal_ghz": 2.4, "physical_cores": 2,
                       "isa": {"avx512f": True}}}
 
@@ -98,7 +107,7 @@ CPU_SYSTEM = {"cpu": {"model": "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz", "nomi
 def test_resolver_on_cpu_measured_gemm_with_isa_beside(monkeypatch):
     import torch
 
-    monkeypatch.setitem(peaks._MEASURED, ("torch.float32", 2048, torch.get_num_threads()),
+    monkeypatch.setitem(peaks._MEASURED, ("torch.float32", 2048, torch.get_num_threads(), peaks.PROBE_BUDGET_S),
                         peaks.Peak(1e11, "measured-gemm", "best of 5 ..."))
     r = peaks.resolve_peak(torch.device("cpu"), "fp32", CPU_SYSTEM)
     assert (r.flops, r.kind) == (1e11, "measured-gemm")

@@ -143,28 +143,44 @@ def cpu_isa_peak(isa: dict[str, bool], cores: int | None, ghz: float | None) -> 
                 f"{fmt_count(cores, 'core')} x {ghz} GHz x {per_cycle} FLOP/cycle ({what}, fp32)")
 
 
-_MEASURED: dict[tuple[str, int, int], Peak] = {}
+_MEASURED: dict[tuple[str, int, int, float], Peak] = {}
+PROBE_SIZES = (256, 512, 1024, 2048)  # the probe's square GEMM grows through these up to ``n``
+PROBE_BUDGET_S = 2.0  # ... while the next size's reps would fit in this many seconds
 
 
-def measured_cpu_gemm_peak(precision: str, n: int = 2048, reps: int = 5) -> Peak:
-    """Best rate of an n x n x n matmul in this precision on this CPU (cached per process)."""
+def measured_cpu_gemm_peak(precision: str, n: int = 2048, reps: int = 5, budget_s: float = PROBE_BUDGET_S) -> Peak:
+    """Best rate of a square matmul in this precision on this CPU (cached per process).
+
+    The size grows from 256 to ``n`` while the next size (8x the work) would still fit ``reps + 1``
+    matmuls in ``budget_s``: a fast CPU measures at ``n``, and a precision the CPU only emulates
+    (bf16 on an AVX2 CPU runs near 1 GFLOP/s, so one 2048^3 matmul takes about 20 s) stops early
+    instead of holding the run for minutes. The first matmul at each size is its warm-up.
+    """
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    key = (str(dtype), n, torch.get_num_threads())
+    key = (str(dtype), n, torch.get_num_threads(), budget_s)
     if key in _MEASURED:
         return _MEASURED[key]
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dtype)
-    b = torch.randn(n, n, generator=g).to(dtype)
-    torch.matmul(a, b)  # warm-up
+    sizes = [s for s in PROBE_SIZES if s < n] + [n]
+    for size in sizes:
+        a = torch.randn(size, size, generator=g).to(dtype)
+        b = torch.randn(size, size, generator=g).to(dtype)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)  # warm-up, and the time that decides whether to grow
+        one = time.perf_counter() - t0
+        if 8 * one * (reps + 1) > budget_s:
+            break
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t0)
-    peak = Peak(2 * n**3 / best, "measured-gemm",
-                f"best of {reps} {n}x{n}x{n} {precision} torch.matmul on this CPU, {fmt_count(torch.get_num_threads(), 'thread')}")
+    stopped = f" (largest size within the probe's {budget_s:g} s budget)" if size < n else ""
+    peak = Peak(2 * size**3 / best, "measured-gemm",
+                f"best of {reps} {size}x{size}x{size} {precision} torch.matmul on this CPU{stopped}, "
+                f"{torch.get_num_threads()} threads")
     _MEASURED[key] = peak
     return peak
 
