@@ -7,9 +7,11 @@ each epoch on each rank is seeded from (seed, epoch, rank), so a run resumed fro
 repeats what the uninterrupted run would have done; evaluation follows every ``eval_every``-th
 epoch and the last. The task supplies the data, the model, the batches, the loss and the metric;
 this module owns the optimizer step, the LR schedule, throughput in the family's unit, the
-target check, the checkpoints, the MLPerf log and the figures. Evaluation runs on rank 0 over
-the whole validation set (quality metrics such as mAP and BLEU are not sums over shards); the
-other ranks wait at a barrier and receive the metric, so every rank stops at the same epoch.
+target check, the checkpoints, the MLPerf log and the figures. Evaluation is sharded: every rank
+evaluates its share of the validation set, the parts (sums where the metric is a sum over
+samples, predictions where it is not, as mAP and BLEU) are gathered to every rank, and every rank
+combines them into the same figures, so every rank stops at the same epoch and no rank waits in a
+collective while another evaluates (a COCO or C4 evaluation can outlast the collective timeout).
 """
 
 from __future__ import annotations
@@ -228,25 +230,26 @@ def _sum_over_ranks(ranks: Ranks, values: list[float]) -> list[float]:
 
 
 def evaluate_point(s: DomainSetup, epoch: int, point: dict[str, Any]) -> None:
-    """Rank 0 evaluates its bare model on the whole validation set; every rank learns the metric."""
+    """Every rank evaluates its share of the validation set on its bare model (rank 0's buffers);
+    the parts are gathered to every rank, and every rank combines them into the same figures."""
     import torch
 
     cfg, task, mlog = s.cfg, s.task, s.mlog
     if mlog:
         mlog.eval_start(epoch + 1)
     tv = time.perf_counter()
-    figures: dict[str, float] = {}
-    if s.ranks.rank == 0:
-        s.base.eval()
-        with torch.no_grad():
-            figures = {k: v if isinstance(v, int) and not isinstance(v, bool) else float(v)  # counts stay counts
-                       for k, v in task.evaluate(s.base, s.data, context(s, epoch, cfg.seed)).items()}
-        s.base.train()
-        if task.metric not in figures:
-            raise RuntimeError(f"the {task.family} task's evaluation gave no {task.metric!r}")
-    value = _sum_over_ranks(s.ranks, [figures.get(task.metric, 0.0)])[0]
+    s.ranks.sync_buffers(s.base)
+    s.base.eval()
+    with torch.no_grad():
+        part = task.evaluate_shard(s.base, s.data, context(s, epoch, cfg.seed))
+    s.base.train()
+    figures = {k: v if isinstance(v, int) and not isinstance(v, bool) else float(v)  # counts stay counts
+               for k, v in task.combine(s.ranks.all_gather(part), s.data).items()}
+    if task.metric not in figures:
+        raise RuntimeError(f"the {task.family} task's evaluation gave no {task.metric!r}")
+    value = figures[task.metric]
     s.sync()
-    point.update(quality=value, figures=figures or None, eval_s=time.perf_counter() - tv)
+    point.update(quality=value, figures=figures, eval_s=time.perf_counter() - tv)
     s.progress.acc["eval_time"] += point["eval_s"]
     if mlog:
         mlog.eval_stop(epoch + 1, task.mlperf_accuracy(figures))

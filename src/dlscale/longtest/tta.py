@@ -49,6 +49,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     all_reduce: Callable[[Any], None] | None = None  # in-place sum over ranks
+    all_gather: Callable[[Any], list[Any]] = lambda obj: [obj]  # every rank's (picklable) object, in rank order
     barrier: Callable[[], None] = lambda: None
     # before an evaluation: give every rank rank 0's buffers (BN running statistics drift by one
     # local batch per rank after DDP's per-forward broadcast), so all ranks evaluate one model

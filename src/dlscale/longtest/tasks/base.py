@@ -15,8 +15,12 @@ resume, the distributed ranks and the MLPerf log. A ``Task`` says only what is d
   rank (DDP needs equal step counts), seeded from ``ctx.seed`` so that a resumed run repeats what an
   uninterrupted run would have done; ``loss`` is the training loss of one batch and ``units`` its
   sample units (the family's throughput unit);
-* ``evaluate`` computes the quality metric with a well-kept library on rank 0's model over the
-  whole validation set; it returns a dict that holds ``metric`` and may hold more figures.
+* ``evaluate_shard`` evaluates this rank's share of the validation set (``EpochContext.shard``)
+  and returns its part: the sums of a metric that is a sum over samples (HR@10, log-perplexity),
+  the predictions of one that is not (mAP, BLEU, return statistics); ``combine`` turns every
+  rank's part into the figures with a well-kept library, a dict that holds ``metric`` and may hold
+  more. The loop gathers the parts to every rank and every rank combines them, so no rank waits
+  in a collective while another evaluates; ``evaluate`` is the whole set on one rank.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class EpochContext:
         for step in range(steps):
             first = (step * self.world + self.rank) * batch_size
             yield order[np.arange(first, first + batch_size) % n]
+
+    def shard(self, n: int) -> range:
+        """This rank's validation items of ``n``: every ``world``-th from ``rank`` (all of them on one rank)."""
+        return range(self.rank, n, self.world)
 
 
 class Task:
@@ -139,10 +147,22 @@ class Task:
         """Sample units in ``batch`` (the family's throughput unit: images, tokens, samples, steps)."""
         raise NotImplementedError
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
-        """The quality figures of ``model`` (bare, in eval mode, under no_grad) on the whole
-        validation set; must hold ``self.metric``."""
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> Any:
+        """This rank's part of the evaluation of ``model`` (bare, in eval mode, under no_grad) on its
+        share of the validation set, ``ctx.shard(n)``: sums where the metric is a sum over samples,
+        else predictions. It must be picklable (the loop gathers it to every rank)."""
         raise NotImplementedError
+
+    def combine(self, parts: list[Any], data: TaskData) -> dict[str, float]:
+        """The quality figures from every rank's part (in rank order): the same, up to rounding, as
+        one rank's over the whole set; must hold ``self.metric``."""
+        raise NotImplementedError
+
+    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
+        """The quality figures of ``model`` over the whole validation set, on one rank."""
+        from dataclasses import replace
+
+        return self.combine([self.evaluate_shard(model, data, replace(ctx, rank=0, world=1))], data)
 
     # -- MLPerf -----------------------------------------------------------------------------------
     def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:

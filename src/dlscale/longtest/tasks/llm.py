@@ -183,19 +183,26 @@ class LLMTask(Task):
     def units(self, batch: Any) -> int:
         return int(batch[1].numel())
 
-    def evaluate(self, model: Any, data: LLMData, ctx: EpochContext) -> dict[str, float]:
-        """log_perplexity and perplexity over every validation token but the first, by torchmetrics."""
+    def evaluate_shard(self, model: Any, data: LLMData, ctx: EpochContext) -> dict[str, float]:
+        """The summed negative log-likelihood (torchmetrics' Perplexity sums) and the token count of
+        this rank's validation windows."""
         import torch
         from torchmetrics.text import Perplexity
 
         metric = Perplexity().set_dtype(torch.float64)  # sums of ~1e6 terms: float32 would lose digits
         rows_per_batch = max(1, min(64, 2 ** 24 // (data.seq_len * max(data.vocab_size, 1))))
-        for inputs, targets in val_batches(data.val, data.seq_len, rows_per_batch):
+        for inputs, targets in val_batches(data.val, data.seq_len, rows_per_batch, ctx.rank, ctx.world):
             with torch.autocast(ctx.device.type, dtype=ctx.amp, enabled=ctx.amp is not None):
                 logits = model(inputs.to(ctx.device)).logits
             metric.update(logits.double().cpu(), targets)
-        log_ppl = float(metric.total_log_probs / metric.count)
-        return {"log_perplexity": log_ppl, "perplexity": float(metric.compute()), "eval_tokens": int(metric.count)}
+        return {"nll_sum": float(metric.total_log_probs), "tokens": int(metric.count)}
+
+    def combine(self, parts: list[dict[str, float]], data: LLMData) -> dict[str, float]:
+        """log_perplexity = the ranks' summed NLL / their tokens; perplexity = its exponential (as
+        torchmetrics' ``compute``)."""
+        tokens = sum(p["tokens"] for p in parts)
+        log_ppl = sum(p["nll_sum"] for p in parts) / tokens
+        return {"log_perplexity": log_ppl, "perplexity": math.exp(log_ppl), "eval_tokens": tokens}
 
     # -- MLPerf -----------------------------------------------------------------------------------
     def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:
@@ -242,21 +249,23 @@ class LLMTask(Task):
         return p
 
 
-def val_batches(val: Any, seq_len: int, rows: int) -> Iterator[tuple[Any, Any]]:
+def val_batches(val: Any, seq_len: int, rows: int, rank: int = 0, world: int = 1) -> Iterator[tuple[Any, Any]]:
     """The validation stream as (inputs, targets) batches: windows of ``seq_len + 1`` tokens that
     overlap by one, ``rows`` full windows a batch, then the shorter last window (every token but the
-    first is a target exactly once)."""
+    first is a target exactly once). ``rank`` of ``world`` takes every ``world``-th window from its
+    own, the last one included, so the ranks' windows together are the stream's."""
     import torch
 
     tokens = torch.from_numpy(val).long()
     full = (len(tokens) - 1) // seq_len
     span = torch.arange(seq_len + 1)
-    for start in range(0, full, rows):
-        idx = torch.arange(start, min(start + rows, full))[:, None] * seq_len + span
+    mine = torch.arange(rank, full, world)
+    for start in range(0, len(mine), rows):
+        idx = mine[start:start + rows, None] * seq_len + span
         win = tokens[idx]
         yield win[:, :-1], win[:, 1:]
     rest = tokens[full * seq_len:]
-    if len(rest) > 1:
+    if len(rest) > 1 and full % world == rank:
         yield rest[None, :-1], rest[None, 1:]
 
 

@@ -145,13 +145,19 @@ class RLTask(Task):
     def units(self, batch: PPOBatch) -> int:
         return batch.collected
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> list[tuple[int, float]]:
+        """(episode, return) of this rank's evaluation episodes (their statistics are taken in ``combine``)."""
+        assert isinstance(data, RLData)
+        mine = list(ctx.shard(EVAL_EPISODES))
+        with one_thread(ctx.cfg):
+            returns = greedy_returns(model, data.env_id, [EVAL_SEED + i for i in mine], ctx.device) if mine else []
+        return list(zip(mine, returns))
+
+    def combine(self, parts: list[list[tuple[int, float]]], data: TaskData) -> dict[str, float]:
+        """Mean, min, max and standard deviation of the returns of all ranks' episodes."""
         import numpy as np
 
-        assert isinstance(data, RLData)
-        with one_thread(ctx.cfg):
-            returns = np.asarray(greedy_returns(model, data.env_id, [EVAL_SEED + i for i in range(EVAL_EPISODES)],
-                                                ctx.device))
+        returns = np.asarray([r for _, r in sorted(x for part in parts for x in part)])
         return {"mean_return": float(returns.mean()), "min_return": float(returns.min()),
                 "max_return": float(returns.max()), "std_return": float(returns.std())}
 

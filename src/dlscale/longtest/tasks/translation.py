@@ -206,24 +206,34 @@ class TranslationTask(Task):
     def units(self, batch: PairBatch) -> int:
         return batch.tokens
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
-        """Corpus BLEU of greedy translations of the whole validation set (sacrebleu, 13a tokenisation)."""
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> list[tuple[int, str]]:
+        """Greedy translations of this rank's validation sentences, (index, text) (BLEU is no sum
+        over sentences: the hypotheses go to ``combine``)."""
         import contextlib
 
-        import sacrebleu
         import torch
 
         assert isinstance(data, TranslationData)
-        order = sorted(range(data.n_eval), key=lambda i: len(data.val_src[i]))  # similar lengths decode together
-        hyps = [""] * data.n_eval
+        order = sorted(ctx.shard(data.n_eval), key=lambda i: len(data.val_src[i]))  # similar lengths decode together
+        hyps: list[tuple[int, str]] = []
         amp = (torch.autocast(ctx.device.type, dtype=ctx.amp) if ctx.amp is not None
                else contextlib.nullcontext())
         with amp:
             for k in range(0, len(order), EVAL_BATCH):
                 chunk = order[k: k + EVAL_BATCH]
                 out = greedy_decode(model, [data.val_src[i] for i in chunk], data, ctx.device)
-                for i, ids in zip(chunk, out):
-                    hyps[i] = data.tokenizer.decode(ids, skip_special_tokens=True)
+                hyps.extend((i, data.tokenizer.decode(ids, skip_special_tokens=True)) for i, ids in zip(chunk, out))
+        return hyps
+
+    def combine(self, parts: list[list[tuple[int, str]]], data: TaskData) -> dict[str, float]:
+        """Corpus BLEU of every rank's translations against the references (sacrebleu, 13a tokenisation)."""
+        import sacrebleu
+
+        assert isinstance(data, TranslationData)
+        hyps = [""] * data.n_eval
+        for part in parts:
+            for i, text in part:
+                hyps[i] = text
         bleu = sacrebleu.corpus_bleu(hyps, [data.val_refs])
         exact = sum(h == r for h, r in zip(hyps, data.val_refs)) / max(1, data.n_eval)
         return {"bleu": float(bleu.score), "exact_match": exact, "brevity_penalty": float(bleu.bp)}
