@@ -7,6 +7,11 @@ and set-up time are also recorded on their own, and ``time_to_target_train`` is 
 alone. Each epoch is seeded from (seed, epoch), so a
 run resumed from a checkpoint repeats exactly what the uninterrupted run would have done.
 
+A resumed run (``--resume``) goes on from its checkpoint's clock plus the time the interrupted
+attempt spent after that checkpoint (its progress mark, longtest/checkpoint.py): the lost work
+counts in ``time_to_target`` and is recorded as ``lost_time``; its MLPerf log continues from the
+checkpoint (longtest/mlperf.py), or the run says before training why it cannot pass the checker.
+
 Like the short test (train/shorttest.py), ``build_setup`` makes everything the run trains with
 (loaders, schedule, MLPerf log, model, optimizer, resumed progress); the loop then calls one
 named step at a time (``train_one_epoch``, ``evaluate_point``, ``log_point``,
@@ -29,6 +34,7 @@ from dlscale.longtest import checkpoint
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.loop import evaluate, train_epoch
 from dlscale.longtest.mlperf import RESNET_TARGET
+from dlscale.log import info, warn
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -37,7 +43,7 @@ UNITS = {
     "best_top1": "fraction", "final_loss": "nats", "target_top1": "fraction", "target_top5": "fraction",
     "samples_per_epoch": "samples", "steps_per_epoch": "steps", "global_batch": "samples", "world_size": "ranks",
     "peak_lr": "lr", "train_samples": "samples", "eval_samples": "samples", "resumed_from_epoch": "epochs",
-    "resume_gap": "s",
+    "resume_gap": "s", "lost_time": "s",
 }
 DIGITS_MARKER = "dlscale-digits.json"
 
@@ -68,9 +74,11 @@ class Progress:
     start_epoch: int = 0
     curve: list[dict[str, Any]] = field(default_factory=list)
     acc: dict[str, Any] = field(default_factory=lambda: {  # seconds and counts over the whole run
-        "train_time": 0.0, "eval_time": 0.0, "checkpoint_time": 0.0, "setup_time": 0.0, "samples": 0, "steps": 0})
+        "train_time": 0.0, "eval_time": 0.0, "checkpoint_time": 0.0, "setup_time": 0.0, "lost_time": 0.0,
+        "samples": 0, "steps": 0})
     resume_info: dict[str, Any] = field(default_factory=dict)
     hit: dict[str, Any] | None = None  # the first curve point that reached the target
+    notes: list[str] = field(default_factory=list)  # warnings for the record (a resumed log that cannot pass)
 
     def clock(self) -> float:
         """Seconds since the run started, across a resume."""
@@ -157,6 +165,8 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
     train, evaluate on the cadence, log the point, checkpoint; stop at the target or
     ``max_epochs``; the MLPerf log's run_stop says which, and ``s.close()`` always runs."""
     p, cfg = s.progress, s.cfg
+    mark = (checkpoint.ProgressMark(cfg.checkpoint_dir, s.key, p.clock).start()
+            if cfg.checkpoint_dir and s.ranks.rank == 0 else None)
     try:
         for epoch in range(p.start_epoch, cfg.max_epochs):
             if p.hit:
@@ -174,6 +184,8 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
             s.mlog.run_stop(success=False)
         raise
     finally:
+        if mark:
+            mark.stop()  # the clock when the run ended, or failed: what a resume counts as lost after the checkpoint
         s.close()
 
 
@@ -186,12 +198,15 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     import torch
 
     dev.set_matmul_precision(cfg.precision, device)
+    key = same_config_key(cfg.to_dict())
+    state = checkpoint.load(cfg.checkpoint_dir, key) if cfg.resume else None
     plain = (Path(cfg.data) / DIGITS_MARKER).is_file()
     train_loader, val_loader = _loaders(cfg, ranks, plain)
     n_train, n_val = len(train_loader.loader.dataset), len(val_loader.loader.dataset)
     steps_per_epoch = len(train_loader)
     sched = cfg.schedule()
-    mlog, log_problems = _mlperf_log(cfg, ranks, sched, steps_per_epoch, platform, n_train, n_val)
+    mlog, log_problems, resume_problems = _mlperf_log(cfg, ranks, sched, steps_per_epoch, platform, n_train, n_val,
+                                                      state)
 
     torch.manual_seed(cfg.seed)
     base = workloads.get(cfg.model).builder(train_loader.num_classes).to(device)
@@ -200,11 +215,11 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     model = wrap_model(base) if wrap_model else base
     s = Setup(cfg=cfg, device=device, ranks=ranks, train_loader=train_loader, val_loader=val_loader, plain=plain,
               n_train=n_train, n_val=n_val, val_limit=len(range(ranks.rank, n_val, ranks.world)),
-              steps_per_epoch=steps_per_epoch, sched=sched, key=same_config_key(cfg.to_dict()), model=model,
+              steps_per_epoch=steps_per_epoch, sched=sched, key=key, model=model,
               base=base, opt=_optimizer(cfg, model, sched.peak), amp=dev.autocast_dtype(cfg.precision),
               channels_last=channels_last, progress=Progress(t0=t0), mlog=mlog, log_problems=log_problems)
-    if cfg.resume:
-        s.progress = resume_progress(s, t0)
+    if state is not None:
+        s.progress = resume_progress(s, state, t0, resume_problems)
     elif mlog:
         mlog.init_stop_run_start()
     s.progress.acc["setup_time"] += time.perf_counter() - t0
@@ -226,17 +241,31 @@ def _loaders(cfg: TTAConfig, ranks: Ranks, plain: bool) -> tuple[Any, Any]:
 
 
 def _mlperf_log(cfg: TTAConfig, ranks: Ranks, sched: Any, steps_per_epoch: int, platform: str, n_train: int,
-                n_val: int) -> tuple[Any, list[str]]:
-    """Rank 0's MLPerf log with its header written (continued after --resume), and the rules it breaks."""
+                n_val: int, state: dict[str, Any] | None) -> tuple[Any, list[str], list[str]]:
+    """Rank 0's MLPerf log with its header written (continued after --resume), the rules it breaks,
+    and why a resumed log cannot pass the checker."""
     if not cfg.mlperf_log or ranks.rank != 0:
-        return None, []
-    from dlscale.longtest.mlperf import MLPerfLog, closed_division_problems
+        return None, [], []
+    from dlscale.longtest.mlperf import closed_division_problems
 
-    log_problems = closed_division_problems(cfg, sched)
-    mlog = MLPerfLog(cfg.mlperf_log, append=cfg.resume and Path(cfg.mlperf_log).is_file())
+    mlog, resume_problems = open_mlperf_log(cfg, state)
     if not cfg.resume:
         mlog.header(cfg, sched, steps_per_epoch, platform, n_train, n_val)
-    return mlog, log_problems
+    return mlog, closed_division_problems(cfg, sched), resume_problems
+
+
+def open_mlperf_log(cfg: Any, state: dict[str, Any] | None) -> tuple[Any, list[str]]:
+    """Rank 0's log at --mlperf-log: a new one, or after --resume the checkpointed run's, cut back to
+    where the checkpoint left it (mlperf.resume_log); why a resumed log cannot pass the checker,
+    said here, before training."""
+    from dlscale.longtest.mlperf import MLPerfLog, resume_log
+
+    if state is None:
+        return MLPerfLog(cfg.mlperf_log), []
+    problems = resume_log(cfg.mlperf_log, state.get("mlperf_log"))
+    if problems:
+        warn(f"{cfg.mlperf_log}: this resumed run's MLPerf log will not pass the checker: " + "; ".join(problems))
+    return MLPerfLog(cfg.mlperf_log, append=Path(cfg.mlperf_log).is_file()), problems
 
 
 def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
@@ -250,15 +279,24 @@ def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
     return torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def resume_progress(s: Any, t0: float) -> Progress:
-    """Load the last checkpoint of the same config into the model and optimizer; the progress it held."""
-    state = checkpoint.load(s.cfg.checkpoint_dir, s.key)
+def resume_progress(s: Any, state: dict[str, Any], t0: float, log_problems: list[str]) -> Progress:
+    """Load checkpoint ``state`` into the model and optimizer; the progress it held, its clock moved on
+    by the time the interrupted attempt spent after it (``lost_time``, said here before training)."""
     s.base.load_state_dict(state["model"])
     s.opt.load_state_dict(state["optimizer"])
     curve = state["curve"]
-    return Progress(t0=t0, prior_s=state["elapsed_s"], start_epoch=state["epoch"], curve=curve, acc=state["acc"],
-                    resume_info={"resumed_from_epoch": state["epoch"], "resume_gap": time.time() - state["saved_at"]},
-                    hit=next((c for c in curve if c.get("reached")), None))
+    lost = checkpoint.lost_after(s.cfg.checkpoint_dir, state)
+    acc = {**Progress(t0=t0).acc, **state["acc"]}  # a checkpoint from before lost_time has none
+    acc["lost_time"] += lost
+    if s.ranks.rank == 0:
+        info(f"resuming after epoch {state['epoch']}: the interrupted run worked {lost:.1f} s past that checkpoint; "
+             f"that lost work counts in the run's time ({acc['lost_time']:.1f} s lost in all)")
+    notes = [f"the MLPerf log {s.cfg.mlperf_log} will not pass the checker: " + "; ".join(log_problems)] \
+        if log_problems else []
+    return Progress(t0=t0, prior_s=state["elapsed_s"] + lost, start_epoch=state["epoch"], curve=curve, acc=acc,
+                    resume_info={"resumed_from_epoch": state["epoch"], "resume_gap": time.time() - state["saved_at"],
+                                 "lost_time": acc["lost_time"]},
+                    hit=next((c for c in curve if c.get("reached")), None), notes=notes)
 
 
 def evaluates_after(cfg: TTAConfig, epoch: int) -> bool:
@@ -328,9 +366,12 @@ def save_checkpoint(s: Any, epoch: int) -> None:
     p = s.progress
     tc = time.perf_counter()
     if s.ranks.rank == 0:
+        from dlscale.longtest.mlperf import log_mark
+
         checkpoint.save_atomic({
             "config_key": s.key, "epoch": epoch + 1, "model": s.base.state_dict(), "optimizer": s.opt.state_dict(),
             "curve": p.curve, "acc": p.acc, "elapsed_s": p.clock(), "saved_at": time.time(),
+            "mlperf_log": log_mark(s.mlog),
         }, s.cfg.checkpoint_dir)
     s.sync()
     p.acc["checkpoint_time"] += time.perf_counter() - tc
@@ -349,6 +390,7 @@ def assemble_outcome(s: Setup) -> Outcome:
     if problems:
         out.warnings.append(f"the MLPerf log {cfg.mlperf_log} will not pass the closed-division checker: "
                             + "; ".join(problems))
+    out.warnings.extend(p.notes)
     return out
 
 
