@@ -102,6 +102,12 @@ class DetectionTask(Task):
 
         return make_shapes(root, seed=seed, scale=scale)
 
+    def made_size(self, scale: float) -> str:
+        from dlscale.longtest.tasks.detection_coco import IMAGE_SIZE, TRAIN_IMAGES, VAL_IMAGES
+
+        return (f"{max(2, round(TRAIN_IMAGES * scale)):,} train + {max(2, round(VAL_IMAGES * scale)):,} val images "
+                f"of {IMAGE_SIZE} px")
+
     def open(self, data: str, cfg: Any) -> DetectionData:
         """Read and check both splits (COCO 2017 layout, made or real); val's categories must be train's."""
         from pathlib import Path

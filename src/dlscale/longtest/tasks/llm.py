@@ -60,6 +60,7 @@ class LLMTask(Task):
     metric_label = "log-perplexity"
     metric_unit = "nats/token"
     higher_is_better = False
+    metric_range = (0.0, math.inf)
     library = "torchmetrics"
     default_model = "llama_tiny"
     default_target = 0.80
@@ -85,8 +86,6 @@ class LLMTask(Task):
         entropy rate and the chain's own log-perplexity on the validation split written."""
         from dlscale.longtest.tasks.llm_grammar import make_chain, sample_documents, stream_nll
 
-        if not scale > 0:
-            raise UsageError(f"--scale must be > 0, got {scale}")
         chain = make_chain(seed)
         rate = chain.entropy_rate()
         rng = random.Random(f"dlscale-llm-text-{seed}")
@@ -108,6 +107,10 @@ class LLMTask(Task):
         with open(os.path.join(root, "grammar.json"), "w", encoding="utf-8") as f:
             json.dump({**summary, "chain": chain.to_json()}, f, indent=1)
         return {**summary, "root": root}
+
+    def made_size(self, scale: float) -> str:
+        return (f"{max(TRAIN_SHARDS, round(TRAIN_DOCS * scale)):,} training documents of about 250 words + "
+                f"{max(2, round(VAL_DOCS * scale)):,} validation")
 
     def open(self, data: str, cfg: Any) -> LLMData:
         """Tokenize both splits (made or C4 layout) with DATA/tokenizer.json or --tokenizer."""

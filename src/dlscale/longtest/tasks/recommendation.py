@@ -47,6 +47,7 @@ class RecommendationTask(Task):
     library = "torchmetrics"
     default_model = "ncf"
     default_target = 0.75
+    max_scale = 10.0  # the planted scores are dense: memory grows with the square of --scale
     default_optimizer = "adam"
     default_lr = 0.002
     default_weight_decay = 0.0
@@ -63,6 +64,10 @@ class RecommendationTask(Task):
     # -- data -------------------------------------------------------------------------------------
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
         return rd.make(root, seed, scale)
+
+    def made_size(self, scale: float) -> str:
+        users, items = max(20, round(rd.USERS * scale)), max(150, round(rd.ITEMS * scale))
+        return f"{users:,} users x {items:,} items, {24 * users * items / 1e9:.1f} GB of users x items arrays in memory"
 
     def open(self, data: str, cfg: Any) -> TaskData:
         return rd.read(data)

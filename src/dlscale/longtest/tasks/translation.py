@@ -125,6 +125,7 @@ class TranslationTask(Task):
     metric = "bleu"
     metric_label = "BLEU"
     metric_unit = "BLEU"
+    metric_range = (0.0, 100.0)
     library = "sacrebleu"
     default_model = "transformer_tiny"
     default_target = 95.0
@@ -145,9 +146,11 @@ class TranslationTask(Task):
 
     # -- data -------------------------------------------------------------------------------------
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
-        if not scale > 0:
-            raise UsageError(f"--scale must be > 0, got {scale}")
         return td.make_corpus(root, seed, scale)
+
+    def made_size(self, scale: float) -> str:
+        return (f"{max(8, round(td.TRAIN_PAIRS * scale)):,} training sentence pairs + "
+                f"{max(4, round(td.VAL_PAIRS * scale)):,} validation")
 
     def open(self, data: str, cfg: Any) -> TranslationData:
         """Read DATA/{train,val}.{src,tgt} and the tokenizer (cfg.tokenizer or DATA/tokenizer.json)."""
