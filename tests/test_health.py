@@ -106,6 +106,8 @@ def test_watch_over_a_mig_instance_is_the_instances(monkeypatch):
     # what NVML does not give per instance is null, not the GPU's own counters under the instance's name
     assert rep["before"]["ecc"]["volatile_uncorrected"] is None and rep["before"]["throttle_reasons"] is None
     assert not rep["notes"]
+    (g,) = health.check_host()["gpus"]  # sysinfo --health: the GPU itself, in MIG mode
+    assert g["mig_mode"] is True and g["ecc"]["volatile_uncorrected"] == 0
 
 
 def test_no_nvml_no_watch(monkeypatch):

@@ -26,7 +26,7 @@ from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.tasks import EpochContext, Task, TaskData
 from dlscale.longtest import checkpoint
-from dlscale.longtest.tta import Progress, Ranks, epoch_seed, open_mlperf_log, resume_progress, run_epochs
+from dlscale.longtest.tta import Progress, Ranks, epoch_seed, resume_progress, run_epochs
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -150,7 +150,9 @@ def _open_mlperf_log(s: DomainSetup, platform: str, state: dict[str, Any] | None
         from dlscale.log import warn
 
         warn(f"{cfg.mlperf_log}: open division; the closed division would refuse: " + "; ".join(s.log_problems))
-    s.mlog, resume_problems = open_mlperf_log(cfg, state)
+    from dlscale.longtest.mlperf import open_log
+
+    s.mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:
         s.mlog.domain_header(task.mlperf_benchmark_for(cfg), platform, cfg, s.data.n_train, s.data.n_eval,
                              task.mlperf_hparams(cfg, s.sched.peak, s.data, s.steps_per_epoch))

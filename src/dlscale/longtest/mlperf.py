@@ -83,6 +83,22 @@ def resume_log(path: str, saved: dict[str, Any] | None) -> list[str]:
     return []
 
 
+def open_log(cfg: Any, state: dict[str, Any] | None) -> tuple["MLPerfLog", list[str]]:
+    """Rank 0's log at --mlperf-log: a new one, or after --resume (checkpoint ``state``) the
+    checkpointed run's, cut back to where the checkpoint left it (``resume_log``); why a resumed log
+    cannot pass the checker, said here, before training."""
+    import os
+
+    from dlscale.log import warn
+
+    if state is None:
+        return MLPerfLog(cfg.mlperf_log), []
+    problems = resume_log(cfg.mlperf_log, state.get("mlperf_log"))
+    if problems:
+        warn(f"{cfg.mlperf_log}: this resumed run's MLPerf log will not pass the checker: " + "; ".join(problems))
+    return MLPerfLog(cfg.mlperf_log, append=os.path.isfile(cfg.mlperf_log)), problems
+
+
 def _is_integer(x: float) -> bool:
     return abs(round(x) - x) < 1e-5
 

@@ -34,7 +34,7 @@ from dlscale.longtest import checkpoint
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.loop import evaluate, train_epoch
 from dlscale.longtest.mlperf import RESNET_TARGET
-from dlscale.log import info, warn
+from dlscale.log import info
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -246,26 +246,12 @@ def _mlperf_log(cfg: TTAConfig, ranks: Ranks, sched: Any, steps_per_epoch: int, 
     and why a resumed log cannot pass the checker."""
     if not cfg.mlperf_log or ranks.rank != 0:
         return None, [], []
-    from dlscale.longtest.mlperf import closed_division_problems
+    from dlscale.longtest.mlperf import closed_division_problems, open_log
 
-    mlog, resume_problems = open_mlperf_log(cfg, state)
+    mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:
         mlog.header(cfg, sched, steps_per_epoch, platform, n_train, n_val)
     return mlog, closed_division_problems(cfg, sched), resume_problems
-
-
-def open_mlperf_log(cfg: Any, state: dict[str, Any] | None) -> tuple[Any, list[str]]:
-    """Rank 0's log at --mlperf-log: a new one, or after --resume the checkpointed run's, cut back to
-    where the checkpoint left it (mlperf.resume_log); why a resumed log cannot pass the checker,
-    said here, before training."""
-    from dlscale.longtest.mlperf import MLPerfLog, resume_log
-
-    if state is None:
-        return MLPerfLog(cfg.mlperf_log), []
-    problems = resume_log(cfg.mlperf_log, state.get("mlperf_log"))
-    if problems:
-        warn(f"{cfg.mlperf_log}: this resumed run's MLPerf log will not pass the checker: " + "; ".join(problems))
-    return MLPerfLog(cfg.mlperf_log, append=Path(cfg.mlperf_log).is_file()), problems
 
 
 def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
