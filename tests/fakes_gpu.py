@@ -12,6 +12,11 @@ CUDA devices be some of the fake NVML GPUs, as ``CUDA_VISIBLE_DEVICES`` would.
     host.gpus[1].throttle = 0x40                      # HW thermal slowdown
     host.gpus[0].energy_mj += 500_000                 # the GPU used 500 J since the last read
     host.fail["nvmlDeviceGetMaxClockInfo"] = RuntimeError("boom")
+
+A GPU with ``mig=[FakeMig(...), ...]`` is in MIG mode: NVML lists those instances under it (each its
+own UUID, memory and handle) and, as the real driver does, answers NOT_SUPPORTED for utilisation
+on the GPU and on its instances, and for every call on an instance handle outside ``MIG_CALLS``.
+``cuda_from_mig(monkeypatch, host, [(gpu, instance), ...])`` makes the fake CUDA devices be instances.
 """
 
 from __future__ import annotations
@@ -27,13 +32,26 @@ except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
     _real = None
 
 GB = 2**30
-NOT_SUPPORTED, INVALID_ARGUMENT, TIMEOUT = 3, 2, 10
+NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, TIMEOUT = 3, 2, 6, 10
+# What NVML answers on a MIG instance's handle (the rest: NOT_SUPPORTED); its PCI info is its GPU's.
+MIG_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo",
+                       "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo"})
 
 
 class FakeNVMLError(Exception):
     def __init__(self, value: int):
         super().__init__(f"fake NVML error {value}")
         self.value = value
+
+
+@dataclass
+class FakeMig:
+    """A MIG instance: its UUID (NVML's "MIG-..." form), profile and memory."""
+
+    uuid: str
+    profile: str = "1g.10gb"
+    memory_used: int = 3 * GB
+    memory_total: int = 10 * GB
 
 
 @dataclass
@@ -54,6 +72,7 @@ class FakeGpu:
     cpus: list[int] = field(default_factory=lambda: [0, 1])
     energy_mj: int | None = 1_000_000  # total-energy counter (mJ since the driver loaded); None: not supported
     power_mw: int | None = 650_000  # power reading (mW); None: not supported
+    mig: list[FakeMig] = field(default_factory=list)  # non-empty: the GPU is in MIG mode with these instances
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.bus:08x}-1111-2222-3333-444455556666"
@@ -66,6 +85,7 @@ class FakeGpu:
 @dataclass
 class FakeHandle:
     index: int
+    mig: int | None = None  # a MIG instance's handle: its slot on GPU ``index``
 
 
 class FakeNvmlHost:
@@ -106,6 +126,8 @@ class FakeNvmlHost:
             self.calls.append(name)
             if name in self.fail:
                 raise self.fail[name]
+            if name not in MIG_CALLS and any(isinstance(a, FakeHandle) and a.mig is not None for a in args):
+                raise FakeNVMLError(NOT_SUPPORTED)
             return fn(*args)
 
         return call
@@ -123,6 +145,30 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         if not 0 <= i < len(host.gpus):
             raise FakeNVMLError(INVALID_ARGUMENT)
         return FakeHandle(i)
+
+    def mig_handle(h: FakeHandle, k: int) -> FakeHandle:
+        if not g(h).mig:
+            raise FakeNVMLError(INVALID_ARGUMENT)
+        if k >= len(g(h).mig):
+            raise FakeNVMLError(NOT_FOUND)  # an empty slot
+        return FakeHandle(h.index, k)
+
+    def uuid(h: FakeHandle) -> str:
+        return g(h).uuid if h.mig is None else g(h).mig[h.mig].uuid
+
+    def name(h: FakeHandle) -> str:
+        return g(h).name if h.mig is None else f"{g(h).name} MIG {g(h).mig[h.mig].profile}"
+
+    def memory(h: FakeHandle) -> Any:
+        if h.mig is None:
+            return types.SimpleNamespace(total=80 * GB, used=10 * GB, free=70 * GB)
+        m = g(h).mig[h.mig]
+        return types.SimpleNamespace(total=m.memory_total, used=m.memory_used, free=m.memory_total - m.memory_used)
+
+    def utilisation(h: FakeHandle) -> Any:
+        if g(h).mig:  # NVML: no utilisation on a GPU in MIG mode
+            raise FakeNVMLError(NOT_SUPPORTED)
+        return types.SimpleNamespace(gpu=90, memory=40)
 
     def link_state(h: FakeHandle, link: int) -> int:
         if link >= len(g(h).nvlinks):
@@ -197,8 +243,11 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetHandleByPciBusId": by_bus,
         "nvmlDeviceGetHandleByUUID": by_uuid,
         "nvmlDeviceGetPciInfo": lambda h: _pci(g(h)),
-        "nvmlDeviceGetUUID": lambda h: g(h).uuid,
-        "nvmlDeviceGetName": lambda h: g(h).name,
+        "nvmlDeviceGetUUID": uuid,
+        "nvmlDeviceGetName": name,
+        "nvmlDeviceGetMigMode": lambda h: [1, 1] if g(h).mig else [0, 0],
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
         "nvmlDeviceGetNvLinkState": link_state,
         "nvmlDeviceGetNvLinkRemotePciInfo": remote_pci,
         "nvmlDeviceGetNvLinkRemoteDeviceType": lambda h, link: 2 if g(h).nvlinks[link] == "switch" else 0,
@@ -218,8 +267,8 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceRegisterEvents": register,
         "nvmlEventSetWait": wait,
         "nvmlEventSetFree": lambda s: None,
-        "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=90, memory=40),
-        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=80 * GB, used=10 * GB, free=70 * GB),
+        "nvmlDeviceGetUtilizationRates": utilisation,
+        "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetPowerUsage": lambda h: supported(g(h).power_mw),
         "nvmlDeviceGetClockInfo": lambda h, clock: 1755,
         "nvmlDeviceGetTotalEnergyConsumption": lambda h: supported(g(h).energy_mj),
@@ -300,3 +349,19 @@ def cuda_from_host(monkeypatch: Any, host: FakeNvmlHost, visible: list[int] | No
     pci = [(g.domain, g.bus, g.device) if with_ids else None for g in gpus]
     uuids = [g.uuid[4:] if with_ids else None for g in gpus]  # torch prints the UUID without "GPU-"
     return fake_cuda(monkeypatch, [g.name for g in gpus], pci=pci, uuids=uuids)
+
+
+def cuda_from_mig(monkeypatch: Any, host: FakeNvmlHost, instances: list[tuple[int, int]],
+                  with_uuid: bool = True) -> list[int]:
+    """Fake CUDA devices that are MIG instances ``(gpu, slot)`` of the host, in that order.
+
+    Sets ``CUDA_VISIBLE_DEVICES`` to their "MIG-..." UUIDs as a user would (``with_uuid=False``:
+    unset, and torch without the UUID either, so only the shared PCI address is left)."""
+    migs = [(host.gpus[i], host.gpus[i].mig[k]) for i, k in instances]
+    if with_uuid:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(m.uuid for _, m in migs))
+    else:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake_cuda(monkeypatch, [f"{gpu.name} MIG {m.profile}" for gpu, m in migs],
+                     pci=[(gpu.domain, gpu.bus, gpu.device) for gpu, _ in migs],
+                     uuids=[m.uuid[4:] if with_uuid else None for _, m in migs])  # torch: no "MIG-"

@@ -32,6 +32,51 @@ def test_load_refuses_missing_or_other_config(tmp_path):
         checkpoint.load(tmp_path, "other")
 
 
+def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path):
+    p = checkpoint.save_atomic({"config_key": "k", "epoch": 1, "model": {}, "optimizer": {}, "elapsed_s": 1.0,
+                                "w": torch.ones(1000)}, tmp_path)
+    whole = p.read_bytes()
+    p.write_bytes(whole[: len(whole) // 2])  # a copy cut short, a disk that filled up
+    with pytest.raises(UsageError, match=f"{p} is not a readable checkpoint") as e:
+        checkpoint.load(tmp_path, "k")
+    assert "zip" not in str(e.value).split("(")[0]  # the reason follows the file, PyTorch's words only in brackets
+    with pytest.raises(UsageError, match="not a readable checkpoint"):
+        checkpoint.check_readable(p)
+    torch.save(["not", "a", "training", "state"], p)
+    with pytest.raises(UsageError, match="holds no dlscale training state"):
+        checkpoint.load(tmp_path, "k")
+
+
+def test_resume_from_a_truncated_checkpoint_is_one_line_exit_2(cli, digits_root, tmp_path, db_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "last.pt").write_bytes(b"PK\x03\x04" + b"\0" * 100)  # the start of a zip and nothing else
+    res = cli("tta", "tinycnn", "--data", str(digits_root), "--target-top1", "0.9", "--checkpoint-dir", str(ck),
+              "--resume")
+    assert res.code == 2, res.stderr
+    assert f"{ck / 'last.pt'} is not a readable checkpoint" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_progress_mark_tells_the_time_lost_after_a_checkpoint(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(checkpoint, "MARK_INTERVAL_S", 0.02)
+    clock = [10.0]
+    mark = checkpoint.ProgressMark(tmp_path, "k", lambda: clock[0]).start()
+    state = {"config_key": "k", "elapsed_s": 10.0}
+    clock[0] = 13.5  # the run works on past its checkpoint at 10 s ...
+    deadline = time.monotonic() + 10
+    while checkpoint.lost_after(tmp_path, state) < 3.5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert checkpoint.lost_after(tmp_path, state) == pytest.approx(3.5)  # ... and is killed: the mark has it
+    clock[0] = 14.0
+    mark.stop()  # a failure writes the mark at once
+    assert checkpoint.lost_after(tmp_path, state) == pytest.approx(4.0)
+    assert checkpoint.lost_after(tmp_path, {"config_key": "other", "elapsed_s": 10.0}) == 0.0
+    assert checkpoint.lost_after(tmp_path, {"config_key": "k", "elapsed_s": 20.0}) == 0.0  # a mark older than it
+    assert checkpoint.lost_after(tmp_path / "none", state) == 0.0
+
+
 class _Unpicklable:
     def __reduce__(self):
         raise RuntimeError("disk full")

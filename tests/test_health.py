@@ -89,6 +89,27 @@ def test_watch_over_a_run_on_the_mapped_gpu(monkeypatch):
     assert "hw_thermal_slowdown" in text and "Xid 48" in text and "0 -> 1" in text
 
 
+def test_watch_over_a_mig_instance_is_the_instances(monkeypatch):
+    from fakes_gpu import FakeMig, cuda_from_mig
+
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, mig=[FakeMig("MIG-aaaaaaaa-1111-2222-3333-444455556666"),
+                                                               FakeMig("MIG-bbbbbbbb-1111-2222-3333-444455556666")])])
+    cuda_from_mig(monkeypatch, host, [(0, 1)])
+    notes: list[str] = []
+    w = health.watch_gpu(0, notes)
+    assert w is not None and (w.gpu.index, w.gpu.mig, w.gpu.matched_by) == (0, 1, "UUID") and not notes
+    w.start()
+    w.poll()
+    w.stop()
+    rep = w.report()
+    assert rep["mig_instance"] == 1
+    # what NVML does not give per instance is null, not the GPU's own counters under the instance's name
+    assert rep["before"]["ecc"]["volatile_uncorrected"] is None and rep["before"]["throttle_reasons"] is None
+    assert not rep["notes"]
+    (g,) = health.check_host()["gpus"]  # sysinfo --health: the GPU itself, in MIG mode
+    assert g["mig_mode"] is True and g["ecc"]["volatile_uncorrected"] == 0
+
+
 def test_no_nvml_no_watch(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert health.watch_gpu(0, []) is None

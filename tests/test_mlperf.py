@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -69,3 +73,40 @@ def test_mlperf_log_warns_when_config_breaks_closed_rules(cli, digits_root, tmp_
     rec = json.loads(res.stdout)
     assert any("closed-division" in w and "polynomial" in w for w in rec["warnings"])
     assert not mlperf.check(str(log), str(tmp_path / "c.log"))[0]
+
+
+@pytest.mark.slow
+def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_root, tmp_path, db_path):
+    """Ctrl-C in epoch 3 writes the attempt's run_stop (aborted); --resume cuts the log back to its
+    epoch-2 checkpoint, so the log holds one run and passes; the lost part of epoch 3 is in the time."""
+    import torch
+
+    log, ck = tmp_path / "mlperf.log", tmp_path / "ck"
+    args = ["tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.99",
+            "--max-epochs", "5", "--threads", "1", *LARS_ARGS, "--mlperf-log", str(log), "--checkpoint-dir", str(ck),
+            "--db", str(db_path), "--format", "json"]
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (ck / "last.pt").exists() and torch.load(ck / "last.pt", weights_only=False)["epoch"] >= 2:
+                break
+            time.sleep(0.02)
+        time.sleep(0.3)  # into epoch 3
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    held = torch.load(ck / "last.pt", weights_only=False)["epoch"]
+    assert 2 <= held < 5 and '"status": "aborted"' in log.read_text()
+    res = cli(*args, "--resume")
+    assert res.code == 0, res.stderr
+    m = json.loads(res.stdout)["metrics"]
+    assert m["resumed_from_epoch"] == held and m["lost_time"] >= 0.3
+    keys = [json.loads(ln.split(":::MLLOG ", 1)[1])["key"] for ln in log.read_text().splitlines() if ":::MLLOG" in ln]
+    assert keys.count("run_start") == keys.count("run_stop") == 1
+    ok, text = mlperf.check(str(log), str(tmp_path / "checker.log"))
+    assert ok, text[-2000:]

@@ -140,7 +140,7 @@ def test_gpu_series_and_health_on_a_fake_gpu(monkeypatch):
     cols = m.series()["columns"]
     assert cols["gpu_power_W"] == [650.0] and cols["gpu_util_pct"] == [90.0]
     rep = m.series()["health"]
-    assert rep["nvml_index"] == 1 and rep["matched_by"] == "PCI address"
+    assert rep["nvml_index"] == 1 and rep["matched_by"] == "UUID" and rep["mig_instance"] is None
     assert rep["throttle_samples"] == {"hw_power_brake_slowdown": 1} and rep["xid_events"] == [79]
     assert any("hw_power_brake_slowdown in 1 of 2 samples" in n for n in m.notes)
     assert any("Xid 79" in n for n in m.notes)
@@ -157,3 +157,41 @@ def test_a_broken_health_probe_does_not_stop_the_monitor(monkeypatch):
         pass
     assert any("no events here" in n for n in m.notes) and any("odd" in n for n in m.notes)
     assert m.series()["columns"]["gpu_power_W"] == [650.0]
+
+
+def test_a_mig_instance_is_monitored_as_itself_not_as_its_gpu(monkeypatch):
+    """CUDA device 0 is MIG instance 1 of NVML GPU 1: its series is the instance's memory, and the
+    utilisation NVML refuses on MIG does not take the other GPU readings down with it."""
+    from fakes_gpu import FakeGpu, FakeMig, cuda_from_mig, fake_nvml
+
+    mig = [FakeMig("MIG-aaaaaaaa-1111-2222-3333-444455556666", memory_used=1 * 2**30),
+           FakeMig("MIG-bbbbbbbb-1111-2222-3333-444455556666", memory_used=7 * 2**30)]
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x28, mig=mig)])
+    cuda_from_mig(monkeypatch, host, [(1, 1)])
+    with Monitor(10.0, gpu_index=0) as m:
+        pass
+    cols, rep = m.series()["columns"], m.series()["health"]
+    assert (rep["nvml_index"], rep["mig_instance"], rep["matched_by"]) == (1, 1, "UUID")
+    assert cols["gpu_mem_used_bytes"] == [7.0 * 2**30]  # the instance's, not the GPU's 10 GiB
+    assert "gpu_util_pct" not in cols and "gpu_power_W" not in cols  # NVML has no such figures per instance
+    assert cols["gpu_sm_clock_MHz"] == [1755.0]
+    said = [n for n in m.notes if "does not support utilisation" in n]
+    assert len(said) == 1 and "NVML GPU 1 MIG instance 1" in said[0]  # once, not once per sample
+    assert not any("stopped" in n for n in m.notes)
+
+
+def test_a_reading_nvml_does_not_support_leaves_the_others(monkeypatch):
+    from fakes_gpu import NOT_SUPPORTED, FakeNVMLError, cuda_from_host, fake_nvml
+
+    host = fake_nvml(monkeypatch)
+    cuda_from_host(monkeypatch, host)
+    host.fail["nvmlDeviceGetUtilizationRates"] = FakeNVMLError(NOT_SUPPORTED)
+    host.fail["nvmlDeviceGetPowerUsage"] = FakeNVMLError(999)  # another NVML error: left out of that sample
+    m = Monitor(10.0, gpu_index=0).start()
+    m.stop()
+    cols = m.series()["columns"]
+    assert "gpu_util_pct" not in cols and "gpu_power_W" not in cols
+    assert cols["gpu_mem_used_bytes"] == [10.0 * 2**30] and cols["gpu_mem_clock_MHz"] == [1755.0]
+    assert host.calls.count("nvmlDeviceGetUtilizationRates") == 1  # not asked again once unsupported
+    assert host.calls.count("nvmlDeviceGetPowerUsage") == 2
+    assert len([n for n in m.notes if "power" in n]) == 1

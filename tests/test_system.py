@@ -90,7 +90,7 @@ def test_cuda_visible_devices_maps_cuda_devices_to_their_nvml_gpus(monkeypatch):
     cuda_from_host(monkeypatch, host, visible=[2, 3])
     gpus = system.collect()["accelerators"]["topology"]["gpus"]
     assert [g["cpu_affinity"] for g in gpus] == [[2], [3]]  # NVML GPUs 2 and 3, not 0 and 1
-    assert [(g["index"], g["nvml_index"], g["matched_by"]) for g in gpus] == [(0, 2, "PCI address"), (1, 3, "PCI address")]
+    assert [(g["index"], g["nvml_index"], g["matched_by"]) for g in gpus] == [(0, 2, "UUID"), (1, 3, "UUID")]
 
 
 def test_cuda_visible_devices_alone_places_devices_for_an_older_torch(monkeypatch):
@@ -110,6 +110,49 @@ def test_match_by_uuid_as_torch_prints_it():
     assert match_cuda(gpus, 0, None, "2AAAAAAA-BBBB", None).index == 2
     assert match_cuda(gpus, 1, None, None, None).matched_by == "equal index (assumed)"
     assert match_cuda(gpus, 0, (0, 0x99, 0), None, ["MIG-abc"]) is None
+
+
+def test_pci_address_places_a_device_when_torch_gives_no_uuid(monkeypatch):
+    host = _host(monkeypatch)
+    cuda_from_host(monkeypatch, host, visible=[2])
+    import torch
+
+    props = torch.cuda.get_device_properties
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: (lambda p: (delattr(p, "uuid"), p)[1])(props(d)))
+    (g,) = system.collect()["accelerators"]["topology"]["gpus"]
+    assert (g["nvml_index"], g["matched_by"]) == (2, "PCI address")
+
+
+def _mig_host(monkeypatch):
+    from fakes_gpu import FakeMig
+
+    mig = [FakeMig(f"MIG-{c * 8}-1111-2222-3333-444455556666") for c in "abc"]
+    return fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x28, mig=mig)])
+
+
+def test_mig_instances_are_matched_by_uuid_not_to_their_gpu(monkeypatch):
+    from fakes_gpu import cuda_from_mig
+
+    host = _mig_host(monkeypatch)
+    cuda_from_mig(monkeypatch, host, [(1, 2), (1, 0)])
+    acc = system.collect()["accelerators"]
+    gpus = acc["topology"]["gpus"]
+    assert [(g["nvml_index"], g.get("mig_instance"), g["matched_by"]) for g in gpus] == [(1, 2, "UUID"), (1, 0, "UUID")]
+    assert gpus[0]["uuid"] == host.gpus[1].mig[2].uuid and "MIG 1g.10gb" in gpus[0]["name"]
+    assert "power_limit_w" not in gpus[0]  # NVML has none per instance; the GPU's is not the instance's
+
+
+def test_a_mig_instance_no_uuid_identifies_is_left_out_with_a_note(monkeypatch):
+    from fakes_gpu import cuda_from_mig
+
+    host = _mig_host(monkeypatch)
+    cuda_from_mig(monkeypatch, host, [(1, 1)], with_uuid=False)
+    acc = system.collect()["accelerators"]
+    assert acc["topology"]["gpus"][0]["nvml_index"] is None  # not the whole GPU 1 under an instance's name
+    assert any("MIG instance of NVML GPU 1" in n for n in acc["notes"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # an index names the GPU, which CUDA cannot use in MIG mode
+    assert system.collect()["accelerators"]["topology"]["gpus"][0]["nvml_index"] is None
 
 
 def test_an_exception_inside_a_gpu_probe_is_a_note_not_a_crash(monkeypatch):

@@ -5,11 +5,15 @@ defaults and refusals."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from dlscale.errors import UsageError
 from dlscale.longtest import tasks
 from dlscale.longtest.config import TTAConfig, same_config_key
+from dlscale.longtest.run import epoch_line
 from dlscale.longtest.tasks import Task, TaskData
 
 
@@ -27,9 +31,11 @@ class FakeTask(Task):
     default_batch_size = 4
     default_max_epochs = 30
 
-    def __init__(self, steps_override: int | None = None, lower_is_better: bool = False):
+    def __init__(self, steps_override: int | None = None, lower_is_better: bool = False,
+                 crash: tuple[int, float] | None = None):
         self.steps_override = steps_override
         self.higher_is_better = not lower_is_better
+        self.crash = crash  # (0-based epoch, seconds): that epoch works that long, then the process fails
 
     def check_model(self, model: str) -> None:
         pass
@@ -51,6 +57,9 @@ class FakeTask(Task):
         import torch
 
         g = torch.Generator().manual_seed(ctx.seed)
+        if self.crash and ctx.epoch == self.crash[0]:
+            time.sleep(self.crash[1])
+            raise RuntimeError("the node went down")
         n = self.steps_override if self.steps_override is not None else self.steps_per_epoch(data, ctx.cfg)
         for _ in range(n):
             x = torch.randn(ctx.cfg.batch_size, 1, generator=g)
@@ -63,8 +72,11 @@ class FakeTask(Task):
     def units(self, batch) -> int:
         return len(batch[0])
 
-    def evaluate(self, model, data, ctx):
-        w = model.weight.item()
+    def evaluate_shard(self, model, data, ctx):
+        return model.weight.item()
+
+    def combine(self, parts, data):
+        w = parts[0]
         fit = 1 - abs(w - 3) / 3
         return {"fit": fit if self.higher_is_better else 1 - fit, "w": w}
 
@@ -156,3 +168,79 @@ def test_resume_repeats_the_uninterrupted_run(fake, tmp_path):
 def test_malformed_data_is_a_usage_error_naming_path_and_line(fake, cli, db_path):
     res = cli("tta", "ncf", "--data", "bad")
     assert res.code == 2 and "bad/ratings.csv:3: expected 4 fields" in res.stderr
+
+
+# -- an interrupted run resumed: the lost time and the MLPerf log ---------------------------------------
+def _interrupted(monkeypatch, tmp_path, epoch: int = 2, lost: float = 1.0, **kw):
+    """Run 4 epochs with checkpoints; epoch ``epoch`` (0-based) works ``lost`` s and fails. The config."""
+    monkeypatch.setitem(tasks._TASKS, "recommendation", FakeTask(crash=(epoch, lost)))
+    cfg = TTAConfig(model="ncf", data="d", target=0.9999, max_epochs=4, threads=1,
+                    checkpoint_dir=str(tmp_path / "ck"), **kw)
+    with pytest.raises(RuntimeError, match="went down"):
+        _run(cfg)
+    monkeypatch.setitem(tasks._TASKS, "recommendation", FakeTask())
+    return cfg
+
+
+def test_a_resumed_run_counts_the_time_lost_after_its_checkpoint(monkeypatch, tmp_path, capsys):
+    import torch
+
+    cfg = _interrupted(monkeypatch, tmp_path, lost=1.0)
+    saved = torch.load(tmp_path / "ck" / "last.pt", weights_only=False)
+    assert saved["epoch"] == 2
+    out = _run(TTAConfig(**{**cfg.__dict__, "resume": True}), on_epoch=epoch_line)
+    m, curve = out.metrics, out.raw["curve"]
+    assert m["resumed_from_epoch"] == 2 and 1.0 <= m["lost_time"] < 1.0 + m["resume_gap"]
+    # epoch 3's point is stamped after the lost second: the clock goes on from the failure, not the checkpoint
+    assert curve[2]["wall_s"] >= saved["elapsed_s"] + m["lost_time"] + curve[2]["epoch_train_s"]
+    assert m["wall_time"] >= saved["elapsed_s"] + 1.0 + m["train_time"] - saved["acc"]["train_time"]
+    assert out.units["lost_time"] == "s"
+    said = capsys.readouterr().err
+    assert "lost" in said and said.index("lost") < said.index("epoch 3:")  # said before training goes on
+
+
+def test_lost_time_adds_up_over_two_interruptions(monkeypatch, tmp_path):
+    cfg = _interrupted(monkeypatch, tmp_path, lost=0.6)
+    monkeypatch.setitem(tasks._TASKS, "recommendation", FakeTask(crash=(2, 0.6)))
+    with pytest.raises(RuntimeError, match="went down"):
+        _run(TTAConfig(**{**cfg.__dict__, "resume": True}))  # fails again in the same epoch
+    monkeypatch.setitem(tasks._TASKS, "recommendation", FakeTask())
+    m = _run(TTAConfig(**{**cfg.__dict__, "resume": True})).metrics
+    assert m["lost_time"] >= 1.2
+
+
+def _mlperf_events(path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG", 1)[1]) for line in open(path) if ":::MLLOG" in line]
+
+
+@pytest.fixture
+def llama_log(monkeypatch):
+    """The fake task logs as MLPerf's llama31_8b, whose open-division rules (training 5.1.0) its log can pass."""
+    monkeypatch.setattr(FakeTask, "mlperf_benchmark", "llama31_8b", raising=False)
+
+
+def test_a_resumed_runs_mlperf_log_passes_the_checker(monkeypatch, tmp_path, llama_log):
+    from dlscale.longtest.mlperf import check
+
+    log = tmp_path / "mlperf.log"
+    cfg = _interrupted(monkeypatch, tmp_path, lost=0.2, mlperf_log=str(log))
+    assert [e["key"] for e in _mlperf_events(log)][-1] == "run_stop"  # the failed attempt's "aborted"
+    out = _run(TTAConfig(**{**cfg.__dict__, "resume": True}))
+    events = _mlperf_events(log)
+    assert [e["key"] for e in events].count("run_stop") == 1 and events[-1]["metadata"]["status"] == "aborted"
+    assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == [1, 2, 3, 4]
+    ok, text = check(str(log), str(tmp_path / "checker.log"), ruleset="5.1.0")
+    assert ok, text[-2000:]
+    kept = (tmp_path / "mlperf.log.interrupted").read_text()  # the failed attempt's lines after the checkpoint
+    assert '"run_stop"' in kept and '"epoch_num": 3' in kept
+    assert not any("MLPerf" in w for w in out.warnings)
+
+
+def test_a_resumed_mlperf_log_that_cannot_pass_says_why_before_training(monkeypatch, tmp_path, capsys, llama_log):
+    cfg = _interrupted(monkeypatch, tmp_path, lost=0.1)  # the first attempt kept no MLPerf log
+    capsys.readouterr()
+    out = _run(TTAConfig(**{**cfg.__dict__, "resume": True, "mlperf_log": str(tmp_path / "late.log")}),
+               on_epoch=epoch_line)
+    said = capsys.readouterr().err
+    assert "will not pass" in said and said.index("will not pass") < said.index("epoch 3:")
+    assert any("kept no MLPerf log" in w for w in out.warnings)

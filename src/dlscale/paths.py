@@ -1,4 +1,4 @@
-"""Where dlscale keeps its files by default."""
+"""Where dlscale keeps its files by default, and the one check of a directory it is told to write."""
 
 from __future__ import annotations
 
@@ -20,6 +20,21 @@ def default_db_path() -> Path:
     if env:
         return Path(env).expanduser()
     return data_dir() / "results.db"
+
+
+def make_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a directory, made if missing (with its parents); a UsageError naming it when it is a
+    file or cannot be made."""
+    from dlscale.errors import UsageError
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{p} is a file, not a directory: give a directory to write into (new or existing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {p}: {e.strerror}; give a directory you can write to") from None
+    return p
 
 
 def resolve_db_path(db: str | os.PathLike | None) -> Path:

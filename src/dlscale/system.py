@@ -3,8 +3,9 @@
 The same dictionary is printed by ``dlscale sysinfo`` and stored in every run record.
 Everything that can be absent (NVML, CUDA, a sysfs file) is guarded and reported as null; a GPU
 probe that fails in an unexpected way leaves a line in ``accelerators.notes`` instead of stopping
-the run whose record this inventory is part of. CUDA devices are matched to NVML devices by PCI
-address (monitor/nvml.py), so the topology describes the GPUs the run uses.
+the run whose record this inventory is part of. CUDA devices are matched to NVML devices by UUID,
+then PCI address (monitor/nvml.py), so the topology describes the GPUs (or MIG instances) the run
+uses.
 """
 
 from __future__ import annotations
@@ -285,6 +286,8 @@ def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dic
         return {**entry, "nvml_index": None}
     h, what = g.handle, f"GPU {i}"
     entry.update(nvml_index=g.index, matched_by=g.matched_by, pci_bus_id=g.bus_id, uuid=g.uuid)
+    if g.mig is not None:
+        entry["mig_instance"] = g.mig  # the figures below are the instance's where NVML gives them
     words = max(1, -(-(os.cpu_count() or 64) // 64))
     probes: dict[str, Any] = {
         "name": lambda: nvml.text(nv.nvmlDeviceGetName(h)),

@@ -60,14 +60,12 @@ def _domain_command(domain: str) -> None:
         scale: Annotated[float, typer.Option("--scale", help="Multiply the dataset's default size by this.")] = 1.0,
         fmt: FormatOpt = Format.human,
     ) -> None:
-        from dlscale.errors import UsageError
         from dlscale.longtest import tasks
 
-        if not scale > 0:
-            raise UsageError(f"--scale must be > 0, got {scale}")
         task = tasks.get(domain)
-        info(f"dlscale dataset {domain} {root}: seed {seed}, scale {scale:g}")
-        summary = task.make_dataset(root, seed=seed, scale=scale)
+        task.check_made(scale)
+        info(f"dlscale dataset {domain} {root}: seed {seed}, scale {scale:g} ({task.made_size(scale)})")
+        summary = task.write_dataset(root, seed=seed, scale=scale)
         if fmt == Format.json:
             print_json(summary)
             return

@@ -161,15 +161,17 @@ def _summary_table(rec: Any) -> Any:
     else:
         t.add_row("time to target", f"[yellow]not reached[/yellow] ({target}) in {fmt_count(m.get('epochs_run'), 'epoch')}")
     ckpt = fmt_seconds(m.get("checkpoint_time")) if c.get("checkpoint_dir") else "none written"
+    lost = f", lost to interruptions {fmt_seconds(m['lost_time'])}" if m.get("lost_time") is not None else ""
     t.add_row("of which", f"training {fmt_seconds(m.get('train_time'))}, evaluation {fmt_seconds(m.get('eval_time'))}, "
-              f"checkpoints {ckpt}, set-up {fmt_seconds(m.get('setup_time'))}")
+              f"checkpoints {ckpt}, set-up {fmt_seconds(m.get('setup_time'))}{lost}")
     t.add_row("final quality", final)
     t.add_row("training throughput", f"{fmt_num(m.get('throughput'))} {unit}/s")
     if m.get("speedup") is not None:
         t.add_row("speed-up vs 1 node", f"{m['speedup']:.2f}x = throughput {m['throughput_speedup']:.2f}x "
                   f"x epochs {m['epochs_ratio']:.2f} (+ eval/set-up)  [ref {m['reference_run_id']}]")
     if m.get("resumed_from_epoch") is not None:
-        t.add_row("resumed", f"from epoch {m['resumed_from_epoch']} ({fmt_seconds(m.get('resume_gap'))} after its checkpoint)")
+        t.add_row("resumed", f"from epoch {m['resumed_from_epoch']} ({fmt_seconds(m.get('resume_gap'))} after its "
+                  f"checkpoint; the work lost after it, {fmt_seconds(m.get('lost_time'))}, is in the time)")
     return t
 
 

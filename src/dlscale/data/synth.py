@@ -63,11 +63,9 @@ def make_dataset(root: str | Path, spec: DatasetSpec, on_file=None) -> dict:
     """Write the dataset; returns counts and bytes written per split."""
     import torch
 
-    root = Path(root)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create {root}: {e.strerror}") from None
+    from dlscale.paths import make_dir
+
+    root = make_dir(root)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one small image at a time: threads only contend
     try:

@@ -166,6 +166,8 @@ def _task_checks(cfg: TTAConfig, family: str) -> dict[str, Any]:
     if cfg.target_top1 is not None or cfg.target_top5 is not None:
         raise UsageError(f"--target-top1/--target-top5 are for image classifiers; {cfg.model} ({family}) trains to "
                          f"{task.metric_label}: use --target (default {task.default_target:g})")
+    if cfg.target is not None:
+        task.check_target(cfg.target)
     if cfg.data is None and task.default_data is None:
         raise UsageError(f"--data is required for {family} (`dlscale dataset {family} DIR` makes a small one)")
     if cfg.optimizer == "lars":

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from dlscale.errors import UsageError
+from dlscale.paths import make_dir
 
 CLASSES = 10
 IMAGES = 1797
@@ -38,10 +39,7 @@ def make_digits(root: str | Path, size: int = 16, val_fraction: float = 0.2, see
     marker = root / MARKER
     if marker.is_file() and {k: v for k, v in json.loads(marker.read_text()).items() if k in spec} == spec:
         return json.loads(marker.read_text())
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create {root}: {e.strerror}") from None
+    make_dir(root)
     digits = load_digits()
     images = torch.from_numpy(digits.images.astype("float32") / 16.0).unsqueeze(1)  # N,1,8,8 in [0, 1]
     if size != 8:

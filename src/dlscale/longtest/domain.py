@@ -7,9 +7,11 @@ each epoch on each rank is seeded from (seed, epoch, rank), so a run resumed fro
 repeats what the uninterrupted run would have done; evaluation follows every ``eval_every``-th
 epoch and the last. The task supplies the data, the model, the batches, the loss and the metric;
 this module owns the optimizer step, the LR schedule, throughput in the family's unit, the
-target check, the checkpoints, the MLPerf log and the figures. Evaluation runs on rank 0 over
-the whole validation set (quality metrics such as mAP and BLEU are not sums over shards); the
-other ranks wait at a barrier and receive the metric, so every rank stops at the same epoch.
+target check, the checkpoints, the MLPerf log and the figures. Evaluation is sharded: every rank
+evaluates its share of the validation set, the parts (sums where the metric is a sum over
+samples, predictions where it is not, as mAP and BLEU) are gathered to every rank, and every rank
+combines them into the same figures, so every rank stops at the same epoch and no rank waits in a
+collective while another evaluates (a COCO or C4 evaluation can outlast the collective timeout).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from dlscale.harness import device as dev
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.tasks import EpochContext, Task, TaskData
+from dlscale.longtest import checkpoint
 from dlscale.longtest.tta import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
     "wall_time": "s", "train_time": "s", "eval_time": "s", "checkpoint_time": "s", "setup_time": "s",
     "steps_per_epoch": "steps", "world_size": "ranks", "peak_lr": "lr", "train_samples": "samples",
-    "eval_samples": "samples", "resumed_from_epoch": "epochs", "resume_gap": "s", "final_loss": "nats",
+    "eval_samples": "samples", "resumed_from_epoch": "epochs", "resume_gap": "s", "lost_time": "s",
+    "final_loss": "nats",
 }
 
 
@@ -99,6 +103,8 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
 
     task = tasks.get(cfg.family)
     dev.set_matmul_precision(cfg.precision, device)
+    key = same_config_key(cfg.to_dict())
+    state = checkpoint.load(cfg.checkpoint_dir, key) if cfg.resume else None
     data = data if data is not None else task.open(cfg.data, cfg)
     if ranks.rank == 0:
         from dlscale.log import info
@@ -114,12 +120,10 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     model = wrap_model(base, task) if wrap_model else base
     s = DomainSetup(cfg=cfg, task=task, data=data, device=device, ranks=ranks, model=model, base=base,
                     opt=make_optimizer(cfg, model, sched.peak, task), sched=sched, steps_per_epoch=steps,
-                    amp=dev.autocast_dtype(cfg.precision), key=same_config_key(cfg.to_dict()),
-                    progress=Progress(t0=t0))
-    if ranks.rank == 0 and cfg.mlperf_log:
-        _open_mlperf_log(s, platform)
-    if cfg.resume:
-        s.progress = resume_progress(s, t0)
+                    amp=dev.autocast_dtype(cfg.precision), key=key, progress=Progress(t0=t0))
+    resume_problems = _open_mlperf_log(s, platform, state) if ranks.rank == 0 and cfg.mlperf_log else []
+    if state is not None:
+        s.progress = resume_progress(s, state, t0, resume_problems)
     elif s.mlog:
         s.mlog.init_stop_run_start()
     s.progress.acc["setup_time"] += time.perf_counter() - t0
@@ -138,22 +142,22 @@ def make_optimizer(cfg: TTAConfig, model: Any, lr: float, task: Task) -> Any:
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def _open_mlperf_log(s: DomainSetup, platform: str) -> None:
-    """Rank 0's MLPerf log (open division) with its header, and the closed-division rules broken."""
-    from pathlib import Path
-
-    from dlscale.longtest.mlperf import MLPerfLog
-
+def _open_mlperf_log(s: DomainSetup, platform: str, state: dict[str, Any] | None) -> list[str]:
+    """Rank 0's MLPerf log (open division) with its header (continued after --resume), and the
+    closed-division rules broken; why a resumed log cannot pass the checker."""
     cfg, task = s.cfg, s.task
     s.log_problems = task.closed_division_problems(cfg, s.sched.peak, s.data, s.steps_per_epoch)
     if s.log_problems:  # said before the run starts, and again in the record's warnings
         from dlscale.log import warn
 
         warn(f"{cfg.mlperf_log}: open division; the closed division would refuse: " + "; ".join(s.log_problems))
-    s.mlog = MLPerfLog(cfg.mlperf_log, append=cfg.resume and Path(cfg.mlperf_log).is_file())
+    from dlscale.longtest.mlperf import open_log
+
+    s.mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:
         s.mlog.domain_header(task.mlperf_benchmark_for(cfg), platform, cfg, s.data.n_train, s.data.n_eval,
                              task.mlperf_hparams(cfg, s.sched.peak, s.data, s.steps_per_epoch))
+    return resume_problems
 
 
 def context(s: DomainSetup, epoch: int, seed: int) -> EpochContext:
@@ -229,25 +233,26 @@ def _sum_over_ranks(ranks: Ranks, values: list[float]) -> list[float]:
 
 
 def evaluate_point(s: DomainSetup, epoch: int, point: dict[str, Any]) -> None:
-    """Rank 0 evaluates its bare model on the whole validation set; every rank learns the metric."""
+    """Every rank evaluates its share of the validation set on its bare model (rank 0's buffers);
+    the parts are gathered to every rank, and every rank combines them into the same figures."""
     import torch
 
     cfg, task, mlog = s.cfg, s.task, s.mlog
     if mlog:
         mlog.eval_start(epoch + 1)
     tv = time.perf_counter()
-    figures: dict[str, float] = {}
-    if s.ranks.rank == 0:
-        s.base.eval()
-        with torch.no_grad():
-            figures = {k: v if isinstance(v, int) and not isinstance(v, bool) else float(v)  # counts stay counts
-                       for k, v in task.evaluate(s.base, s.data, context(s, epoch, cfg.seed)).items()}
-        s.base.train()
-        if task.metric not in figures:
-            raise RuntimeError(f"the {task.family} task's evaluation gave no {task.metric!r}")
-    value = _sum_over_ranks(s.ranks, [figures.get(task.metric, 0.0)])[0]
+    s.ranks.sync_buffers(s.base)
+    s.base.eval()
+    with torch.no_grad():
+        part = task.evaluate_shard(s.base, s.data, context(s, epoch, cfg.seed))
+    s.base.train()
+    figures = {k: v if isinstance(v, int) and not isinstance(v, bool) else float(v)  # counts stay counts
+               for k, v in task.combine(s.ranks.all_gather(part), s.data).items()}
+    if task.metric not in figures:
+        raise RuntimeError(f"the {task.family} task's evaluation gave no {task.metric!r}")
+    value = figures[task.metric]
     s.sync()
-    point.update(quality=value, figures=figures or None, eval_s=time.perf_counter() - tv)
+    point.update(quality=value, figures=figures, eval_s=time.perf_counter() - tv)
     s.progress.acc["eval_time"] += point["eval_s"]
     if mlog:
         mlog.eval_stop(epoch + 1, task.mlperf_accuracy(figures))
@@ -301,3 +306,4 @@ def _warn(s: DomainSetup, out: Outcome, best: float | None) -> None:
     if problems:
         out.warnings.append(f"the MLPerf log {cfg.mlperf_log} is open division; the closed division would refuse: "
                             + "; ".join(problems))
+    out.warnings.extend(s.progress.notes)

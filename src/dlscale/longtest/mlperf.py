@@ -10,6 +10,12 @@ The other families log as their task's benchmark (``retinanet``, ``dlrm_dcnv2``,
 or a retired one: ``transformer``, ``ncf``, ``minigo``) in the open division, with the task's
 hyperparameter keys (``domain_header``); where the installed mlperf-logging has a ruleset for the
 benchmark the log passes its checker, and the task says which closed-division rules it breaks.
+
+A resumed run continues its log where the checkpoint it resumes left it (``resume_log``): each
+checkpoint records the log's path and length, and on resume the lines written after that length
+(the lost epoch, a failed attempt's ``run_stop``) move to ``FILE.interrupted``, so the log holds
+one run, with one ``run_start`` and one ``run_stop``, and passes the checker. Where it cannot (the
+checkpointed run kept no log, or another file, or the file was cut) the run says so before training.
 """
 
 from __future__ import annotations
@@ -41,6 +47,56 @@ def closed_division_problems(cfg: Any, schedule: Any) -> list[str]:
     if cfg.target_top1 < RESNET_TARGET:
         problems.append(f"the checker needs an eval_accuracy >= {RESNET_TARGET}; --target-top1 is {cfg.target_top1}")
     return problems
+
+
+def log_mark(mlog: "MLPerfLog | None") -> dict[str, Any] | None:
+    """What a checkpoint records of the log: its absolute path and its length in bytes now."""
+    if mlog is None:
+        return None
+    import os
+
+    return {"path": os.path.abspath(mlog.path), "bytes": os.path.getsize(mlog.path)}
+
+
+def resume_log(path: str, saved: dict[str, Any] | None) -> list[str]:
+    """Make the log at ``path`` end where the checkpoint's run had written it (``saved``: its
+    ``log_mark``); the lines after move to ``path.interrupted``. The reasons the resumed log
+    cannot pass the checker (empty: it can)."""
+    import os
+
+    here = os.path.abspath(path)
+    if saved is None:
+        return ["the checkpointed run kept no MLPerf log, so this one lacks its header and run_start; "
+                "start the run again with --mlperf-log for a log that passes"]
+    if saved["path"] != here:
+        return [f"the checkpointed run logged to {saved['path']}; give --mlperf-log {saved['path']} to continue it"]
+    size = os.path.getsize(here) if os.path.isfile(here) else -1
+    if size < saved["bytes"]:
+        return [f"{here} is shorter than the {saved['bytes']} bytes it held at the checkpoint (cut or replaced)"]
+    with open(here, "rb+") as f:
+        f.seek(saved["bytes"])
+        tail = f.read()
+        if tail:
+            with open(here + ".interrupted", "ab") as side:
+                side.write(tail)
+            f.truncate(saved["bytes"])
+    return []
+
+
+def open_log(cfg: Any, state: dict[str, Any] | None) -> tuple["MLPerfLog", list[str]]:
+    """Rank 0's log at --mlperf-log: a new one, or after --resume (checkpoint ``state``) the
+    checkpointed run's, cut back to where the checkpoint left it (``resume_log``); why a resumed log
+    cannot pass the checker, said here, before training."""
+    import os
+
+    from dlscale.log import warn
+
+    if state is None:
+        return MLPerfLog(cfg.mlperf_log), []
+    problems = resume_log(cfg.mlperf_log, state.get("mlperf_log"))
+    if problems:
+        warn(f"{cfg.mlperf_log}: this resumed run's MLPerf log will not pass the checker: " + "; ".join(problems))
+    return MLPerfLog(cfg.mlperf_log, append=os.path.isfile(cfg.mlperf_log)), problems
 
 
 def _is_integer(x: float) -> bool:

@@ -27,12 +27,11 @@ def check_data(root: str) -> None:
 
 
 def check_resume(cfg: Any) -> None:
+    """With --resume, a whole checkpoint must be there before any process starts (else a UsageError)."""
     if cfg.resume:
-        from dlscale.longtest.checkpoint import checkpoint_path
+        from dlscale.longtest.checkpoint import check_readable, checkpoint_path
 
-        if not checkpoint_path(cfg.checkpoint_dir).is_file():
-            raise UsageError(f"--resume: no checkpoint at {checkpoint_path(cfg.checkpoint_dir)}; "
-                             "run without --resume to start from scratch")
+        check_readable(checkpoint_path(cfg.checkpoint_dir))
 
 
 def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:

@@ -7,6 +7,11 @@ and set-up time are also recorded on their own, and ``time_to_target_train`` is 
 alone. Each epoch is seeded from (seed, epoch), so a
 run resumed from a checkpoint repeats exactly what the uninterrupted run would have done.
 
+A resumed run (``--resume``) goes on from its checkpoint's clock plus the time the interrupted
+attempt spent after that checkpoint (its progress mark, longtest/checkpoint.py): the lost work
+counts in ``time_to_target`` and is recorded as ``lost_time``; its MLPerf log continues from the
+checkpoint (longtest/mlperf.py), or the run says before training why it cannot pass the checker.
+
 Like the short test (train/shorttest.py), ``build_setup`` makes everything the run trains with
 (loaders, schedule, MLPerf log, model, optimizer, resumed progress); the loop then calls one
 named step at a time (``train_one_epoch``, ``evaluate_point``, ``log_point``,
@@ -30,6 +35,7 @@ from dlscale.longtest import checkpoint
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.loop import evaluate, train_epoch
 from dlscale.longtest.mlperf import RESNET_TARGET
+from dlscale.log import info
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -38,7 +44,7 @@ UNITS = {
     "best_top1": "fraction", "final_loss": "nats", "target_top1": "fraction", "target_top5": "fraction",
     "samples_per_epoch": "samples", "steps_per_epoch": "steps", "global_batch": "samples", "world_size": "ranks",
     "peak_lr": "lr", "train_samples": "samples", "eval_samples": "samples", "resumed_from_epoch": "epochs",
-    "resume_gap": "s",
+    "resume_gap": "s", "lost_time": "s",
 }
 DIGITS_MARKER = "dlscale-digits.json"
 
@@ -50,6 +56,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     all_reduce: Callable[[Any], None] | None = None  # in-place sum over ranks
+    all_gather: Callable[[Any], list[Any]] = lambda obj: [obj]  # every rank's (picklable) object, in rank order
     barrier: Callable[[], None] = lambda: None
     # before an evaluation: give every rank rank 0's buffers (BN running statistics drift by one
     # local batch per rank after DDP's per-forward broadcast), so all ranks evaluate one model
@@ -68,11 +75,13 @@ class Progress:
     start_epoch: int = 0
     curve: list[dict[str, Any]] = field(default_factory=list)
     acc: dict[str, Any] = field(default_factory=lambda: {  # seconds and counts over the whole run
-        "train_time": 0.0, "eval_time": 0.0, "checkpoint_time": 0.0, "setup_time": 0.0, "samples": 0, "steps": 0})
+        "train_time": 0.0, "eval_time": 0.0, "checkpoint_time": 0.0, "setup_time": 0.0, "lost_time": 0.0,
+        "samples": 0, "steps": 0})
     resume_info: dict[str, Any] = field(default_factory=dict)
     hit: dict[str, Any] | None = None  # the first curve point that reached the target
     prior_j: float | None = 0.0  # joules the run had used before a resume (None: not measured then)
     meter: Any = None  # harness.energy.EnergyMeter over the epochs, open while they run
+    notes: list[str] = field(default_factory=list)  # warnings for the record (a resumed log that cannot pass)
 
     def clock(self) -> float:
         """Seconds since the run started, across a resume."""
@@ -163,6 +172,8 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
     p, cfg = s.progress, s.cfg
     p.meter = EnergyMeter(s.device)
     p.meter.begin()
+    mark = (checkpoint.ProgressMark(cfg.checkpoint_dir, s.key, p.clock).start()
+            if cfg.checkpoint_dir and s.ranks.rank == 0 else None)
     try:
         for epoch in range(p.start_epoch, cfg.max_epochs):
             if p.hit:
@@ -182,6 +193,8 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
     finally:
         p.meter.end()
         p.meter.close()
+        if mark:
+            mark.stop()  # the clock when the run ended, or failed: what a resume counts as lost after the checkpoint
         s.close()
 
 
@@ -237,12 +250,15 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     import torch
 
     dev.set_matmul_precision(cfg.precision, device)
+    key = same_config_key(cfg.to_dict())
+    state = checkpoint.load(cfg.checkpoint_dir, key) if cfg.resume else None
     plain = (Path(cfg.data) / DIGITS_MARKER).is_file()
     train_loader, val_loader = _loaders(cfg, ranks, plain)
     n_train, n_val = len(train_loader.loader.dataset), len(val_loader.loader.dataset)
     steps_per_epoch = len(train_loader)
     sched = cfg.schedule()
-    mlog, log_problems = _mlperf_log(cfg, ranks, sched, steps_per_epoch, platform, n_train, n_val)
+    mlog, log_problems, resume_problems = _mlperf_log(cfg, ranks, sched, steps_per_epoch, platform, n_train, n_val,
+                                                      state)
 
     torch.manual_seed(cfg.seed)
     base = workloads.get(cfg.model).builder(train_loader.num_classes).to(device)
@@ -251,11 +267,11 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     model = wrap_model(base) if wrap_model else base
     s = Setup(cfg=cfg, device=device, ranks=ranks, train_loader=train_loader, val_loader=val_loader, plain=plain,
               n_train=n_train, n_val=n_val, val_limit=len(range(ranks.rank, n_val, ranks.world)),
-              steps_per_epoch=steps_per_epoch, sched=sched, key=same_config_key(cfg.to_dict()), model=model,
+              steps_per_epoch=steps_per_epoch, sched=sched, key=key, model=model,
               base=base, opt=_optimizer(cfg, model, sched.peak), amp=dev.autocast_dtype(cfg.precision),
               channels_last=channels_last, progress=Progress(t0=t0), mlog=mlog, log_problems=log_problems)
-    if cfg.resume:
-        s.progress = resume_progress(s, t0)
+    if state is not None:
+        s.progress = resume_progress(s, state, t0, resume_problems)
     elif mlog:
         mlog.init_stop_run_start()
     s.progress.acc["setup_time"] += time.perf_counter() - t0
@@ -277,17 +293,17 @@ def _loaders(cfg: TTAConfig, ranks: Ranks, plain: bool) -> tuple[Any, Any]:
 
 
 def _mlperf_log(cfg: TTAConfig, ranks: Ranks, sched: Any, steps_per_epoch: int, platform: str, n_train: int,
-                n_val: int) -> tuple[Any, list[str]]:
-    """Rank 0's MLPerf log with its header written (continued after --resume), and the rules it breaks."""
+                n_val: int, state: dict[str, Any] | None) -> tuple[Any, list[str], list[str]]:
+    """Rank 0's MLPerf log with its header written (continued after --resume), the rules it breaks,
+    and why a resumed log cannot pass the checker."""
     if not cfg.mlperf_log or ranks.rank != 0:
-        return None, []
-    from dlscale.longtest.mlperf import MLPerfLog, closed_division_problems
+        return None, [], []
+    from dlscale.longtest.mlperf import closed_division_problems, open_log
 
-    log_problems = closed_division_problems(cfg, sched)
-    mlog = MLPerfLog(cfg.mlperf_log, append=cfg.resume and Path(cfg.mlperf_log).is_file())
+    mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:
         mlog.header(cfg, sched, steps_per_epoch, platform, n_train, n_val)
-    return mlog, log_problems
+    return mlog, closed_division_problems(cfg, sched), resume_problems
 
 
 def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
@@ -301,16 +317,25 @@ def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
     return torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def resume_progress(s: Any, t0: float) -> Progress:
-    """Load the last checkpoint of the same config into the model and optimizer; the progress it held."""
-    state = checkpoint.load(s.cfg.checkpoint_dir, s.key)
+def resume_progress(s: Any, state: dict[str, Any], t0: float, log_problems: list[str]) -> Progress:
+    """Load checkpoint ``state`` into the model and optimizer; the progress it held, its clock moved on
+    by the time the interrupted attempt spent after it (``lost_time``, said here before training)."""
     s.base.load_state_dict(state["model"])
     s.opt.load_state_dict(state["optimizer"])
     curve = state["curve"]
-    return Progress(t0=t0, prior_s=state["elapsed_s"], start_epoch=state["epoch"], curve=curve, acc=state["acc"],
+    lost = checkpoint.lost_after(s.cfg.checkpoint_dir, state)
+    acc = {**Progress(t0=t0).acc, **state["acc"]}  # a checkpoint from before lost_time has none
+    acc["lost_time"] += lost
+    if s.ranks.rank == 0:
+        info(f"resuming after epoch {state['epoch']}: the interrupted run worked {lost:.1f} s past that checkpoint; "
+             f"that lost work counts in the run's time ({acc['lost_time']:.1f} s lost in all)")
+    notes = [f"the MLPerf log {s.cfg.mlperf_log} will not pass the checker: " + "; ".join(log_problems)] \
+        if log_problems else []
+    return Progress(t0=t0, prior_s=state["elapsed_s"] + lost, start_epoch=state["epoch"], curve=curve, acc=acc,
                     prior_j=curve[-1].get("energy_j") if curve else 0.0,
-                    resume_info={"resumed_from_epoch": state["epoch"], "resume_gap": time.time() - state["saved_at"]},
-                    hit=next((c for c in curve if c.get("reached")), None))
+                    resume_info={"resumed_from_epoch": state["epoch"], "resume_gap": time.time() - state["saved_at"],
+                                 "lost_time": acc["lost_time"]},
+                    hit=next((c for c in curve if c.get("reached")), None), notes=notes)
 
 
 def evaluates_after(cfg: TTAConfig, epoch: int) -> bool:
@@ -381,9 +406,12 @@ def save_checkpoint(s: Any, epoch: int) -> None:
     p = s.progress
     tc = time.perf_counter()
     if s.ranks.rank == 0:
+        from dlscale.longtest.mlperf import log_mark
+
         checkpoint.save_atomic({
             "config_key": s.key, "epoch": epoch + 1, "model": s.base.state_dict(), "optimizer": s.opt.state_dict(),
             "curve": p.curve, "acc": p.acc, "elapsed_s": p.clock(), "saved_at": time.time(),
+            "mlperf_log": log_mark(s.mlog),
         }, s.cfg.checkpoint_dir)
     s.sync()
     p.acc["checkpoint_time"] += time.perf_counter() - tc
@@ -403,6 +431,7 @@ def assemble_outcome(s: Setup) -> Outcome:
     if problems:
         out.warnings.append(f"the MLPerf log {cfg.mlperf_log} will not pass the closed-division checker: "
                             + "; ".join(problems))
+    out.warnings.extend(p.notes)
     return out
 
 

@@ -1,8 +1,9 @@
 """One rank of a data-parallel time-to-accuracy run (the ``tta`` family of ``distributed.job``).
 
 Every rank joins the process group (gloo on CPU, nccl on CUDA), trains its shard with the model
-in DistributedDataParallel, and takes part in the evaluation's all-reduce of correct counts;
-rank 0 alone writes the MLPerf log, the checkpoints and the record.
+in DistributedDataParallel, and evaluates its shard of the validation set (an all-reduce of correct
+counts for classifiers, a gather of every rank's part for the other families); rank 0 alone writes
+the MLPerf log, the checkpoints and the record.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def run_rank(spec: Any, env: Any) -> Any:
     store = Store.open(spec.db) if env.rank == 0 else None
     backend = init_process_group(env, layout.launch_backend, device.type, layout.timeout_s)
     config = {**resolved.to_dict(), **rank_layout_config(env, backend, layout)}
-    ranks = Ranks(rank=env.rank, world=env.world_size, all_reduce=_all_reduce(device), barrier=dist.barrier,
-                  sync_buffers=_sync_buffers)
+    ranks = Ranks(rank=env.rank, world=env.world_size, all_reduce=_all_reduce(device), all_gather=_all_gather,
+                  barrier=dist.barrier, sync_buffers=_sync_buffers)
 
     def wrap(model: Any, task: Any = None) -> Any:
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -68,6 +69,14 @@ def _all_reduce(device: Any) -> Any:
         t.copy_(moved.to(t.device))
 
     return all_reduce
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _sync_buffers(model: Any) -> None:

@@ -204,8 +204,8 @@ class HealthWatch:
             self.xid = None
 
     def report(self) -> dict[str, Any]:
-        return {"gpu": self.label, "nvml_index": self.gpu.index, "matched_by": self.gpu.matched_by,
-                "before": self.before, "after": self.after, "samples": self.samples,
+        return {"gpu": self.label, "nvml_index": self.gpu.index, "mig_instance": self.gpu.mig,
+                "matched_by": self.gpu.matched_by, "before": self.before, "after": self.after, "samples": self.samples,
                 "throttle_samples": dict(self.counts), "xid_events": list(self.xids), "notes": list(self.notes)}
 
     def warnings(self) -> list[str]:
@@ -236,7 +236,8 @@ def check_host() -> dict[str, Any]:
             label = f"GPU {g.index}"
             name = nvml.probe(nv, notes, f"{label} name", lambda g=g: nvml.text(nv.nvmlDeviceGetName(g.handle)))
             snap = snapshot(nv, g.handle, notes, label)
-            gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid, **snap,
+            gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid,
+                         "mig_mode": g.mig_mode, **snap,
                          "warnings": snapshot_warnings(snap, label)})
     finally:
         nvml.stop(nv)

@@ -3,18 +3,22 @@
 ``start()`` imports the bindings (nvidia-ml-py's ``pynvml``) and initialises NVML, or says None
 where either is missing. ``cuda_gpus()`` maps each CUDA device to its NVML device: CUDA numbers
 only the devices it can see (``CUDA_VISIBLE_DEVICES``) in its own order, NVML numbers every GPU
-on the host by PCI address, so CUDA index i is NVML index i only by luck. The match is by PCI
-address (torch's device properties), then by UUID, then by the ``CUDA_VISIBLE_DEVICES`` entry,
-and only last by equal index, which the record then says. ``probe()`` runs one NVML call: an
-NVMLError (a counter this GPU or driver does not have) gives None, any other exception gives
-None and a note, so no NVML surprise escapes into a run.
+on the host by PCI address, so CUDA index i is NVML index i only by luck. The match is by UUID
+(torch's device properties), then by PCI address, then by the ``CUDA_VISIBLE_DEVICES`` entry, and
+only last by equal index, which the record then says. UUID comes first because of MIG: a GPU in
+MIG mode is never a CUDA device itself, CUDA sees its instances, and each instance has the GPU's
+PCI address but a UUID of its own ("MIG-..."), so only the UUID tells which instance a CUDA device
+is; a GPU in MIG mode is never matched by PCI address or index, since its figures would be
+the whole GPU's under an instance's name. ``probe()`` runs one NVML call: an NVMLError (a counter
+this GPU or driver does not have) gives None, any other exception gives None and a note, so no
+NVML surprise escapes into a run.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -63,16 +67,22 @@ def probe(nv: Any, notes: list[str], what: str, fn: Callable[[], Any]) -> Any:
 
 @dataclass
 class NvmlGpu:
-    index: int  # NVML's index (PCI order over the whole host)
+    index: int  # NVML's index (PCI order over the whole host); a MIG instance's is its GPU's
     handle: Any
     pci: tuple[int, int, int] | None  # (domain, bus, device)
     bus_id: str | None
     uuid: str | None
     matched_by: str = ""  # how the CUDA device was matched to it
+    mig: int | None = None  # a MIG instance: its index on the GPU (nvmlDeviceGetMigDeviceHandleByIndex)
+    mig_mode: bool = False  # a GPU in MIG mode: CUDA sees its instances, never the GPU itself
+
+    @property
+    def label(self) -> str:
+        return f"NVML GPU {self.index}" + ("" if self.mig is None else f" MIG instance {self.mig}")
 
 
 def host_gpus(nv: Any, notes: list[str]) -> list[NvmlGpu]:
-    """Every GPU NVML sees on this host, with its PCI address and UUID where NVML gives them."""
+    """Every GPU NVML sees on this host, with its PCI address, UUID and MIG mode where NVML gives them."""
     gpus = []
     for i in range(probe(nv, notes, "NVML device count", lambda: nv.nvmlDeviceGetCount()) or 0):
         h = probe(nv, notes, f"NVML GPU {i} handle", lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
@@ -80,9 +90,31 @@ def host_gpus(nv: Any, notes: list[str]) -> list[NvmlGpu]:
             continue
         pci = probe(nv, notes, f"NVML GPU {i} PCI info", lambda h=h: nv.nvmlDeviceGetPciInfo(h))
         uuid = probe(nv, notes, f"NVML GPU {i} UUID", lambda h=h: text(nv.nvmlDeviceGetUUID(h)))
+        mode = probe(nv, notes, f"NVML GPU {i} MIG mode", lambda h=h: nv.nvmlDeviceGetMigMode(h))  # pre-Ampere: None
         addr = (int(pci.domain), int(pci.bus), int(pci.device)) if pci is not None else None
-        gpus.append(NvmlGpu(i, h, addr, text(pci.busId) if pci is not None else None, uuid))
+        gpus.append(NvmlGpu(i, h, addr, text(pci.busId) if pci is not None else None, uuid,
+                            mig_mode=mode is not None and int(mode[0]) == nv.NVML_DEVICE_MIG_ENABLE))
     return gpus
+
+
+def mig_instances(nv: Any, gpus: list[NvmlGpu], notes: list[str]) -> list[NvmlGpu]:
+    """The MIG instances of the GPUs in MIG mode, each with its own UUID and its GPU's PCI address.
+
+    NVML numbers a GPU's instance slots 0 .. nvmlDeviceGetMaxMigDeviceCount - 1 and answers
+    NOT_FOUND for an empty slot."""
+    out = []
+    for g in gpus:
+        if not g.mig_mode:
+            continue
+        slots = probe(nv, notes, f"{g.label} MIG slots", lambda g=g: nv.nvmlDeviceGetMaxMigDeviceCount(g.handle))
+        for k in range(int(slots or 0)):
+            h = probe(nv, notes, f"{g.label} MIG instance {k}",
+                      lambda g=g, k=k: nv.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, k))
+            if h is None:
+                continue
+            uuid = probe(nv, notes, f"{g.label} MIG instance {k} UUID", lambda h=h: text(nv.nvmlDeviceGetUUID(h)))
+            out.append(NvmlGpu(g.index, h, g.pci, g.bus_id, uuid, mig=k))
+    return out
 
 
 def visible_devices(env: str | None) -> list[str] | None:
@@ -93,8 +125,9 @@ def visible_devices(env: str | None) -> list[str] | None:
 
 
 def _uuid_key(u: str) -> str:
+    """A UUID without NVML's "GPU-" or "MIG-" prefix, in lower case (torch prints it bare)."""
     u = u.strip().lower()
-    return u[4:] if u.startswith("gpu-") else u
+    return u[4:] if u.startswith(("gpu-", "mig-")) else u
 
 
 def _cuda_ids(cuda_index: int) -> tuple[tuple[int, int, int] | None, str | None]:
@@ -112,25 +145,30 @@ def match_cuda(gpus: list[NvmlGpu], cuda_index: int, addr: tuple[int, int, int] 
                visible: list[str] | None) -> NvmlGpu | None:
     """The NVML device of CUDA device ``cuda_index``, with ``matched_by`` set; None if none fits.
 
-    A ``CUDA_VISIBLE_DEVICES`` index is CUDA's own numbering, which equals NVML's (PCI order) under
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a host of identical GPUs; so it comes after PCI and UUID.
+    ``gpus`` holds the host's GPUs and their MIG instances. The UUID decides first: it is the only
+    thing that tells a MIG instance from its GPU and its sibling instances. A GPU in MIG mode is
+    never the answer, since CUDA cannot use it itself. A ``CUDA_VISIBLE_DEVICES`` index is CUDA's
+    own numbering, which equals NVML's (PCI order) under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a
+    host of identical GPUs; so it comes after UUID and PCI address.
     """
+    by_uuid = next((g for g in gpus if uuid and g.uuid and _uuid_key(g.uuid) == _uuid_key(uuid)), None)
+    if by_uuid is None and addr and any(g.mig_mode and g.pci == addr for g in gpus):
+        return None  # an instance of that GPU, but which one only the UUID can say
+    whole = [g for g in gpus if g.mig is None and not g.mig_mode]
     found: list[tuple[str, NvmlGpu | None]] = [
-        ("PCI address", next((g for g in gpus if addr and g.pci == addr), None)),
-        ("UUID", next((g for g in gpus if uuid and g.uuid and _uuid_key(g.uuid) == _uuid_key(uuid)), None)),
-    ]
+        ("UUID", by_uuid), ("PCI address", next((g for g in whole if addr and g.pci == addr), None))]
     if visible is not None and cuda_index < len(visible):
         entry = visible[cuda_index]
         if entry.isdigit():
-            hit = next((g for g in gpus if g.index == int(entry)), None)
+            hit = next((g for g in whole if g.index == int(entry)), None)
         else:
             hit = next((g for g in gpus if g.uuid and _uuid_key(g.uuid).startswith(_uuid_key(entry))), None)
         found.append(("CUDA_VISIBLE_DEVICES", hit))
     elif visible is None:
-        found.append(("equal index (assumed)", next((g for g in gpus if g.index == cuda_index), None)))
+        found.append(("equal index (assumed)", next((g for g in whole if g.index == cuda_index), None)))
     for how, g in found:
-        if g is not None:
-            return NvmlGpu(g.index, g.handle, g.pci, g.bus_id, g.uuid, how)
+        if g is not None and not g.mig_mode:
+            return replace(g, matched_by=how)
     return None
 
 
@@ -138,19 +176,30 @@ def _match_one(nv: Any, gpus: list[NvmlGpu], i: int, visible: list[str] | None, 
     ids = probe(nv, notes, f"CUDA device {i} PCI address/UUID", lambda: _cuda_ids(i)) or (None, None)
     g = match_cuda(gpus, i, ids[0], ids[1], visible)
     if g is None:
-        notes.append(f"CUDA device {i}: no NVML device matches its PCI address, UUID or CUDA_VISIBLE_DEVICES "
-                     "entry (a MIG instance?): its NVML figures are left out")
+        parent = next((p for p in gpus if p.mig_mode and ids[0] and p.pci == ids[0]), None)
+        if parent is not None:
+            notes.append(f"CUDA device {i} is a MIG instance of {parent.label}, but neither its UUID nor "
+                         "CUDA_VISIBLE_DEVICES says which: its NVML figures are left out (the GPU's would be "
+                         "the whole GPU's)")
+        else:
+            notes.append(f"CUDA device {i}: no NVML device matches its UUID, PCI address or CUDA_VISIBLE_DEVICES "
+                         "entry: its NVML figures are left out")
     return g
 
 
-def cuda_gpus(nv: Any, n: int, notes: list[str]) -> list[NvmlGpu | None]:
-    """The NVML device of each of the ``n`` CUDA devices (None where no NVML device matches)."""
+def _host_devices(nv: Any, notes: list[str]) -> list[NvmlGpu]:
     gpus = host_gpus(nv, notes)
+    return gpus + mig_instances(nv, gpus, notes)
+
+
+def cuda_gpus(nv: Any, n: int, notes: list[str]) -> list[NvmlGpu | None]:
+    """The NVML device (a GPU or a MIG instance) of each of the ``n`` CUDA devices (None where none matches)."""
+    devices = _host_devices(nv, notes)
     visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [_match_one(nv, gpus, i, visible, notes) for i in range(n)]
+    return [_match_one(nv, devices, i, visible, notes) for i in range(n)]
 
 
 def cuda_handle(nv: Any, cuda_index: int, notes: list[str]) -> NvmlGpu | None:
     """The NVML device of one CUDA device (the monitor's GPU)."""
     visible = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return _match_one(nv, host_gpus(nv, notes), cuda_index, visible, notes)
+    return _match_one(nv, _host_devices(nv, notes), cuda_index, visible, notes)

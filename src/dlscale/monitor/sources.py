@@ -179,37 +179,63 @@ class NfsSource:
 
 
 class NvmlSource:
-    """GPU utilisation, memory, power, energy, clocks and PCIe throughput through NVML."""
+    """GPU utilisation, memory, power, energy, clocks and PCIe throughput through NVML.
 
-    def __init__(self, index: int):
+    Each reading is asked for on its own: one that NVML does not support on this device (utilisation
+    on a MIG instance or on a GPU in MIG mode, energy before Volta, PCIe counters on an SXM board) is
+    left out of the series for the rest of the run with one note, and the others go on. Another NVML
+    error leaves that reading out of this sample (one note per reading and error); anything that is
+    not an NVML error stops the source, as for every source."""
+
+    def __init__(self, index: int, notes: list[str] | None = None):
         nv = nvml.start()
         if nv is None:
             raise RuntimeError("pynvml is not installed or NVML did not initialise (no NVIDIA driver?)")
-        notes: list[str] = []
-        gpu = nvml.cuda_handle(nv, index, notes)
+        found: list[str] = []
+        gpu = nvml.cuda_handle(nv, index, found)
         if gpu is None:
-            raise RuntimeError("; ".join(notes) or f"no NVML device for CUDA device {index}")
-        self.nv, self.h = nv, gpu.handle
+            raise RuntimeError("; ".join(found) or f"no NVML device for CUDA device {index}")
+        self.nv, self.h, self.gpu = nv, gpu.handle, gpu
+        self.notes = notes if notes is not None else []
+        self.unsupported: set[str] = set()
+        self._said: set[tuple[str, int | None]] = set()
+
+    def _readings(self) -> dict[str, Any]:
+        nv, h = self.nv, self.h
+
+        def util() -> dict[str, float]:
+            u = nv.nvmlDeviceGetUtilizationRates(h)
+            return {"gpu_util_pct": float(u.gpu), "gpu_mem_util_pct": float(u.memory)}
+
+        return {
+            "utilisation": util,
+            "memory used": lambda: {"gpu_mem_used_bytes": float(nv.nvmlDeviceGetMemoryInfo(h).used)},
+            "power": lambda: {"gpu_power_W": nv.nvmlDeviceGetPowerUsage(h) / 1e3},
+            "SM clock": lambda: {"gpu_sm_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))},
+            "memory clock": lambda: {"gpu_mem_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))},
+            "energy": lambda: {"gpu_energy_J": nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3},
+            "PCIe TX": lambda: {"gpu_pcie_tx_MBps":
+                                nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1e3 / MB},
+            "PCIe RX": lambda: {"gpu_pcie_rx_MBps":
+                                nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1e3 / MB},
+        }
 
     def read(self) -> dict[str, float]:
-        nv, h = self.nv, self.h
-        util = nv.nvmlDeviceGetUtilizationRates(h)
-        mem = nv.nvmlDeviceGetMemoryInfo(h)
-        vals = {
-            "gpu_util_pct": float(util.gpu),
-            "gpu_mem_util_pct": float(util.memory),
-            "gpu_mem_used_bytes": float(mem.used),
-            "gpu_power_W": nv.nvmlDeviceGetPowerUsage(h) / 1e3,
-            "gpu_sm_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-            "gpu_mem_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-        }
-        for key, fn in (("gpu_energy_J", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3),
-                        ("gpu_pcie_tx_MBps", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1e3 / MB),
-                        ("gpu_pcie_rx_MBps", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1e3 / MB)):
-            try:  # not every GPU exposes these (energy needs Volta+; PCIe counters need a discrete board)
-                vals[key] = float(fn())
-            except nv.NVMLError:
-                pass
+        vals: dict[str, float] = {}
+        for what, fn in self._readings().items():
+            if what in self.unsupported:
+                continue
+            try:
+                vals.update(fn())
+            except self.nv.NVMLError as e:
+                code = getattr(e, "value", None)
+                if code == self.nv.NVML_ERROR_NOT_SUPPORTED:
+                    self.unsupported.add(what)
+                    self.notes.append(f"{self.gpu.label}: NVML does not support {what} on this device: "
+                                      "left out of the GPU series")
+                elif (what, code) not in self._said:
+                    self._said.add((what, code))
+                    self.notes.append(f"{self.gpu.label}: NVML {what}: {e} (left out of that sample)")
         return vals
 
 
@@ -225,7 +251,7 @@ def build_sources(pid: int | None = None, gpu_index: int | None = None) -> tuple
         sources.append(nfs)
     if gpu_index is not None:
         try:
-            sources.append(NvmlSource(gpu_index))
+            sources.append(NvmlSource(gpu_index, notes))
         except Exception as e:  # noqa: BLE001 - NVML missing or no driver: the run goes on without GPU series
             notes.append(f"GPU monitoring unavailable (NVML: {e})")
     return sources, notes

@@ -8,19 +8,25 @@ which owns the clock, the LR schedule, the optimizer step, evaluation cadence, c
 resume, the distributed ranks and the MLPerf log. A ``Task`` says only what is domain-specific:
 
 * ``make_dataset`` writes a small dataset with a learnable structure, deterministic from a seed
-  (``dlscale dataset DOMAIN DIR``); ``open`` reads it, or the real dataset's layout, and checks it
+  (``dlscale dataset DOMAIN DIR``, through ``write_dataset``, which first refuses a --scale above
+  the task's ``max_scale`` and a DIR that is a file or cannot be made); ``open`` reads it, or the real dataset's layout, and checks it
   (a malformed file is a ``UsageError`` naming its path and line, raised before training starts);
 * ``build_model`` sizes the family's model to the data (vocabulary, users and items, classes);
 * ``batches`` yields this rank's batches of one epoch, exactly ``steps_per_epoch`` of them on every
   rank (DDP needs equal step counts), seeded from ``ctx.seed`` so that a resumed run repeats what an
   uninterrupted run would have done; ``loss`` is the training loss of one batch and ``units`` its
   sample units (the family's throughput unit);
-* ``evaluate`` computes the quality metric with a well-kept library on rank 0's model over the
-  whole validation set; it returns a dict that holds ``metric`` and may hold more figures.
+* ``evaluate_shard`` evaluates this rank's share of the validation set (``EpochContext.shard``)
+  and returns its part: the sums of a metric that is a sum over samples (HR@10, log-perplexity),
+  the predictions of one that is not (mAP, BLEU, return statistics); ``combine`` turns every
+  rank's part into the figures with a well-kept library, a dict that holds ``metric`` and may hold
+  more. The loop gathers the parts to every rank and every rank combines them, so no rank waits
+  in a collective while another evaluates; ``evaluate`` is the whole set on one rank.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +78,10 @@ class EpochContext:
             first = (step * self.world + self.rank) * batch_size
             yield order[np.arange(first, first + batch_size) % n]
 
+    def shard(self, n: int) -> range:
+        """This rank's validation items of ``n``: every ``world``-th from ``rank`` (all of them on one rank)."""
+        return range(self.rank, n, self.world)
+
 
 class Task:
     """One domain's time-to-quality long test; subclasses set the class attributes and implement
@@ -82,6 +92,7 @@ class Task:
     metric_label: str  # how tables name it ("mAP@[.5:.95]", "BLEU", "HR@10", "log-perplexity")
     metric_unit: str  # its unit in the record ("fraction", "BLEU", "nats/token", "return")
     higher_is_better: bool = True
+    metric_range: tuple[float, float] = (0.0, 1.0)  # the values the metric can take (a --target must lie in it)
     library: str = ""  # who computes the metric ("pycocotools", "sacrebleu", ...)
     default_model: str = ""  # the small model that reaches default_target on the made dataset
     default_target: float = 0.0
@@ -99,11 +110,38 @@ class Task:
     mlperf_benchmark: str | None = None  # submission_benchmark of the MLPerf log
     mlperf_ruleset: str | None = None  # the installed mlperf-logging ruleset it passes in open division
     dataset_help: str = ""  # `dlscale dataset DOMAIN --help`
+    max_scale: float = 1000.0  # the largest --scale of the made dataset (it is made in memory; see made_size)
 
     # -- data -------------------------------------------------------------------------------------
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
         """Write the made dataset under ``root``; a JSON-able summary. ``scale`` multiplies its size."""
         raise NotImplementedError
+
+    def made_size(self, scale: float) -> str:
+        """What the made dataset holds at ``scale``, in words ("512 train + 128 val images of 64 px")."""
+        raise NotImplementedError
+
+    def check_made(self, scale: float) -> None:
+        """Refuse a made dataset of ``scale`` (> 0 and at most ``max_scale``) before anything is written."""
+        if not 0 < scale <= self.max_scale:
+            raise UsageError(f"--scale {scale:g}: the made {self.family} dataset is made in memory and goes up to "
+                             f"--scale {self.max_scale:g} ({self.made_size(self.max_scale)}); give a --scale in "
+                             f"(0, {self.max_scale:g}], or train on a real dataset in the same layout")
+
+    def write_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
+        """``dlscale dataset DOMAIN DIR``: ``check_made``, DIR made (a UsageError if it is a file or cannot
+        be), then ``make_dataset``; a file under DIR that cannot be written is a UsageError naming it."""
+        from dlscale.paths import make_dir
+
+        self.check_made(scale)
+        make_dir(root)
+        try:
+            return self.make_dataset(root, seed=seed, scale=scale)
+        except OSError as e:
+            if e.filename is None or not str(e.filename).startswith(str(root)):
+                raise
+            raise UsageError(f"cannot write {e.filename}: {e.strerror}; give a directory the dataset can be "
+                             "written into") from None
 
     def open(self, data: str, cfg: Any) -> TaskData:
         """Read and check ``data`` (made or real layout); a UsageError naming path:line if malformed."""
@@ -139,10 +177,22 @@ class Task:
         """Sample units in ``batch`` (the family's throughput unit: images, tokens, samples, steps)."""
         raise NotImplementedError
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
-        """The quality figures of ``model`` (bare, in eval mode, under no_grad) on the whole
-        validation set; must hold ``self.metric``."""
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> Any:
+        """This rank's part of the evaluation of ``model`` (bare, in eval mode, under no_grad) on its
+        share of the validation set, ``ctx.shard(n)``: sums where the metric is a sum over samples,
+        else predictions. It must be picklable (the loop gathers it to every rank)."""
         raise NotImplementedError
+
+    def combine(self, parts: list[Any], data: TaskData) -> dict[str, float]:
+        """The quality figures from every rank's part (in rank order): the same, up to rounding, as
+        one rank's over the whole set; must hold ``self.metric``."""
+        raise NotImplementedError
+
+    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
+        """The quality figures of ``model`` over the whole validation set, on one rank."""
+        from dataclasses import replace
+
+        return self.combine([self.evaluate_shard(model, data, replace(ctx, rank=0, world=1))], data)
 
     # -- MLPerf -----------------------------------------------------------------------------------
     def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:
@@ -168,6 +218,28 @@ class Task:
         return float(figures[self.metric])
 
     # -- derived ----------------------------------------------------------------------------------
+    def check_target(self, target: float) -> None:
+        """Refuse a --target outside ``metric_range``, or at the end of it that every model reaches
+        (0 where higher is better), or not finite."""
+        lo, hi = self.metric_range
+        trivial = lo if self.higher_is_better else hi
+        if math.isfinite(target) and lo <= target <= hi and target != trivial:
+            return
+        if not math.isfinite(lo) and not math.isfinite(hi):
+            raise UsageError(f"--target {target:g}: the {self.metric_label} target must be a finite number "
+                             f"(default {self.default_target:g})")
+
+        def bound(x: float) -> str:
+            return f"{x:g}".replace("inf", "∞")
+
+        lo_s, hi_s = bound(lo), bound(hi)
+        span = f"{'[' if math.isfinite(lo) else '('}{lo_s}, {hi_s}{']' if math.isfinite(hi) else ')'}"
+        allowed = (f"{'(' if trivial == lo or not math.isfinite(lo) else '['}{lo_s}, "
+                   f"{hi_s}{')' if trivial == hi or not math.isfinite(hi) else ']'}")
+        why = f" ({bound(trivial)} is reached by any model)" if target == trivial else ""
+        raise UsageError(f"--target {target:g}: {self.metric_label} lies in {span}{why}; give a target in {allowed} "
+                         f"(default {self.default_target:g})")
+
     def reached(self, value: float | None, target: float) -> bool:
         if value is None:
             return False

@@ -5,7 +5,8 @@ The data is the COCO 2017 layout (``annotations/instances_{train,val}2017.json``
 (``detection_coco``). Category ids, sparse in COCO (1..90 with gaps), become labels 1..K for the
 model (0 is torchvision's background) and go back to the file's ids for scoring. Training flips
 each image horizontally with probability 1/2; crowd and degenerate boxes do not train. The metric
-is pycocotools' COCOeval over every validation image (``map``, with ``map50`` and ``map75``).
+is pycocotools' COCOeval over every validation image (``map``, with ``map50`` and ``map75``): each
+rank detects on its share of the images and the detections of all ranks are scored together.
 
 The default model is ``detector_tiny`` (an FCOS on a four-stage CNN, workloads/detection.py) at the
 made images' 64 px; it reaches the default target of 0.7 in about two minutes on two CPU cores
@@ -102,6 +103,12 @@ class DetectionTask(Task):
 
         return make_shapes(root, seed=seed, scale=scale)
 
+    def made_size(self, scale: float) -> str:
+        from dlscale.longtest.tasks.detection_coco import IMAGE_SIZE, TRAIN_IMAGES, VAL_IMAGES
+
+        return (f"{max(2, round(TRAIN_IMAGES * scale)):,} train + {max(2, round(VAL_IMAGES * scale)):,} val images "
+                f"of {IMAGE_SIZE} px")
+
     def open(self, data: str, cfg: Any) -> DetectionData:
         """Read and check both splits (COCO 2017 layout, made or real); val's categories must be train's."""
         from pathlib import Path
@@ -183,28 +190,36 @@ class DetectionTask(Task):
     def units(self, batch: Any) -> int:
         return len(batch[0])
 
-    def evaluate(self, model: Any, data: DetectionData, ctx: EpochContext) -> dict[str, float]:
-        """COCOeval box mAP over every validation image; boxes go back to (x, y, w, h) and the file's ids."""
+    def evaluate_shard(self, model: Any, data: DetectionData, ctx: EpochContext) -> list[tuple[int, list[Any]]]:
+        """This rank's detections: (image index, COCO result dicts) for its validation images, boxes
+        back to (x, y, w, h) and the file's ids (mAP is no sum over images: the predictions go to
+        ``combine``)."""
         import contextlib
 
         import torch
 
-        from dlscale.longtest.tasks.detection_coco import coco_map
-
-        val, results = data.val, []
+        val, mine = data.val, list(ctx.shard(len(data.val.files)))
+        out: list[tuple[int, list[Any]]] = []
         amp = (torch.autocast(ctx.device.type, dtype=ctx.amp) if ctx.amp is not None else contextlib.nullcontext())
-        for start in range(0, len(val.files), EVAL_BATCH):
-            idx = range(start, min(start + EVAL_BATCH, len(val.files)))
+        for start in range(0, len(mine), EVAL_BATCH):
+            idx = mine[start:start + EVAL_BATCH]
             with amp:
                 outs = model([_load_image(val.files[i]).to(ctx.device) for i in idx])
-            for i, out in zip(idx, outs):
-                boxes = out["boxes"].float().cpu()
+            for i, o in zip(idx, outs):
+                boxes = o["boxes"].float().cpu()
                 boxes[:, 2:] -= boxes[:, :2]
-                for b, s, lab in zip(boxes.tolist(), out["scores"].float().cpu().tolist(), out["labels"].tolist()):
-                    if 1 <= lab <= len(data.category_ids):
-                        results.append({"image_id": val.image_ids[i], "category_id": data.category_ids[lab - 1],
-                                        "bbox": [round(v, 2) for v in b], "score": round(s, 5)})
-        return coco_map(val.doc, results)
+                out.append((i, [{"image_id": val.image_ids[i], "category_id": data.category_ids[lab - 1],
+                                 "bbox": [round(v, 2) for v in b], "score": round(s, 5)}
+                                for b, s, lab in zip(boxes.tolist(), o["scores"].float().cpu().tolist(),
+                                                     o["labels"].tolist())
+                                if 1 <= lab <= len(data.category_ids)]))
+        return out
+
+    def combine(self, parts: list[list[tuple[int, list[Any]]]], data: DetectionData) -> dict[str, float]:
+        """COCOeval box mAP over every rank's detections, taken in image order (as one rank makes them)."""
+        from dlscale.longtest.tasks.detection_coco import coco_map
+
+        return coco_map(data.val.doc, [r for _, rs in sorted((x for part in parts for x in part), key=lambda x: x[0]) for r in rs])
 
     # -- MLPerf -----------------------------------------------------------------------------------
     def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from dlscale.errors import UsageError, json_problem
 from dlscale.longtest.tasks.base import layout_error
+from dlscale.paths import make_dir
 
 CATEGORIES = ("circle", "square", "triangle")
 SPLITS = ("train", "val")
@@ -117,8 +118,6 @@ def make_shapes(root: str | Path, seed: int = 0, scale: float = 1.0, size: int =
     import numpy as np
     from PIL import Image
 
-    if not scale > 0:
-        raise UsageError(f"--scale must be > 0, got {scale}")
     root = Path(root)
     rng = np.random.default_rng(seed)
     cats = [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(CATEGORIES)]
@@ -126,12 +125,8 @@ def make_shapes(root: str | Path, seed: int = 0, scale: float = 1.0, size: int =
                                "image_size": size, "categories": list(CATEGORIES)}
     image_id, ann_id = 1, 1
     for split, n in (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)):
-        folder = root / f"{split}2017"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (root / "annotations").mkdir(exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot create {folder}: {e.strerror}") from None
+        folder = make_dir(root / f"{split}2017")
+        make_dir(root / "annotations")
         images, anns = [], []
         for _ in range(max(2, round(n * scale))):
             pixels, new = _make_image(rng, size, image_id, ann_id)

@@ -61,6 +61,7 @@ class LLMTask(Task):
     metric_label = "log-perplexity"
     metric_unit = "nats/token"
     higher_is_better = False
+    metric_range = (0.0, math.inf)
     library = "torchmetrics"
     default_model = "llama_tiny"
     default_target = 0.80
@@ -86,8 +87,6 @@ class LLMTask(Task):
         entropy rate and the chain's own log-perplexity on the validation split written."""
         from dlscale.longtest.tasks.llm_grammar import make_chain, sample_documents, stream_nll
 
-        if not scale > 0:
-            raise UsageError(f"--scale must be > 0, got {scale}")
         chain = make_chain(seed)
         rate = chain.entropy_rate()
         rng = random.Random(f"dlscale-llm-text-{seed}")
@@ -109,6 +108,10 @@ class LLMTask(Task):
         with open(os.path.join(root, "grammar.json"), "w", encoding="utf-8") as f:
             json.dump({**summary, "chain": chain.to_json()}, f, indent=1)
         return {**summary, "root": root}
+
+    def made_size(self, scale: float) -> str:
+        return (f"{max(TRAIN_SHARDS, round(TRAIN_DOCS * scale)):,} training documents of about 250 words + "
+                f"{max(2, round(VAL_DOCS * scale)):,} validation")
 
     def open(self, data: str, cfg: Any) -> LLMData:
         """Tokenize both splits (made or C4 layout) with DATA/tokenizer.json or --tokenizer."""
@@ -184,19 +187,26 @@ class LLMTask(Task):
     def units(self, batch: Any) -> int:
         return int(batch[1].numel())
 
-    def evaluate(self, model: Any, data: LLMData, ctx: EpochContext) -> dict[str, float]:
-        """log_perplexity and perplexity over every validation token but the first, by torchmetrics."""
+    def evaluate_shard(self, model: Any, data: LLMData, ctx: EpochContext) -> dict[str, float]:
+        """The summed negative log-likelihood (torchmetrics' Perplexity sums) and the token count of
+        this rank's validation windows."""
         import torch
         from torchmetrics.text import Perplexity
 
         metric = Perplexity().set_dtype(torch.float64)  # sums of ~1e6 terms: float32 would lose digits
         rows_per_batch = max(1, min(64, 2 ** 24 // (data.seq_len * max(data.vocab_size, 1))))
-        for inputs, targets in val_batches(data.val, data.seq_len, rows_per_batch):
+        for inputs, targets in val_batches(data.val, data.seq_len, rows_per_batch, ctx.rank, ctx.world):
             with torch.autocast(ctx.device.type, dtype=ctx.amp, enabled=ctx.amp is not None):
                 logits = model(inputs.to(ctx.device)).logits
             metric.update(logits.double().cpu(), targets)
-        log_ppl = float(metric.total_log_probs / metric.count)
-        return {"log_perplexity": log_ppl, "perplexity": float(metric.compute()), "eval_tokens": int(metric.count)}
+        return {"nll_sum": float(metric.total_log_probs), "tokens": int(metric.count)}
+
+    def combine(self, parts: list[dict[str, float]], data: LLMData) -> dict[str, float]:
+        """log_perplexity = the ranks' summed NLL / their tokens; perplexity = its exponential (as
+        torchmetrics' ``compute``)."""
+        tokens = sum(p["tokens"] for p in parts)
+        log_ppl = sum(p["nll_sum"] for p in parts) / tokens
+        return {"log_perplexity": log_ppl, "perplexity": math.exp(log_ppl), "eval_tokens": tokens}
 
     # -- MLPerf -----------------------------------------------------------------------------------
     def mlperf_hparams(self, cfg: Any, peak_lr: float, data: TaskData, steps_per_epoch: int) -> dict[str, Any]:
@@ -243,21 +253,23 @@ class LLMTask(Task):
         return p
 
 
-def val_batches(val: Any, seq_len: int, rows: int) -> Iterator[tuple[Any, Any]]:
+def val_batches(val: Any, seq_len: int, rows: int, rank: int = 0, world: int = 1) -> Iterator[tuple[Any, Any]]:
     """The validation stream as (inputs, targets) batches: windows of ``seq_len + 1`` tokens that
     overlap by one, ``rows`` full windows a batch, then the shorter last window (every token but the
-    first is a target exactly once)."""
+    first is a target exactly once). ``rank`` of ``world`` takes every ``world``-th window from its
+    own, the last one included, so the ranks' windows together are the stream's."""
     import torch
 
     tokens = torch.from_numpy(val).long()
     full = (len(tokens) - 1) // seq_len
     span = torch.arange(seq_len + 1)
-    for start in range(0, full, rows):
-        idx = torch.arange(start, min(start + rows, full))[:, None] * seq_len + span
+    mine = torch.arange(rank, full, world)
+    for start in range(0, len(mine), rows):
+        idx = mine[start:start + rows, None] * seq_len + span
         win = tokens[idx]
         yield win[:, :-1], win[:, 1:]
     rest = tokens[full * seq_len:]
-    if len(rest) > 1:
+    if len(rest) > 1 and full % world == rank:
         yield rest[None, :-1], rest[None, 1:]
 
 

@@ -77,10 +77,6 @@ def make(root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
     """Write the made dataset under ``root`` and return its summary (also in ``dataset.json``)."""
     import numpy as np
 
-    if not scale > 0:
-        from dlscale.errors import UsageError
-
-        raise UsageError(f"--scale must be > 0, got {scale}")
     os.makedirs(root, exist_ok=True)
     p, q = planted(seed, scale)
     s = planted_scores(p, q)

@@ -26,6 +26,7 @@ limit is cut at ``EVAL_MAX_STEPS`` steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class RLTask(Task):
     metric_label = "mean return"
     metric_unit = "return"
     higher_is_better = True
+    metric_range = (-math.inf, math.inf)  # the environment's rewards decide (CartPole-v1: 0 to 500)
     library = "gymnasium"
     default_model = "ppo_mlp"
     default_target = 475.0  # gymnasium's CartPole-v1 reward_threshold
@@ -93,6 +95,9 @@ class RLTask(Task):
     ent_coef = 0.01
 
     # -- data -------------------------------------------------------------------------------------
+    def check_made(self, scale: float) -> None:
+        self.make_dataset("", scale=scale)
+
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
         raise UsageError("reinforcement learning needs no dataset: `dlscale tta ppo_mlp --data ENV_ID` takes a "
                          f"gymnasium environment id (default CartPole-v1; list them with {LIST_IDS})")
@@ -145,13 +150,19 @@ class RLTask(Task):
     def units(self, batch: PPOBatch) -> int:
         return batch.collected
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> list[tuple[int, float]]:
+        """(episode, return) of this rank's evaluation episodes (their statistics are taken in ``combine``)."""
+        assert isinstance(data, RLData)
+        mine = list(ctx.shard(EVAL_EPISODES))
+        with one_thread(ctx.cfg):
+            returns = greedy_returns(model, data.env_id, [EVAL_SEED + i for i in mine], ctx.device) if mine else []
+        return list(zip(mine, returns))
+
+    def combine(self, parts: list[list[tuple[int, float]]], data: TaskData) -> dict[str, float]:
+        """Mean, min, max and standard deviation of the returns of all ranks' episodes."""
         import numpy as np
 
-        assert isinstance(data, RLData)
-        with one_thread(ctx.cfg):
-            returns = np.asarray(greedy_returns(model, data.env_id, [EVAL_SEED + i for i in range(EVAL_EPISODES)],
-                                                ctx.device))
+        returns = np.asarray([r for _, r in sorted(x for part in parts for x in part)])
         return {"mean_return": float(returns.mean()), "min_return": float(returns.min()),
                 "max_return": float(returns.max()), "std_return": float(returns.std())}
 

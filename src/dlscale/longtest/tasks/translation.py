@@ -126,6 +126,7 @@ class TranslationTask(Task):
     metric = "bleu"
     metric_label = "BLEU"
     metric_unit = "BLEU"
+    metric_range = (0.0, 100.0)
     library = "sacrebleu"
     default_model = "transformer_tiny"
     default_target = 95.0
@@ -146,9 +147,11 @@ class TranslationTask(Task):
 
     # -- data -------------------------------------------------------------------------------------
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
-        if not scale > 0:
-            raise UsageError(f"--scale must be > 0, got {scale}")
         return td.make_corpus(root, seed, scale)
+
+    def made_size(self, scale: float) -> str:
+        return (f"{max(8, round(td.TRAIN_PAIRS * scale)):,} training sentence pairs + "
+                f"{max(4, round(td.VAL_PAIRS * scale)):,} validation")
 
     def open(self, data: str, cfg: Any) -> TranslationData:
         """Read DATA/{train,val}.{src,tgt} and the tokenizer (cfg.tokenizer or DATA/tokenizer.json)."""
@@ -207,24 +210,34 @@ class TranslationTask(Task):
     def units(self, batch: PairBatch) -> int:
         return batch.tokens
 
-    def evaluate(self, model: Any, data: TaskData, ctx: EpochContext) -> dict[str, float]:
-        """Corpus BLEU of greedy translations of the whole validation set (sacrebleu, 13a tokenisation)."""
+    def evaluate_shard(self, model: Any, data: TaskData, ctx: EpochContext) -> list[tuple[int, str]]:
+        """Greedy translations of this rank's validation sentences, (index, text) (BLEU is no sum
+        over sentences: the hypotheses go to ``combine``)."""
         import contextlib
 
-        import sacrebleu
         import torch
 
         assert isinstance(data, TranslationData)
-        order = sorted(range(data.n_eval), key=lambda i: len(data.val_src[i]))  # similar lengths decode together
-        hyps = [""] * data.n_eval
+        order = sorted(ctx.shard(data.n_eval), key=lambda i: len(data.val_src[i]))  # similar lengths decode together
+        hyps: list[tuple[int, str]] = []
         amp = (torch.autocast(ctx.device.type, dtype=ctx.amp) if ctx.amp is not None
                else contextlib.nullcontext())
         with amp:
             for k in range(0, len(order), EVAL_BATCH):
                 chunk = order[k: k + EVAL_BATCH]
                 out = greedy_decode(model, [data.val_src[i] for i in chunk], data, ctx.device)
-                for i, ids in zip(chunk, out):
-                    hyps[i] = data.tokenizer.decode(ids, skip_special_tokens=True)
+                hyps.extend((i, data.tokenizer.decode(ids, skip_special_tokens=True)) for i, ids in zip(chunk, out))
+        return hyps
+
+    def combine(self, parts: list[list[tuple[int, str]]], data: TaskData) -> dict[str, float]:
+        """Corpus BLEU of every rank's translations against the references (sacrebleu, 13a tokenisation)."""
+        import sacrebleu
+
+        assert isinstance(data, TranslationData)
+        hyps = [""] * data.n_eval
+        for part in parts:
+            for i, text in part:
+                hyps[i] = text
         bleu = sacrebleu.corpus_bleu(hyps, [data.val_refs])
         exact = sum(h == r for h, r in zip(hyps, data.val_refs)) / max(1, data.n_eval)
         return {"bleu": float(bleu.score), "exact_match": exact, "brevity_penalty": float(bleu.bp)}
