@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import requires_cuda
+from conftest import cmdline, marked_processes, marked_ranks, need_system, requires_cuda, survivors_of_kill_9
 from dlscale.store import Store
 
 FAST = ["tinycnn", "--batch-size", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cpu"]
@@ -105,6 +105,30 @@ def test_killed_rank_ends_the_job_without_orphans(db_path):
         (rec,) = s.query(tag="fault")
     assert rec.status == "failed" and "rank 1" in rec.error
     assert any("ChildFailedError" in line for line in rec.raw["launcher_log"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--nproc-per-node", "2"], ["--emulate-nodes", "2"]], ids=["ranks", "emulated"])
+def test_kill_9_of_the_launcher_takes_torchrun_and_every_rank(db_path, layout):
+    from dlscale.distributed import netns
+
+    if layout[0] == "--emulate-nodes":
+        reason = netns.unavailable_reason()
+        need_system("root and iproute2", reason and f"network namespaces unavailable: {reason}", "DLSCALE_REQUIRE_NETNS")
+
+    def torchrun_and_ranks(marker: str) -> bool:
+        return len(marked_ranks(marker)) == 2 and any(b"torch.distributed.run" in cmdline(q)
+                                                      for q in marked_processes(marker))
+
+    def namespaces_of(pid: int) -> None:  # the killed launcher could not remove its own
+        for ns in netns.list_namespaces() if layout[0] == "--emulate-nodes" else ():
+            if ns.startswith(f"{netns.PREFIX}{pid}-"):
+                netns.remove_namespace(ns)
+
+    left = survivors_of_kill_9(dlscale_cmd("train", *FAST[:-4], "--steps", "100000", "--warmup-steps", "0", "--device",
+                                           "cpu", "--threads-per-rank", "1", *layout), torchrun_and_ranks,
+                               cleanup=namespaces_of)
+    assert not left, f"outlived the killed launcher: {left}"
 
 
 def test_launcher_filter_holds_back_torchrun_banner_only():

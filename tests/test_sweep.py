@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import marked_processes, marked_ranks, survivors_of_kill_9
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import spec
@@ -100,15 +101,7 @@ def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path):
 
 def _alive_with(point_hash: str) -> list[int]:
     """Processes whose environment carries this sweep point (the point's process, if still running)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if f"DLSCALE_SWEEP_POINT={point_hash}".encode() in (d / "environ").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
+    return marked_processes(f"DLSCALE_SWEEP_POINT={point_hash}")
 
 
 @pytest.mark.slow
@@ -143,6 +136,15 @@ def test_kill_9_mid_sweep_then_resume_runs_every_point_exactly_once(tmp_path):
     assert set(after) == {pt.hash for pt in sw.points}
     assert all(len(v) == 1 and v[0].status == "ok" for v in after.values())
     assert {k: v[0].run_id for k, v in before.items()} == {k: after[k][0].run_id for k in before}
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_sweep_takes_a_points_torchrun_and_ranks_with_it(tmp_path):
+    f = _write(tmp_path, "name: ranks\nfixed: {model: tinycnn, image_size: 32, warmup_steps: 0, steps: 100000, "
+                         "nproc_per_node: 2, threads_per_rank: 1, device: cpu}\nmatrix:\n  batch_size: [4]\n")
+    cmd = [sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--db", str(tmp_path / "r.db")]
+    left = survivors_of_kill_9(cmd, lambda marker: len(marked_ranks(marker)) == 2)
+    assert not left, f"outlived the sweep: {left}"
 
 
 def test_a_command_that_records_several_runs_is_one_outcome():

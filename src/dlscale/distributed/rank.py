@@ -1,10 +1,12 @@
 """The per-rank entry of every dlscale job: ``python -m dlscale.distributed.rank --spec JSON``.
 
-``distributed.job`` starts this module on every rank through torchrun. It finds the rank's
-place in the job, runs the family's ``run_rank`` and turns the outcome into an exit code. The one
-failure handler of every family lives here: a failing rank writes its one-line cause into the job
-directory (``faults``) so that the launcher can name it, rank 0 leaves the id of the record it
-stored, and the rank exits without a process-group teardown that could hang on a dead peer.
+``distributed.job`` starts this module on every rank through torchrun. It first ties itself to
+its launcher (``procs.tie_to_launcher``: a rank ends when torchrun dies, so a ``kill -9`` of
+``dlscale`` leaves no rank running), then finds the rank's place in the job, runs the family's
+``run_rank`` and turns the outcome into an exit code. The one failure handler of every family
+lives here: a failing rank writes its one-line cause into the job directory (``faults``) so that
+the launcher can name it, rank 0 leaves the id of the record it stored, and the rank exits
+without a process-group teardown that could hang on a dead peer.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def _teardown() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dlscale.procs import tie_to_launcher
+
+    if not tie_to_launcher():
+        print("error: the dlscale launcher of this rank is gone; the rank does not start", file=sys.stderr)
+        return 1
     from dlscale.distributed.env import detect
     from dlscale.distributed.job import RankSpec
 

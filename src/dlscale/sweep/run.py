@@ -6,8 +6,8 @@ reaches the sweep, which then kills the point), with ``DLSCALE_SWEEP_POINT`` set
 the point's hash: the harness stores it in the record, in the same transaction as the result,
 so a finished point is known by the store alone. A point that dies without writing its record
 (timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
-the sweep itself dies (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the sweep leaves no orphan that
-could record a point twice; ``--resume`` then skips every point the store already holds.
+the sweep itself dies (``procs.die_with_parent``), and a point's torchrun and ranks die with the
+point, so a ``kill -9`` of the sweep leaves no orphan that could record a point twice; ``--resume`` then skips every point the store already holds.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlscale.harness.runner import SWEEP_POINT_ENV
+from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
 from dlscale.sweep.fields import record_kind
@@ -77,15 +78,6 @@ def run_sweep(
     return results
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def dlscale_command() -> list[str]:
     """The ``dlscale`` program as this Python runs it: a point runs what a user types, in its own
     interpreter (a subprocess of the command's entry module; nothing here imports the CLI)."""
@@ -104,7 +96,7 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
     env[SWEEP_POINT_ENV] = point.hash
     t0, since = time.monotonic(), utc_now()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=die_with_parent())
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=point.timeout_s)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
 from dlscale.sweep.run import PointResult, finished_points, newest_record, record_failure, run_point
@@ -117,7 +118,8 @@ class PointJob:
         if int(os.environ.get("SLURM_NODEID", "0")) != 0:  # another node: its ranks; node 0 records
             cmd = [*launcher, *point.argv, "--format", "json", "--db", self.db]
             env = {k: v for k, v in os.environ.items() if k not in STEP_VARS}
-            return {"node_returncode": subprocess.run(cmd, env={**env, "DLSCALE_SWEEP_POINT": point.hash}).returncode}
+            return {"node_returncode": subprocess.run(cmd, env={**env, "DLSCALE_SWEEP_POINT": point.hash},
+                                                      preexec_fn=die_with_parent()).returncode}
         with Store.open(self.db) as store:
             res = run_point(point, store, self.sweep_name, launcher=launcher, drop_env=STEP_VARS)
         return {"status": res.status, "run_id": res.run_id, "error": res.error}

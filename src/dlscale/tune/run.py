@@ -173,8 +173,10 @@ def subprocess_runner(store: Any, name: str, max_memory: int | None = None) -> T
 
 
 class MemoryWatch:
-    """While open, SIGKILL any child process of this one whose resident set passes ``limit`` bytes
-    (checked every ``every_s``): a batch too large for the machine is stopped before the kernel's
+    """While open, SIGKILL every process of a trial whose tree passes ``limit`` bytes (checked every
+    ``every_s``): a trial is a child of this process with everything below it (its torchrun and
+    ranks, its data-loader workers), weighed as the sum of their proportional set sizes
+    (``procs.memory_bytes``), so a batch too large for the machine is stopped before the kernel's
     OOM killer picks a process of its own. The trial then fails as killed by SIGKILL (out of memory)."""
 
     def __init__(self, limit: int | None, every_s: float = 0.2) -> None:
@@ -197,19 +199,15 @@ class MemoryWatch:
             self.thread.join()
 
     def _watch(self) -> None:
-        import signal
+        from dlscale import procs
 
-        me, page = os.getpid(), os.sysconf("SC_PAGE_SIZE")
+        me = os.getpid()
         while not self.stop.wait(self.every_s):
-            for stat in Path("/proc").glob("[0-9]*/stat"):
-                try:
-                    fields = stat.read_text().rsplit(")", 1)[1].split()
-                    if int(fields[1]) == me and int(fields[21]) * page > self.limit:  # ppid, rss pages
-                        pid = int(stat.parent.name)
-                        os.kill(pid, signal.SIGKILL)
-                        self.killed.append(pid)
-                except (OSError, ValueError, IndexError):
-                    continue
+            for child in procs.children(me):
+                members = procs.tree(child)
+                if sum(procs.memory_bytes(pid) for pid in members) > self.limit:
+                    procs.kill(members)
+                    self.killed.append(child)
 
 
 def finished_trials(store: Any, tag: str) -> dict[str, RunRecord]:
