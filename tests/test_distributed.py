@@ -188,6 +188,26 @@ def test_bad_layouts_are_usage_errors(cli, db_path):
     assert cli("scale", "tinycnn", "--devices", "1,2", "--layouts", "2x1").code == 2
 
 
+def test_backend_mpi_is_refused_before_any_rank_starts(cli, db_path, monkeypatch):
+    import torch.distributed as dist
+
+    from dlscale.distributed import launch
+
+    def no_launch(*a, **k):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(launch, "launch", no_launch)
+    res = cli("train", *FAST, "--nproc-per-node", "2", "--backend", "mpi")
+    assert res.code == 2 and [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
+        res.stderr.strip().splitlines()[-1]], res.stderr
+    if not dist.is_mpi_available():  # this PyTorch has no MPI: said, with what to use instead
+        assert "was built without MPI" in res.stderr and "use gloo (CPUs) or nccl (GPUs)" in res.stderr
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)  # with MPI, torchrun still cannot place MPI ranks
+    res = cli("train", *FAST, "--nproc-per-node", "2", "--backend", "mpi")
+    assert res.code == 2 and "needs ranks started by mpirun" in res.stderr
+    assert not db_path.exists() or Store.open(db_path).count() == 0
+
+
 def test_mismatched_world_size_under_a_launcher(cli, db_path, monkeypatch):
     for k, v in {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}.items():

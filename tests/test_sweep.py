@@ -70,6 +70,17 @@ def test_dry_run_lists_points_as_json(cli, db_path, tmp_path):
     assert Store.open(db_path).count() == 0  # nothing ran
 
 
+def test_dry_run_shows_the_timeout_per_run_that_would_apply(cli, db_path, tmp_path):
+    f = str(_write(tmp_path, "name: d\n" + TINY + "matrix:\n  batch_size: [4]\ninclude:\n  - {batch_size: 8, timeout_per_run: 9}\n"))
+    r = cli("sweep", f, "--dry-run", "--timeout-per-run", "42", "--format", "json")
+    assert r.code == 0, r.stderr
+    assert [p["timeout_s"] for p in json.loads(r.stdout)["points"]] == [42, 42]  # the option overrides the file
+    assert "42 s" in cli("sweep", f, "--dry-run", "--timeout-per-run", "42").stdout
+    for bad in ("0", "-3", "nan", "inf"):
+        r = cli("sweep", f, "--dry-run", "--timeout-per-run", bad)
+        assert r.code == 2 and r.stderr.strip() == f"error: --timeout-per-run must be a number of seconds > 0, got {bad}"
+
+
 def _records_by_point(db: Path) -> dict[str, list]:
     out: dict[str, list] = {}
     with Store.open(db) as s:

@@ -55,7 +55,7 @@ def sweep(
         raise UsageError(f"unexpected argument {target!r}; did you mean `dlscale sweep status {target}`?")
     if executor not in ("local", "slurm"):
         raise UsageError(f"unknown --executor {executor!r}; choose local or slurm")
-    sw = spec.load(file)  # a bad file stops here (file:line), before anything runs
+    sw = spec.load(file).with_timeout(timeout_per_run)  # a bad file stops here (file:line), before anything runs
     with Store.open(db) as store:
         done = sweep_run.finished_points(store, sw)
         where = store.path

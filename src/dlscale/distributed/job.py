@@ -88,8 +88,10 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None)
     env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
     if env is not None:
         return run_in_place(family, config, layout, db, env)
+    from dlscale.distributed.env import check_backend
     from dlscale.store import Store
 
+    check_backend(layout.backend, launcher="torchrun")  # e.g. mpi without MPI: refused before any rank starts
     with Store.open(db) as store:  # an unwritable database is a usage error before anything starts
         path = str(store.path)
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
