@@ -158,6 +158,33 @@ def test_kill_9_of_a_sweep_takes_a_points_torchrun_and_ranks_with_it(tmp_path):
     assert not left, f"outlived the sweep: {left}"
 
 
+def test_resume_takes_a_points_latest_record(tmp_path):
+    from dlscale.record import RunRecord
+    from dlscale.sweep.run import finished_points
+
+    sw = spec.load(_write(tmp_path, "name: twice\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    requeued, late = sw.points
+
+    def rec(point, created, finished, error=None):
+        r = RunRecord(kind="train", workload="tinycnn", config=dict(point.options), raw={"sweep_point": point.hash},
+                      created_at=f"2026-01-01T{created}.000+00:00", finished_at=f"2026-01-01T{finished}.000+00:00")
+        if error:
+            r.fail(error)
+        return r
+
+    with Store.open(tmp_path / "r.db") as s:
+        # recorded lost by the submitter, then Slurm requeued the job, which ran again and recorded itself
+        s.insert(rec(requeued, "10:00:00", "10:00:00", "Slurm job 7 UNKNOWN without recording a run"))
+        again = rec(requeued, "10:05:00", "10:09:00")
+        # a run that started before the submitter gave it up and recorded itself after
+        own = rec(late, "09:50:00", "10:30:00")
+        for r in (again, own, rec(late, "10:00:00", "10:00:00", "Slurm job 8 UNKNOWN without recording a run")):
+            s.insert(r)
+        done = finished_points(s, sw)
+    assert done[requeued.hash] == (again.run_id, "ok", None)
+    assert done[late.hash] == (own.run_id, "ok", None)
+
+
 def test_a_command_that_records_several_runs_is_one_outcome():
     from dlscale.sweep.run import _record_from_stdout
 

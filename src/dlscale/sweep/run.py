@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from dlscale.harness.runner import SWEEP_POINT_ENV
@@ -44,14 +44,26 @@ class PointResult:
 
 
 def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:
-    """Point hash -> (run id, status, error) for every point of the sweep the store holds."""
-    wanted = {p.hash for p in sweep.points}
-    done: dict[str, tuple[str, str, str | None]] = {}
-    for rec in store.query(kind=record_kind(sweep.command), newest_first=False):
+    """Point hash -> (run id, status, error) for every point of the sweep the store holds: its latest
+    record, where it has several (``latest_by_point``)."""
+    latest = latest_by_point(store.query(kind=record_kind(sweep.command)), {p.hash for p in sweep.points})
+    return {h: (rec.run_id, rec.status, rec.error) for h, rec in latest.items()}
+
+
+def latest_by_point(records: Sequence[RunRecord], wanted: Collection[str]) -> dict[str, RunRecord]:
+    """Point hash -> the record of that point written last (``finished_at``, else ``created_at``):
+    a point recorded twice (run again after a failure; a job recorded as lost that then recorded
+    itself, or ran again after Slurm requeued it) counts as its latest outcome."""
+    latest: dict[str, RunRecord] = {}
+    for rec in records:
         h = rec.raw.get("sweep_point")
-        if h in wanted and h not in done:
-            done[h] = (rec.run_id, rec.status, rec.error)
-    return done
+        if h in wanted and (h not in latest or _written(rec) > _written(latest[h])):
+            latest[h] = rec
+    return latest
+
+
+def _written(rec: RunRecord) -> tuple[str, str]:
+    return rec.finished_at or rec.created_at, rec.created_at
 
 
 def run_sweep(
