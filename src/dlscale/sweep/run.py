@@ -102,6 +102,8 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
 
     ``launcher`` runs the point's ``dlscale`` arguments instead of this Python (the Slurm executor
     passes torchrun for a multi-node point); ``drop_env`` are variables the point must not see.
+    A point that kept its record in the local spool (its database stayed away) is noted
+    (``stores.spool``), so that the command names the spool at its end.
     """
     cmd = [*(launcher or dlscale_command()), *point.argv, "--format", "json", "--db", str(store.path)]
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
@@ -120,6 +122,7 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
         raise
     seconds = time.monotonic() - t0
     rec = _record_from_stdout(stdout) or (None if timed_out else _stored_since(store, point, since))
+    _note_spooled(rec, store)
     if rec is not None and rec.get("run_id") and not timed_out:
         m = rec.get("metrics") or {}
         return PointResult(point, rec.get("status", "failed"), run_id=rec["run_id"], error=rec.get("error"),
@@ -136,6 +139,16 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
         error = f"crashed with exit code {proc.returncode}: {_last_line(stderr)}"
     failed = record_failure(point, store, sweep_name, error, stderr)
     return PointResult(point, "failed", run_id=failed.run_id, error=error, seconds=seconds)
+
+
+def _note_spooled(rec: dict | None, store: Store) -> None:
+    """A point whose record went to the local spool (its database stayed away): this process says so at its end."""
+    kept = ((rec or {}).get("raw") or {}).get("spooled")
+    if kept:
+        from dlscale.stores import spool
+
+        spool.note(spool.Spooled(rec["run_id"], str(spool.spool_path(str(store.path))), str(store.path),
+                                 store.location, kept.get("reason", "")))
 
 
 def _stored_since(store: Store, point: Point, since: str) -> dict | None:
