@@ -111,11 +111,11 @@ def test_a_tree_weighs_a_page_its_processes_share_once():
     try:
         kid = int(parent.stdout.readline())
         assert wait_until(lambda: procs.tree(parent.pid) == [parent.pid, kid], 5)
-        total = sum(procs.memory_bytes(p) for p in procs.tree(parent.pid))
-        rss = sum(int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-                  for p in (parent.pid, kid))
+        members = procs.tree(parent.pid)
+        total, rss = procs.proportional_bytes(members), procs.resident_bytes(members)
         assert rss > 2 * mib * 2**20  # each resident set holds the shared array
         assert mib * 2**20 < total < 1.5 * mib * 2**20 + 64 * 2**20  # the sum of PSS holds it once
+        assert total <= rss
     finally:
         procs.kill(procs.tree(parent.pid), signal.SIGKILL)
         parent.wait()

@@ -14,8 +14,8 @@ so every generation asks for itself:
 
 The signal follows the *thread* that started the child, so a child must be started by a thread
 that outlives it (dlscale starts and waits for its children in the same thread). Off Linux these
-do nothing. ``descendants`` and ``memory_bytes`` find and weigh a process tree (the monitor, tune's
-``--max-memory``). No torch here.
+do nothing. ``tree``, ``resident_bytes`` and ``proportional_bytes`` find and weigh a process tree
+(the monitor, tune's ``--max-memory``). No torch here.
 """
 
 from __future__ import annotations
@@ -142,19 +142,32 @@ def tree(pid: int) -> list[int]:
     return [pid, *below]
 
 
-def memory_bytes(pid: int) -> int:
-    """What ``pid`` holds in memory: its proportional set size (PSS: each shared page divided among
-    the processes sharing it, so a tree's sum counts a page once), else its resident set; 0 if gone."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+def resident_bytes(pids: Iterable[int]) -> int:
+    """The resident sets of ``pids`` summed (/proc/PID/statm: cheap). A page shared by k of them
+    counts k times, so this is an upper bound of what they hold together; 0 for a process gone."""
+    page, total = os.sysconf("SC_PAGE_SIZE"), 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def proportional_bytes(pids: Iterable[int]) -> int:
+    """What ``pids`` hold together: their proportional set sizes summed (PSS: each page divided
+    among the processes sharing it, so a shared page counts once), where the kernel has
+    /proc/PID/smaps_rollup (Linux >= 4.14), else their resident sets. Several ms a process: ask
+    ``resident_bytes`` first, which is never below it."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            total += resident_bytes([pid])
+            continue
+        total += next((int(ln.split()[1]) * 1024 for ln in text.splitlines() if ln.startswith("Pss:")), 0)
+    return total
 
 
 def kill(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:

@@ -176,8 +176,9 @@ class MemoryWatch:
     """While open, SIGKILL every process of a trial whose tree passes ``limit`` bytes (checked every
     ``every_s``): a trial is a child of this process with everything below it (its torchrun and
     ranks, its data-loader workers), weighed as the sum of their proportional set sizes
-    (``procs.memory_bytes``), so a batch too large for the machine is stopped before the kernel's
-    OOM killer picks a process of its own. The trial then fails as killed by SIGKILL (out of memory)."""
+    (``procs.proportional_bytes``, read only once the cheap sum of resident sets passes the limit),
+    so a batch too large for the machine is stopped before the kernel's OOM killer picks a process
+    of its own. The trial then fails as killed by SIGKILL (out of memory)."""
 
     def __init__(self, limit: int | None, every_s: float = 0.2) -> None:
         import threading
@@ -204,8 +205,8 @@ class MemoryWatch:
         me = os.getpid()
         while not self.stop.wait(self.every_s):
             for child in procs.children(me):
-                members = procs.tree(child)
-                if sum(procs.memory_bytes(pid) for pid in members) > self.limit:
+                members = procs.tree(child)  # the resident sum first: cheap, and never below the PSS sum
+                if procs.resident_bytes(members) > self.limit and procs.proportional_bytes(members) > self.limit:
                     procs.kill(members)
                     self.killed.append(child)
 
