@@ -33,7 +33,7 @@ LAUNCHER_PID_ENV = "DLSCALE_LAUNCHER_PID"  # set by dlscale's launcher for the r
 def _prctl() -> Callable[..., int] | None:
     """libc's prctl, or None off Linux. Resolved in the parent: a child between fork and exec
     must not load libraries (another thread of the parent may have held the loader's lock)."""
-    if not os.uname().sysname == "Linux":
+    if os.uname().sysname != "Linux":
         return None
     try:
         return ctypes.CDLL(None, use_errno=True).prctl

@@ -2,8 +2,9 @@
 
 Each rank writes a small file into the job directory when it fails (its rank, node, the one-line
 cause and whether it was a collective timing out or a peer going away); rank 0 writes the run id
-it recorded (and where it kept it, when its database stayed away: ``stores.spool``). After the launcher returns, ``diagnose`` combines those files with what torchrun
-reported (exit codes, signals) into one line that names the rank that caused the failure:
+it recorded (and where it kept it, when its database stayed away: ``stores.spool``). After the
+launcher returns, ``diagnose`` combines those files with what torchrun reported (exit codes,
+signals) into one line that names the rank that caused the failure:
 
 - a rank that failed with its own error is the cause (the earliest one);
 - otherwise a rank that left no report (killed by a signal, or hung) while the others timed out

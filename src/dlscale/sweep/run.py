@@ -7,7 +7,8 @@ the point's hash: the harness stores it in the record, in the same transaction a
 so a finished point is known by the store alone. A point that dies without writing its record
 (timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
 the sweep itself dies (``procs.die_with_parent``), and a point's torchrun and ranks die with the
-point, so a ``kill -9`` of the sweep leaves no orphan that could record a point twice; ``--resume`` then skips every point the store already holds.
+point, so a ``kill -9`` of the sweep leaves no orphan that could record a point twice;
+``--resume`` then skips every point the store already holds (by its latest record).
 """
 
 from __future__ import annotations
