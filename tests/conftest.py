@@ -92,3 +92,88 @@ def digits_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("digits")
     make_digits(root, size=16)
     return root
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``marker`` ("NAME=value"): a test sets a
+    variable of its own on a command, and every process that command starts inherits it."""
+    from pathlib import Path
+
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def cmdline(pid: int) -> bytes:
+    """The command line of ``pid`` (arguments NUL-separated); empty if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def marked_ranks(marker: str) -> list[int]:
+    """The dlscale ranks among ``marked_processes`` (torchrun's command line names the rank module too)."""
+    return [pid for pid in marked_processes(marker)
+            if b"dlscale.distributed.rank" in cmdline(pid) and b"torch.distributed.run" not in cmdline(pid)]
+
+
+def end_marked(marker: str) -> list[int]:
+    """SIGKILL every process ``marked_processes`` finds (what a failed test left running); their pids."""
+    import signal
+
+    left = marked_processes(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def wait_until(ok, timeout_s: float, every_s: float = 0.2) -> bool:
+    """Poll ``ok()`` until it is true or ``timeout_s`` passes; its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
+
+
+def survivors_of_kill_9(cmd: list[str], started, env: dict[str, str] | None = None, start_s: float = 120,
+                        grace_s: float = 15, cleanup=None) -> list[int]:
+    """Run ``cmd`` with a variable of its own (inherited by every process it starts), wait until
+    ``started(marker)`` is true, SIGKILL it, and return the pids of its processes still running
+    ``grace_s`` later (empty: the command took everything with it). Whatever is left is killed
+    before this returns, also when the test fails on the way; then ``cleanup(pid)`` removes what
+    else the killed command (of that pid) left."""
+    import signal
+    import time
+
+    marker = f"DLSCALE_TEST_MARK=kill9-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {}), "DLSCALE_TEST_MARK": marker.split("=", 1)[1]},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: started(marker) or proc.poll() is not None, start_s), "never started"
+        assert proc.poll() is None, f"{cmd[3:5]} ended before it could be killed (exit code {proc.returncode})"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        wait_until(lambda: not marked_processes(marker), grace_s)
+        return marked_processes(marker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        end_marked(marker)
+        if cleanup is not None:
+            cleanup(proc.pid)

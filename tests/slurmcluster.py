@@ -4,7 +4,8 @@
 and the one compute node, ``proctrack/linuxproc``, ``task/none``, no accounting daemon, short
 KillWait so a job past its time limit ends within seconds of it), starts the three daemons in the
 foreground as children of the test process and waits until the node takes jobs. ``env()`` is
-what a client (sbatch, squeue, scontrol, submitit) needs: ``SLURM_CONF``. ``stop()`` cancels every
+what a client (sbatch, squeue, scontrol, submitit) needs: ``SLURM_CONF``. ``stop_controller()`` and
+``start_controller()`` make a controller outage while jobs run. ``stop()`` cancels every
 job, kills every daemon it started (by pid) and removes the directory. ``missing()`` says why a
 cluster cannot run here (None where it can).
 """
@@ -12,6 +13,7 @@ cluster cannot run here (None where it can).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -107,6 +109,31 @@ class SlurmCluster:
         self._spawn("slurmd", "-D", "-f", str(self.conf))
         self._wait(self._idle, timeout_s, "the node did not become idle")
         return self
+
+    def client_env(self, message_timeout_s: int) -> dict[str, str]:
+        """Like ``env()``, for a client that gives up on an unreachable controller after
+        ``message_timeout_s`` (its own copy of slurm.conf; the daemons keep theirs)."""
+        conf = self.root / f"client-{message_timeout_s}.conf"
+        conf.write_text(re.sub(r"MessageTimeout=\d+", f"MessageTimeout={message_timeout_s}", self.conf.read_text()))
+        return {"SLURM_CONF": str(conf)}
+
+    def stop_controller(self) -> None:
+        """End slurmctld (SIGTERM: it saves its state), as an outage of the controller does; the
+        node and its running jobs go on."""
+        ctld = next(p for p in self.procs if p.args[0] == "slurmctld" and p.poll() is None)
+        os.killpg(ctld.pid, signal.SIGTERM)
+        ctld.wait(timeout=60)
+        self.procs.remove(ctld)
+
+    def start_controller(self, timeout_s: float = 60.0) -> None:
+        """Start slurmctld again from its saved state; return once it answers."""
+        self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
+        self._wait(self._answers, timeout_s, "slurmctld did not answer after its restart")
+
+    def _answers(self) -> bool:
+        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env={**os.environ, **self.env()},
+                           timeout=30)
+        return p.returncode == 0 and "UP" in p.stdout
 
     def _idle(self) -> bool:
         p = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True,

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import requires_cuda
+from conftest import cmdline, marked_processes, marked_ranks, need_system, requires_cuda, survivors_of_kill_9
 from dlscale.store import Store
 
 FAST = ["tinycnn", "--batch-size", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cpu"]
@@ -107,6 +107,30 @@ def test_killed_rank_ends_the_job_without_orphans(db_path):
     assert any("ChildFailedError" in line for line in rec.raw["launcher_log"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--nproc-per-node", "2"], ["--emulate-nodes", "2"]], ids=["ranks", "emulated"])
+def test_kill_9_of_the_launcher_takes_torchrun_and_every_rank(db_path, layout):
+    from dlscale.distributed import netns
+
+    if layout[0] == "--emulate-nodes":
+        reason = netns.unavailable_reason()
+        need_system("root and iproute2", reason and f"network namespaces unavailable: {reason}", "DLSCALE_REQUIRE_NETNS")
+
+    def torchrun_and_ranks(marker: str) -> bool:
+        return len(marked_ranks(marker)) == 2 and any(b"torch.distributed.run" in cmdline(q)
+                                                      for q in marked_processes(marker))
+
+    def namespaces_of(pid: int) -> None:  # the killed launcher could not remove its own
+        for ns in netns.list_namespaces() if layout[0] == "--emulate-nodes" else ():
+            if ns.startswith(f"{netns.PREFIX}{pid}-"):
+                netns.remove_namespace(ns)
+
+    left = survivors_of_kill_9(dlscale_cmd("train", *FAST[:-4], "--steps", "100000", "--warmup-steps", "0", "--device",
+                                           "cpu", "--threads-per-rank", "1", *layout), torchrun_and_ranks,
+                               cleanup=namespaces_of)
+    assert not left, f"outlived the killed launcher: {left}"
+
+
 def test_launcher_filter_holds_back_torchrun_banner_only():
     from dlscale.distributed.launch import LauncherFilter
 
@@ -162,6 +186,26 @@ def test_bad_layouts_are_usage_errors(cli, db_path):
     assert res.code == 2 and "--emulate-nodes" in res.stderr
     assert cli("train", *FAST, "--emulate-nodes", "2", "--link-bandwidth", "fast").code == 2
     assert cli("scale", "tinycnn", "--devices", "1,2", "--layouts", "2x1").code == 2
+
+
+def test_backend_mpi_is_refused_before_any_rank_starts(cli, db_path, monkeypatch):
+    import torch.distributed as dist
+
+    from dlscale.distributed import launch
+
+    def no_launch(*a, **k):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(launch, "launch", no_launch)
+    res = cli("train", *FAST, "--nproc-per-node", "2", "--backend", "mpi")
+    assert res.code == 2 and [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
+        res.stderr.strip().splitlines()[-1]], res.stderr
+    if not dist.is_mpi_available():  # this PyTorch has no MPI: said, with what to use instead
+        assert "was built without MPI" in res.stderr and "use gloo (CPUs) or nccl (GPUs)" in res.stderr
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)  # with MPI, torchrun still cannot place MPI ranks
+    res = cli("train", *FAST, "--nproc-per-node", "2", "--backend", "mpi")
+    assert res.code == 2 and "needs ranks started by mpirun" in res.stderr
+    assert not db_path.exists() or Store.open(db_path).count() == 0
 
 
 def test_mismatched_world_size_under_a_launcher(cli, db_path, monkeypatch):

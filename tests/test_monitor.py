@@ -113,11 +113,12 @@ def test_process_tree_includes_children():
     import subprocess
     import sys
 
-    from dlscale.monitor.sources import HostSource, _descendants
+    from dlscale.monitor.sources import HostSource
+    from dlscale.procs import descendants
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert child.pid in _descendants(os.getpid())
+        assert child.pid in descendants(os.getpid())
         src = HostSource(os.getpid())
         assert child.pid in [p.pid for p in src._tree()]
         vals = src.read()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import marked_processes, marked_ranks, survivors_of_kill_9
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import spec
@@ -75,6 +76,17 @@ def test_a_one_point_sweep_says_one_point(cli, db_path, tmp_path):
     assert "sweep one: 1 point (0 excluded by exclude:)" in " ".join(r.stdout.split()) and "1 points" not in r.stdout
 
 
+def test_dry_run_shows_the_timeout_per_run_that_would_apply(cli, db_path, tmp_path):
+    f = str(_write(tmp_path, "name: d\n" + TINY + "matrix:\n  batch_size: [4]\ninclude:\n  - {batch_size: 8, timeout_per_run: 9}\n"))
+    r = cli("sweep", f, "--dry-run", "--timeout-per-run", "42", "--format", "json")
+    assert r.code == 0, r.stderr
+    assert [p["timeout_s"] for p in json.loads(r.stdout)["points"]] == [42, 42]  # the option overrides the file
+    assert "42 s" in cli("sweep", f, "--dry-run", "--timeout-per-run", "42").stdout
+    for bad in ("0", "-3", "nan", "inf"):
+        r = cli("sweep", f, "--dry-run", "--timeout-per-run", bad)
+        assert r.code == 2 and r.stderr.strip() == f"error: --timeout-per-run must be a number of seconds > 0, got {bad}"
+
+
 def _records_by_point(db: Path) -> dict[str, list]:
     out: dict[str, list] = {}
     with Store.open(db) as s:
@@ -106,15 +118,7 @@ def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path):
 
 def _alive_with(point_hash: str) -> list[int]:
     """Processes whose environment carries this sweep point (the point's process, if still running)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if f"DLSCALE_SWEEP_POINT={point_hash}".encode() in (d / "environ").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
+    return marked_processes(f"DLSCALE_SWEEP_POINT={point_hash}")
 
 
 @pytest.mark.slow
@@ -149,6 +153,42 @@ def test_kill_9_mid_sweep_then_resume_runs_every_point_exactly_once(tmp_path):
     assert set(after) == {pt.hash for pt in sw.points}
     assert all(len(v) == 1 and v[0].status == "ok" for v in after.values())
     assert {k: v[0].run_id for k, v in before.items()} == {k: after[k][0].run_id for k in before}
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_sweep_takes_a_points_torchrun_and_ranks_with_it(tmp_path):
+    f = _write(tmp_path, "name: ranks\nfixed: {model: tinycnn, image_size: 32, warmup_steps: 0, steps: 100000, "
+                         "nproc_per_node: 2, threads_per_rank: 1, device: cpu}\nmatrix:\n  batch_size: [4]\n")
+    cmd = [sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--db", str(tmp_path / "r.db")]
+    left = survivors_of_kill_9(cmd, lambda marker: len(marked_ranks(marker)) == 2)
+    assert not left, f"outlived the sweep: {left}"
+
+
+def test_resume_takes_a_points_latest_record(tmp_path):
+    from dlscale.record import RunRecord
+    from dlscale.sweep.run import finished_points
+
+    sw = spec.load(_write(tmp_path, "name: twice\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    requeued, late = sw.points
+
+    def rec(point, created, finished, error=None):
+        r = RunRecord(kind="train", workload="tinycnn", config=dict(point.options), raw={"sweep_point": point.hash},
+                      created_at=f"2026-01-01T{created}.000+00:00", finished_at=f"2026-01-01T{finished}.000+00:00")
+        if error:
+            r.fail(error)
+        return r
+
+    with Store.open(tmp_path / "r.db") as s:
+        # recorded lost by the submitter, then Slurm requeued the job, which ran again and recorded itself
+        s.insert(rec(requeued, "10:00:00", "10:00:00", "Slurm job 7 UNKNOWN without recording a run"))
+        again = rec(requeued, "10:05:00", "10:09:00")
+        # a run that started before the submitter gave it up and recorded itself after
+        own = rec(late, "09:50:00", "10:30:00")
+        for r in (again, own, rec(late, "10:00:00", "10:00:00", "Slurm job 8 UNKNOWN without recording a run")):
+            s.insert(r)
+        done = finished_points(s, sw)
+    assert done[requeued.hash] == (again.run_id, "ok", None)
+    assert done[late.hash] == (own.run_id, "ok", None)
 
 
 def test_a_command_that_records_several_runs_is_one_outcome():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import need_system
+from conftest import need_system, wait_until
 
 from dlscale.errors import UsageError
 from dlscale.store import Store
@@ -107,6 +108,49 @@ def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
     assert recs[p_own.hash].error == ("Slurm job 42 TIMEOUT: ran past its time limit (00:01:00) and was killed by "
                                       "Slurm; reason TimeLimit (crashed: killed by SIGTERM)")
     assert recs[p_own.hash].raw["slurm_state"] == "TIMEOUT" and recs[p_none.hash].raw["slurm_job_id"] == "41"
+
+
+def _shim(bin_dir: Path, name: str, stderr: str, stdout: str = "", code: int = 1) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\necho '{stderr}' >&2\nexit {code}\n")
+    (bin_dir / name).chmod(0o755)
+
+
+def test_a_controller_that_does_not_answer_is_not_a_forgotten_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    _shim(tmp_path / "bin", "sacct", "Slurm accounting storage is disabled")  # no accounting here
+    _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+    states = slurm.job_states(["41", "42"])
+    assert {j: s.phase for j, s in states.items()} == {"41": "unreachable", "42": "unreachable"}
+    assert states["41"].unreachable == "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Invalid job id specified")
+    assert slurm.job_states(["41"]) == {}  # the controller answered: it has forgotten the job
+    _shim(tmp_path / "bin", "scontrol", "", "JobId=41 JobState=RUNNING Reason=None TimeLimit=00:05:00", 0)
+    assert slurm.job_states(["41"])["41"].phase == "running"
+
+
+def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monkeypatch):
+    from dlscale.record import RunRecord, utc_now
+
+    sw = spec.load(_write(tmp_path, "name: outage\n" + TINY + "matrix:\n  batch_size: [4]\n"))
+    (p,) = sw.points
+    st = slurm.open_state(sw, tmp_path / "state")
+    st.points[p.hash].update(job_id="41", submitted_at="2026-01-01T00:00:00Z")
+    monkeypatch.setenv(slurm.POLL_ENV, "0")
+    down = slurm.JobState("41", "", unreachable="Unable to contact slurm controller (connect failure)")
+    answers = [{"41": down}] * 6 + [{"41": slurm.JobState("41", "COMPLETED")}]
+    with Store.open(tmp_path / "r.db") as store:
+        def job_states(ids):
+            if len(answers) == 2:  # the job finishes while the controller is down, and records itself
+                store.insert(RunRecord(kind="train", workload="tinycnn", config=dict(p.options), tag=sw.tag,
+                                       raw={"sweep_point": p.hash}, finished_at=utc_now()))
+            return answers.pop(0)
+
+        monkeypatch.setattr(slurm, "job_states", job_states)
+        results: dict = {}
+        slurm._wait(sw, {p.hash: "41"}, store, st, results, None)
+        recs = store.query()
+    assert not answers and results[p.hash].status == "ok" and len(recs) == 1 and recs[0].status == "ok"
 
 
 # -- a real single-node Slurm -------------------------------------------------------------------------
@@ -218,3 +262,52 @@ def test_a_point_past_its_time_limit_is_recorded_failed_with_timeout(slurm_clust
     assert rows["steps=2 batch_size=4"]["status"] == "finished"
     assert rows["steps=100000000 batch_size=8"]["status"] == "failed"
     assert rows["steps=100000000 batch_size=8"]["slurm_state"] == "TIMEOUT"
+
+
+
+@pytest.mark.slow
+def test_a_controller_outage_while_a_job_runs_leaves_one_record(slurm_cluster, tmp_path):
+    f = _write(tmp_path, "name: outage\nfixed: {model: tinycnn, image_size: 32, batch_size: 4, warmup_steps: 1, "
+                         "steps: 1000, threads_per_rank: 1}\nslurm: {cpus_per_task: 1, time: 10}\nmatrix:\n  seed: [0]\n")
+    (point,) = spec.load(f).points
+    db = tmp_path / "runs.db"
+    r = _dlscale(slurm_cluster, "sweep", str(f), "--executor", "slurm", "--db", str(db), "--no-wait")
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "sweeps" / "outage.json").read_text())["points"][point.hash]["job_id"]
+    assert wait_until(lambda: _job_state(slurm_cluster, job) == "RUNNING", 120), "the job never ran"
+
+    def records() -> list:
+        with Store.open(db) as s:
+            return [rec for rec in s.query() if rec.raw.get("sweep_point") == point.hash]
+
+    # the submitter waits for the job (--resume re-attaches); its client gives up on a silent controller in 2 s
+    env = {**os.environ, **slurm_cluster.client_env(2), slurm.POLL_ENV: "1"}
+    waiter = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--executor", "slurm", "--db",
+                               str(db), "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        slurm_cluster.stop_controller()
+        try:
+            assert not records(), "the job ended before the outage began"
+            down = time.monotonic()
+            assert wait_until(lambda: records(), 300), "the job did not record itself during the outage"
+            time.sleep(max(0.0, 15 - (time.monotonic() - down)))  # many polls without an answer
+        finally:
+            slurm_cluster.start_controller()
+        _, stderr = waiter.communicate(timeout=300)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 0, stderr
+    assert "Slurm does not answer (slurm_load_jobs error: Unable to contact slurm controller" in stderr
+    assert "Slurm answers again" in stderr
+    (rec,) = records()  # the job's own record, and no second one saying it was lost
+    assert rec.status == "ok"
+
+
+def _job_state(cluster, job_id: str) -> str:
+    p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                       env={**os.environ, **cluster.env()})
+    m = re.search(r"JobState=(\S+)", p.stdout)
+    return m.group(1) if m else ""

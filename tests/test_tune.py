@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from conftest import wait_until
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 from dlscale.store import Store
@@ -565,3 +566,52 @@ def test_memory_watch_kills_a_child_over_the_limit():
     with MemoryWatch(2**40, every_s=0.05) as watch:
         proc = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, timeout=30)
     assert proc.returncode == 0 and not watch.killed
+
+
+@pytest.mark.slow
+def test_memory_watch_weighs_a_trials_whole_tree():
+    import subprocess
+    import sys
+
+    from dlscale import procs
+    from dlscale.tune.run import MemoryWatch
+
+    # the trial's own process stays small; two workers below it hold 150 MiB each: 300 MiB together
+    grow = "import time\nx = bytearray(150 * 2**20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(20)\n"
+    trial = ("import subprocess, sys\n"
+             f"ws = [subprocess.Popen([sys.executable, '-c', {grow!r}]) for _ in range(2)]\n"
+             "print(' '.join(str(w.pid) for w in ws), flush=True)\n"
+             "[w.wait() for w in ws]\n")
+    with MemoryWatch(200 * 2**20, every_s=0.05) as watch:
+        proc = subprocess.Popen([sys.executable, "-c", trial], stdout=subprocess.PIPE, text=True)
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        try:
+            proc.wait(timeout=60)
+        finally:
+            procs.kill([proc.pid, *workers])
+            proc.wait()
+    assert proc.returncode == -9 and watch.killed == [proc.pid]
+    assert wait_until(lambda: not any(_running(w) for w in workers), 5), "a worker outlived its killed trial"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_kill_9_of_tune_takes_its_running_trial_with_it(tmp_path):
+    import sys
+
+    from conftest import cmdline, marked_processes, survivors_of_kill_9
+
+    def trial_runs(marker: str) -> bool:
+        return any(b"dlscale.cli.app\0train\0" in cmdline(p) for p in marked_processes(marker))
+
+    left = survivors_of_kill_9([sys.executable, "-m", "dlscale.cli.app", "tune", "tinycnn", "--image-size", "32",
+                                "--steps", "100000", "--warmup-steps", "0", "--device", "cpu", "--db",
+                                str(tmp_path / "r.db"), "--output", str(tmp_path / "best.yaml")], trial_runs)
+    assert not left, f"outlived tune: {left}"

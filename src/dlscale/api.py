@@ -155,19 +155,13 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
     ``record`` is the point's run record (points already in the store are skipped with ``resume``).
     ``executor="slurm"`` submits each point as a Slurm job (``sweep.slurm``; job ids kept under
     ``state_dir``) and, with ``wait``, records every outcome as its job ends."""
-    from dataclasses import replace
-
     from dlscale.store import Store
     from dlscale.sweep import run as sweep_run
     from dlscale.sweep import spec
 
     if executor not in ("local", "slurm"):
         raise UsageError(f"unknown --executor {executor!r}; choose local or slurm")
-    sw = spec.load(file)
-    if timeout_per_run is not None:
-        if timeout_per_run <= 0:
-            raise UsageError(f"--timeout-per-run must be > 0, got {timeout_per_run}")
-        sw.points = [replace(p, timeout_s=timeout_per_run) for p in sw.points]
+    sw = spec.load(file).with_timeout(timeout_per_run)
     with Store.open(db) as store:
         if executor == "slurm":
             from dlscale.sweep.slurm import run_slurm_sweep

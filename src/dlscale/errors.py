@@ -1,8 +1,11 @@
-"""The two kinds of failure dlscale reports, and the exit codes they map to.
+"""The kinds of failure dlscale reports, and the exit codes they map to.
 
 A ``UsageError`` is bad input found before any work starts (exit code 2).
 A ``RunFailure`` is a run that started and failed (exit code 1); the harness
 records it in the store with status ``failed`` before the CLI exits.
+A ``StoreUnavailable`` is a results database that was reached and then lost for longer than its
+retry window (exit code 1: nothing was wrong with the input); a record that could not be written
+then is kept in the local spool (``dlscale.stores.spool``).
 """
 
 from __future__ import annotations
@@ -42,3 +45,9 @@ def json_problem(e: Any, line: bool = False) -> str:
     "Unterminated string starting at column 10" (Python's message may already end in "at")."""
     where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
     return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+
+
+class StoreUnavailable(DlscaleError):
+    """The results database went away during the command and did not come back in time."""
+
+    exit_code = EXIT_FAILURE

@@ -5,6 +5,9 @@ from ``db`` (or ``$DLSCALE_DB``): a ``postgresql://`` URL is a PostgreSQL databa
 (``dlscale.stores.postgres``), anything else a file path (``dlscale.stores.sqlite``). Both hold the
 same schema, migrate alike and write each record in one transaction; callers see one API.
 
+A record that cannot be written because a PostgreSQL server went away and stayed away is kept in
+a local SQLite spool instead (``dlscale.stores.spool``), to be delivered by ``results push``.
+
 Imported runs are stored once: the ``imports`` table holds one row per import key (an imported
 record's config hash: its source file or reference dataset, format, row and the overrides given),
 and ``insert_imports`` checks and writes those keys and the runs in one transaction under the
@@ -18,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import StoreUnavailable, UsageError
 from dlscale.paths import DB_ENV, resolve_db_path
 from dlscale.record import RunRecord
 from dlscale.stores.schema import COLUMNS, MIGRATIONS, PG_MIGRATIONS, SCHEMA_VERSION, to_record, to_row
@@ -92,7 +95,8 @@ class Store:
     # -- writing ------------------------------------------------------------------------
     def insert(self, rec: RunRecord) -> None:
         """Write one record (all of it, or nothing) in one transaction; an imported one also claims
-        its import key if no run holds it yet."""
+        its import key if no run holds it yet. A server that went away and stayed away past its
+        retry window does not lose the record: it goes to the local spool (``stores.spool``)."""
         b = self._backend
 
         def body(c: Any, _retrying: bool) -> None:
@@ -100,7 +104,12 @@ class Store:
             if rec.imported:
                 c.execute(b.claim_import_sql, (rec.config_hash, rec.run_id))
 
-        b.write(body)
+        try:
+            b.write(body)
+        except StoreUnavailable as e:
+            from dlscale.stores import spool
+
+            spool.keep(rec, str(self.path), self.location, str(e))
 
     def _claim(self, c: Any, rec: RunRecord, retrying: bool) -> bool:
         """Claim ``rec``'s import key; after a lost connection a key this very run holds counts as

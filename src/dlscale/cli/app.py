@@ -1,6 +1,7 @@
 """The ``dlscale`` entry point: the command tree and one place that turns errors into exit codes.
 
-Errors print one line on stderr (``error: ...``) and exit 2 for bad input, 1 for a failed run;
+Errors print one line on stderr (``error: ...``) and exit 2 for bad input, 1 for a failed run
+(and for a finished one whose record had to be kept in the local spool: ``stores.spool``);
 ``DLSCALE_DEBUG=1`` adds the traceback. Nothing here imports torch: ``--help`` stays fast.
 """
 
@@ -131,7 +132,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: internal error: {type(e).__name__}: {_one_line(str(e))[:300]} "
               "(set DLSCALE_DEBUG=1 for the traceback)", file=sys.stderr)
         code = EXIT_FAILURE
-    sys.exit(code)
+    sys.exit(_spooled(code))
+
+
+def _spooled(code: int) -> int:
+    """A record kept in the local spool (its database stayed away) was not delivered: say where it
+    is and how to deliver it, and exit 1 although its figures were printed."""
+    from dlscale.stores import spool
+
+    kept = spool.take_pending()
+    if not kept:
+        return code
+    print(f"error: {spool.summary(kept)}", file=sys.stderr)
+    return code if code not in (0, EXIT_USAGE) else EXIT_FAILURE
 
 
 if __name__ == "__main__":

@@ -15,13 +15,15 @@ HELP = """Run a matrix of train (or micro) runs described by a YAML file and rec
 The file is checked before anything runs (errors name the field and the line). Each point runs
 in its own process with a timeout; an out-of-memory, a crash, a NaN or a timeout is recorded as
 a failed run with its error and the sweep goes on. Each point has a stable hash, stored with its
-record: --resume skips the points the database already holds (ok or failed), so a sweep stopped
-by Ctrl-C, kill -9 or a power loss loses nothing that finished. Exits 1 if a point failed.
+record: --resume skips the points the database already holds (ok or failed; a point recorded
+twice counts as its latest record), so a sweep stopped by Ctrl-C, kill -9 or a power loss loses
+nothing that finished. Exits 1 if a point failed.
 
 --executor slurm submits each point as a Slurm job (submitit) with the file's slurm: resources
 and waits for them all, recording a job Slurm ended (time limit, scancel) as failed with Slurm's
-reason; --resume then also re-attaches to jobs still queued or running. `dlscale sweep status
-FILE|TAG` shows each point's Slurm job id and state (see docs/CLUSTER.md)."""
+reason; a controller that does not answer is waited for, not taken for lost jobs. --resume then
+also re-attaches to jobs still queued or running. `dlscale sweep status FILE|TAG` shows each
+point's Slurm job id and state (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n
   dlscale sweep examples/sweep-small-cpu.yaml --dry-run\n\n
@@ -56,7 +58,7 @@ def sweep(
         raise UsageError(f"unexpected argument {target!r}; did you mean `dlscale sweep status {target}`?")
     if executor not in ("local", "slurm"):
         raise UsageError(f"unknown --executor {executor!r}; choose local or slurm")
-    sw = spec.load(file)  # a bad file stops here (file:line), before anything runs
+    sw = spec.load(file).with_timeout(timeout_per_run)  # a bad file stops here (file:line), before anything runs
     with Store.open(db) as store:
         done = sweep_run.finished_points(store, sw)
         where = store.path
@@ -96,7 +98,7 @@ def _status(target: str, db: str | None, state_dir: str | None, fmt: Format) -> 
     t = Table("#", "point", "slurm job", "status", "slurm state", "run id", "error", title_justify="left",
               title=f"sweep {st.name} (tag {st.tag}): " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     for r in rows:
-        color = {"failed": "red", "ended": "yellow"}.get(r["status"])
+        color = {"failed": "red", "ended": "yellow", "unreachable": "yellow"}.get(r["status"])
         status = f"[{color}]{r['status']}[/{color}]" if color else r["status"]
         t.add_row(str(r["index"] + 1), r["label"], r["job_id"] or "", status, r["slurm_state"] or "",
                   r["run_id"] or "", r["error"] or "")

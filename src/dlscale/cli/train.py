@@ -129,10 +129,13 @@ def train(
 
 
 def show_hint(rec, db: str | None) -> None:
-    """One stderr line when the store holds a much faster precision or format of this model here."""
+    """One stderr line when the store holds a much faster precision or format of this model here
+    (not when the store was lost during the run: the record is in the local spool)."""
     from dlscale.store import Store
     from dlscale.tune.hint import hint_for
 
+    if "spooled" in rec.raw:
+        return
     with Store.open(db) as s:
         line = hint_for(rec, s)
     if line:
@@ -152,9 +155,9 @@ class failed_as_json:
         from dlscale.errors import RunFailure
 
         if self.fmt == Format.json and isinstance(exc, RunFailure) and exc.run_id:
-            from dlscale.store import Store
+            from dlscale.stores.spool import store_holding
 
-            with Store.open(self.db) as s:
+            with store_holding(self.db, exc.run_id) as s:
                 rec = s.get(exc.run_id)
             if rec is not None:
                 print_json(rec.to_dict())

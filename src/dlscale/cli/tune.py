@@ -37,7 +37,7 @@ def tune(
     budget: Annotated[Optional[float], typer.Option("--budget", help="Wall seconds for the whole tune: the search stops early enough to leave the closing re-tests and side-by-side room (default: no limit).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Reuse the trials of an earlier tune under the same --tag instead of running them again.")] = False,
     fix: Annotated[Optional[list[str]], typer.Option("--fix", help="KNOB=VALUE left alone (repeatable): precision, batch_size, channels_last, compile, compile_mode, threads_per_rank, workers, optimizer_impl, pin_memory, prefetch_factor.", show_default=False)] = None,
-    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Largest peak memory a batch may use, e.g. 16G or 70% (default on CPU: 80% of RAM; GPUs: what fits).", show_default=False)] = None,
+    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Largest peak memory a batch may use, e.g. 16G or 70% (default on CPU: 80% of RAM; GPUs: what fits); a trial whose processes (workers, ranks) hold more together is killed at once.", show_default=False)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Starting per-device batch size.")] = 32,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Largest batch size tried.")] = 1024,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps per trial (>= 2).")] = 10,

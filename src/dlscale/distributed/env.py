@@ -144,6 +144,28 @@ def default_backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+def check_backend(backend: str | None, launcher: str | None = None) -> None:
+    """Refuse a ``--backend`` that cannot run here, before any rank starts: unknown, nccl without
+    CUDA, mpi in a PyTorch built without MPI, or mpi under dlscale's own launcher (``launcher``
+    "torchrun": an MPI process group takes each rank's place from mpirun, not from torchrun)."""
+    if backend is None:
+        return
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise UsageError(f"unknown --backend {backend!r}; choose gloo, nccl or mpi")
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UsageError("--backend nccl needs CUDA devices; use gloo on CPU")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise UsageError(f"--backend mpi: this PyTorch {torch.__version__} was built without MPI "
+                         "(torch.distributed.is_mpi_available() is False); use gloo (CPUs) or nccl (GPUs), "
+                         "or a PyTorch built from source with MPI")
+    if backend == "mpi" and launcher == "torchrun":
+        raise UsageError("--backend mpi needs ranks started by mpirun (MPI gives each rank its place); run "
+                         "`mpirun -np N dlscale ...` without --nproc-per-node, or use gloo or nccl")
+
+
 def init_process_group(env: DistEnv, backend: str | None = None, device_type: str = "cpu",
                        timeout_s: float = 300.0) -> str:
     """Join the job's process group over ``env://``; returns the backend used.
@@ -156,10 +178,7 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     import torch.distributed as dist
 
     backend = backend or default_backend(device_type)
-    if backend not in ("gloo", "nccl", "mpi"):
-        raise UsageError(f"unknown --backend {backend!r}; choose gloo, nccl or mpi")
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UsageError("--backend nccl needs CUDA devices; use gloo on CPU")
+    check_backend(backend)
     if device_type == "cuda" and torch.cuda.is_available():  # every rank owns its device, whatever the backend
         torch.cuda.set_device(device_index(env))
     export(env)

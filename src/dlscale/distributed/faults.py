@@ -2,8 +2,9 @@
 
 Each rank writes a small file into the job directory when it fails (its rank, node, the one-line
 cause and whether it was a collective timing out or a peer going away); rank 0 writes the run id
-it recorded. After the launcher returns, ``diagnose`` combines those files with what torchrun
-reported (exit codes, signals) into one line that names the rank that caused the failure:
+it recorded (and where it kept it, when its database stayed away: ``stores.spool``). After the
+launcher returns, ``diagnose`` combines those files with what torchrun reported (exit codes,
+signals) into one line that names the rank that caused the failure:
 
 - a rank that failed with its own error is the cause (the earliest one);
 - otherwise a rank that left no report (killed by a signal, or hung) while the others timed out
@@ -45,6 +46,17 @@ def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: 
 def write_run_id(job_dir: str | None, run_id: str) -> None:
     if job_dir:
         _write(Path(job_dir) / "run_id", run_id)
+
+
+def write_spooled(job_dir: str | None, entries: list[dict[str, Any]]) -> None:
+    """Rank 0's records that went to the local spool (its database stayed away), for the launcher."""
+    if job_dir and entries:
+        _write(Path(job_dir) / "spooled.json", json.dumps(entries))
+
+
+def read_spooled(job_dir: str) -> list[dict[str, Any]]:
+    p = Path(job_dir) / "spooled.json"
+    return json.loads(p.read_text()) if p.exists() else []
 
 
 def read_run_id(job_dir: str) -> str | None:

@@ -11,7 +11,8 @@ stored, the others None). ``run_job`` runs it on every rank of a ``Layout``:
   ``python -m dlscale.distributed.rank --spec JSON``, whose failure handler is the same for
   every family.
 
-Afterwards the record rank 0 stored is read back. A failed job is written into that record (or a
+Afterwards the record rank 0 stored is read back (from the local spool where rank 0 had to keep it
+because its database stayed away: ``stores.spool``). A failed job is written into that record (or a
 new one, when rank 0 never got to record) with one line naming the rank and the cause
 (``faults.diagnose``); Ctrl-C or SIGTERM leaves an ``interrupted`` record. Either way
 ``RunFailure`` follows. Bad input found by the ranks before the run is a ``UsageError``.
@@ -98,8 +99,10 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
     if env is not None:
         return run_in_place(family, config, layout, db, env, price)
+    from dlscale.distributed.env import check_backend
     from dlscale.store import Store
 
+    check_backend(layout.backend, launcher="torchrun")  # e.g. mpi without MPI: refused before any rank starts
     with Store.open(db) as store:  # an unwritable database is a usage error before anything starts
         path = str(store.path)
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
@@ -108,6 +111,7 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     try:
         res = _launch(spec, layout)
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
+        _note_spooled(job_dir)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
         if layout.node_rank == 0:
             _record_failure(family, config, layout, db, None, "interrupted (Ctrl-C or SIGTERM) before the run finished")
@@ -119,7 +123,9 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
         raise UsageError(usage[0]["cause"])
     if res.returncode == 0:
         if run_id:
-            with Store.open(db) as store:
+            from dlscale.stores.spool import store_holding
+
+            with store_holding(db, run_id) as store:
                 return store.get(run_id)
         return None
     msg = faults.diagnose(failures, layout.world_size, res.failures, timed_out=res.timed_out,
@@ -154,10 +160,10 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
                     msg: str, log_tail: list[str] | None = None) -> Any:
     """Write the failure into rank 0's record, or a new one when rank 0 never recorded."""
     from dlscale.record import RunRecord, utc_now
-    from dlscale.store import Store
+    from dlscale.stores.spool import store_holding
     from dlscale.system import collect_cached
 
-    with Store.open(db) as store:
+    with store_holding(db, run_id) as store:
         rec = store.get(run_id) if run_id else None
         if rec is None:
             rec = RunRecord(kind=FAMILIES[family][1], workload=workload_of(family, config),
@@ -168,6 +174,14 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
         rec.finished_at = rec.finished_at or utc_now()
         store.insert(rec)
     return rec
+
+
+def _note_spooled(job_dir: str) -> None:
+    """Rank 0's records kept in the local spool become this process's to report."""
+    from dlscale.stores import spool
+
+    for entry in faults.read_spooled(job_dir):
+        spool.note(entry)
 
 
 def threads_here(layout: Layout) -> int:

@@ -8,7 +8,10 @@ same and also returns what torchrun reported about a failed rank. ``distributed.
 caller inside dlscale; it starts ``dlscale.distributed.rank`` on every rank.
 
 A job that runs past ``timeout_s``, or a Ctrl-C / SIGTERM, ends every process of the job:
-SIGTERM to torchrun and its workers, SIGKILL to what is left after a short grace.
+SIGTERM to torchrun and its workers, SIGKILL to what is left after a short grace. A launcher that
+is killed outright (``kill -9``) takes the job with it: torchrun gets SIGKILL when the launcher
+dies, and each rank when torchrun dies (``dlscale.procs``: torchrun itself starts its workers in
+sessions of their own and leaves them running when it is killed).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from dlscale.distributed.env import DEFAULT_PORT, DEVICE_OFFSET_ENV
 from dlscale.errors import UsageError
 from dlscale.layout import Layout
+from dlscale.procs import LAUNCHER_PID_ENV, die_with_parent
 
 GRACE_S = 5.0
 RDZV_TIMEOUT_S = 300
@@ -78,6 +82,7 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
     if layout.threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # each rank checks that it still has a launcher
     rdzv_timeout = max(1, int(min(layout.timeout_s, RDZV_TIMEOUT_S)))
     if layout.emulate_nodes:
         return _launch_emulated(module, module_args, layout, env, rdzv_timeout, timeout_s)
@@ -175,7 +180,7 @@ def _supervise(cmds: list[list[str]], env: dict[str, str], timeout_s: float | No
     try:
         for cmd in cmds:
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 errors="replace", start_new_session=True)
+                                 errors="replace", start_new_session=True, preexec_fn=die_with_parent())
             procs.append(p)
             t = threading.Thread(target=_pump, args=(p.stdout, tail, teardown), daemon=True)
             t.start()

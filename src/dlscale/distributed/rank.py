@@ -1,10 +1,12 @@
 """The per-rank entry of every dlscale job: ``python -m dlscale.distributed.rank --spec JSON``.
 
-``distributed.job`` starts this module on every rank through torchrun. It finds the rank's
-place in the job, runs the family's ``run_rank`` and turns the outcome into an exit code. The one
-failure handler of every family lives here: a failing rank writes its one-line cause into the job
-directory (``faults``) so that the launcher can name it, rank 0 leaves the id of the record it
-stored, and the rank exits without a process-group teardown that could hang on a dead peer.
+``distributed.job`` starts this module on every rank through torchrun. It first ties itself to
+its launcher (``procs.tie_to_launcher``: a rank ends when torchrun dies, so a ``kill -9`` of
+``dlscale`` leaves no rank running), then finds the rank's place in the job, runs the family's
+``run_rank`` and turns the outcome into an exit code. The one failure handler of every family
+lives here: a failing rank writes its one-line cause into the job directory (``faults``) so that
+the launcher can name it, rank 0 leaves the id of the record it stored, and the rank exits
+without a process-group teardown that could hang on a dead peer.
 """
 
 from __future__ import annotations
@@ -28,8 +30,16 @@ def run(spec: Any, env: Any) -> int:
         _fail(spec, env, e)
     if env.rank == 0 and rec is not None:
         faults.write_run_id(spec.job_dir, rec.run_id)
+    _hand_over_spooled(spec)
     _teardown()
     return 0
+
+
+def _hand_over_spooled(spec: Any) -> None:
+    """Tell the launcher which records this rank had to keep in the local spool."""
+    from dlscale.stores import spool
+
+    faults.write_spooled(spec.job_dir, [e.to_dict() for e in spool.pending()])
 
 
 def _fail(spec: Any, env: Any, e: BaseException) -> None:
@@ -40,6 +50,7 @@ def _fail(spec: Any, env: Any, e: BaseException) -> None:
                          usage=isinstance(e, UsageError))
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
+    _hand_over_spooled(spec)
     if os.environ.get("DLSCALE_DEBUG"):
         import traceback
 
@@ -62,6 +73,11 @@ def _teardown() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dlscale.procs import tie_to_launcher
+
+    if not tie_to_launcher():
+        print("error: the dlscale launcher of this rank is gone; the rank does not start", file=sys.stderr)
+        return 1
     from dlscale.distributed.env import detect
     from dlscale.distributed.job import RankSpec
 

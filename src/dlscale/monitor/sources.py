@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.monitor import nvml
+from dlscale.procs import descendants
 
 MB = 1e6
 
@@ -48,7 +49,7 @@ class HostSource:
         """The root and its descendants. /proc/PID/task/TID/children lists a thread's children
         directly (~0.1 ms); psutil's children() scans every process on the machine (~3 ms), so it
         is only the fallback where the kernel lacks that file."""
-        pids = _descendants(self.root.pid)
+        pids = descendants(self.root.pid)
         if pids is None:
             try:
                 return [self.root, *self.root.children(recursive=True)]
@@ -100,31 +101,6 @@ class HostSource:
             vals["net_sent_bytes"] = float(n.bytes_sent)
             vals["net_recv_bytes"] = float(n.bytes_recv)
         return vals
-
-
-def _descendants(pid: int) -> list[int] | None:
-    """All descendants of ``pid`` from /proc/*/task/*/children; None where the kernel has no such file."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        tasks = Path(f"/proc/{p}/task")
-        try:
-            files = [t / "children" for t in tasks.iterdir()]
-        except OSError:
-            if p == pid:
-                return None
-            continue
-        for f in files:
-            try:
-                kids = [int(k) for k in f.read_text().split()]
-            except OSError:
-                if f.parent.exists() and not f.exists():
-                    return None  # the thread is there but not the file: CONFIG_PROC_CHILDREN is off
-                continue  # the thread or process ended meanwhile
-            out.extend(kids)
-            todo.extend(kids)
-    return out
 
 
 class InfinibandSource:

@@ -4,9 +4,11 @@ Same tables and schema versions as SQLite (the version lives in the one-row tabl
 ``dlscale_schema``; migrations run under an advisory lock, so processes opening a fresh database
 at once migrate it once). Each record is one transaction. A server that goes away after it was
 reached (a restart, a failover) delays reads and writes: the connection is reopened with
-exponential backoff for up to ``retry_s`` seconds and the whole transaction runs again, which is
-safe because every write is idempotent by run id and import key. A server that cannot be reached
-when the store is opened is a one-line ``UsageError`` at once (a wrong URL should not wait).
+exponential backoff for up to ``retry_s`` seconds (``DLSCALE_DB_RETRY_S``, default 300) and the
+whole transaction runs again, which is safe because every write is idempotent by run id and import
+key; past that a ``StoreUnavailable`` is raised (``Store.insert`` then keeps the record in the local
+spool). A server that cannot be reached when the store is opened is a one-line ``UsageError`` at
+once (a wrong URL should not wait).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from dlscale.errors import UsageError
+from dlscale.errors import StoreUnavailable, UsageError
 from dlscale.stores.schema import COLUMNS, PG_MIGRATIONS, SCHEMA_VERSION, statements
 from dlscale.stores.url import redact_text, split_password
 
 T = TypeVar("T")
 log = logging.getLogger("dlscale.store")
 
+RETRY_ENV = "DLSCALE_DB_RETRY_S"
+DEFAULT_RETRY_S = 300.0
 _LOCK_KEY = 0x646C7363616C65  # "dlscale": the advisory lock migrations take
 # Messages of a server that is there but not accepting connections for a moment.
 _TRANSIENT = ("starting up", "shutting down", "in recovery mode", "not yet accepting connections")
@@ -33,6 +37,20 @@ _TRANSIENT = ("starting up", "shutting down", "in recovery mode", "not yet accep
 _RETRY_STATES = ("08", "40", "57P")
 _HINT = ("check the URL and that the server runs; put a password in PGPASSWORD or a password file "
          "(~/.pgpass, PGPASSFILE), not in the URL")
+
+
+def retry_window() -> float:
+    """Seconds a server lost after it was reached is waited for: ``$DLSCALE_DB_RETRY_S``, else 300."""
+    text = os.environ.get(RETRY_ENV, "").strip()
+    if not text:
+        return DEFAULT_RETRY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UsageError(f"{RETRY_ENV}={text!r}: give the seconds a lost results database is waited for (>= 0)")
+    return value
 
 
 def _one_line(text: str) -> str:
@@ -59,13 +77,13 @@ class PostgresBackend:
     """
 
     kind = "postgresql"
-    retry_s = 300.0  # how long a server lost in the middle of a sweep is waited for
     open_retry_s = 30.0  # how long a server that is starting up or shutting down is waited for at open
 
     def __init__(self, url: str):
         self.path, self._password = split_password(url)
         self.display = redact_text(url)
         self._conn: Any = None
+        self.retry_s = retry_window()  # how long a server lost in the middle of a run is waited for
 
     @classmethod
     def open(cls, url: str) -> "PostgresBackend":
@@ -142,8 +160,8 @@ class PostgresBackend:
                     raise UsageError(f"results database {self.display}: {msg}") from None
                 deadline = deadline or time.monotonic() + self.retry_s
                 if time.monotonic() + delay > deadline:
-                    raise UsageError(f"lost results database {self.display} and could not get it back in "
-                                     f"{self.retry_s:g} s: {msg}; {_HINT}") from None
+                    raise StoreUnavailable(f"lost results database {self.display} and could not get it back in "
+                                           f"{self.retry_s:g} s: {msg}") from None
                 log.warning("results database %s: %s; retrying in %.1f s", self.display, msg, delay)
                 time.sleep(delay)
                 delay, retrying = min(delay * 2, 5.0), True

@@ -6,8 +6,9 @@ reaches the sweep, which then kills the point), with ``DLSCALE_SWEEP_POINT`` set
 the point's hash: the harness stores it in the record, in the same transaction as the result,
 so a finished point is known by the store alone. A point that dies without writing its record
 (timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
-the sweep itself dies (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the sweep leaves no orphan that
-could record a point twice; ``--resume`` then skips every point the store already holds.
+the sweep itself dies (``procs.die_with_parent``), and a point's torchrun and ranks die with the
+point, so a ``kill -9`` of the sweep leaves no orphan that could record a point twice;
+``--resume`` then skips every point the store already holds (by its latest record).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from dlscale.harness.runner import SWEEP_POINT_ENV
+from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
 from dlscale.sweep.fields import record_kind
@@ -43,14 +45,26 @@ class PointResult:
 
 
 def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:
-    """Point hash -> (run id, status, error) for every point of the sweep the store holds."""
-    wanted = {p.hash for p in sweep.points}
-    done: dict[str, tuple[str, str, str | None]] = {}
-    for rec in store.query(kind=record_kind(sweep.command), newest_first=False):
+    """Point hash -> (run id, status, error) for every point of the sweep the store holds: its latest
+    record, where it has several (``latest_by_point``)."""
+    latest = latest_by_point(store.query(kind=record_kind(sweep.command)), {p.hash for p in sweep.points})
+    return {h: (rec.run_id, rec.status, rec.error) for h, rec in latest.items()}
+
+
+def latest_by_point(records: Sequence[RunRecord], wanted: Collection[str]) -> dict[str, RunRecord]:
+    """Point hash -> the record of that point written last (``finished_at``, else ``created_at``):
+    a point recorded twice (run again after a failure; a job recorded as lost that then recorded
+    itself, or ran again after Slurm requeued it) counts as its latest outcome."""
+    latest: dict[str, RunRecord] = {}
+    for rec in records:
         h = rec.raw.get("sweep_point")
-        if h in wanted and h not in done:
-            done[h] = (rec.run_id, rec.status, rec.error)
-    return done
+        if h in wanted and (h not in latest or _written(rec) > _written(latest[h])):
+            latest[h] = rec
+    return latest
+
+
+def _written(rec: RunRecord) -> tuple[str, str]:
+    return rec.finished_at or rec.created_at, rec.created_at
 
 
 def run_sweep(
@@ -77,15 +91,6 @@ def run_sweep(
     return results
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def dlscale_command() -> list[str]:
     """The ``dlscale`` program as this Python runs it: a point runs what a user types, in its own
     interpreter (a subprocess of the command's entry module; nothing here imports the CLI)."""
@@ -98,13 +103,15 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
 
     ``launcher`` runs the point's ``dlscale`` arguments instead of this Python (the Slurm executor
     passes torchrun for a multi-node point); ``drop_env`` are variables the point must not see.
+    A point that kept its record in the local spool (its database stayed away) is noted
+    (``stores.spool``), so that the command names the spool at its end.
     """
     cmd = [*(launcher or dlscale_command()), *point.argv, "--format", "json", "--db", str(store.path)]
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
     env[SWEEP_POINT_ENV] = point.hash
     t0, since = time.monotonic(), utc_now()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=die_with_parent())
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=point.timeout_s)
@@ -116,6 +123,7 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
         raise
     seconds = time.monotonic() - t0
     rec = _record_from_stdout(stdout) or (None if timed_out else _stored_since(store, point, since))
+    _note_spooled(rec, store)
     if rec is not None and rec.get("run_id") and not timed_out:
         m = rec.get("metrics") or {}
         return PointResult(point, rec.get("status", "failed"), run_id=rec["run_id"], error=rec.get("error"),
@@ -132,6 +140,16 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
         error = f"crashed with exit code {proc.returncode}: {_last_line(stderr)}"
     failed = record_failure(point, store, sweep_name, error, stderr)
     return PointResult(point, "failed", run_id=failed.run_id, error=error, seconds=seconds)
+
+
+def _note_spooled(rec: dict | None, store: Store) -> None:
+    """A point whose record went to the local spool (its database stayed away): this process says so at its end."""
+    kept = ((rec or {}).get("raw") or {}).get("spooled")
+    if kept:
+        from dlscale.stores import spool
+
+        spool.note(spool.Spooled(rec["run_id"], str(spool.spool_path(str(store.path))), str(store.path),
+                                 store.location, kept.get("reason", "")))
 
 
 def _stored_since(store: Store, point: Point, since: str) -> dict | None:

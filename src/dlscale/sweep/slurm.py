@@ -16,7 +16,9 @@ store holds, re-attaches to the jobs still queued or running (by the state file,
 name), records the ones that ended meanwhile, and submits only the rest.
 
 Job states come from ``scontrol show job`` (the controller's memory, ``MinJobAge``) and then
-``sacct`` (the accounting database, where there is one). No torch at import time.
+``sacct`` (the accounting database, where there is one). A controller that does not answer (down,
+restarting) is not a job Slurm has forgotten: the submitter says so once and waits for it, and
+``--resume`` does not submit again a job it cannot ask about. No torch at import time.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.log import info, warn
+from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
-from dlscale.sweep.run import PointResult, finished_points, newest_record, record_failure, run_point
+from dlscale.sweep.run import PointResult, finished_points, latest_by_point, newest_record, record_failure, run_point
 from dlscale.sweep.spec import Point, SlurmOptions, Sweep
 
 POLL_ENV = "DLSCALE_SLURM_POLL_S"  # seconds between looks at the queue (default 10)
@@ -117,7 +121,8 @@ class PointJob:
         if int(os.environ.get("SLURM_NODEID", "0")) != 0:  # another node: its ranks; node 0 records
             cmd = [*launcher, *point.argv, "--format", "json", "--db", self.db]
             env = {k: v for k, v in os.environ.items() if k not in STEP_VARS}
-            return {"node_returncode": subprocess.run(cmd, env={**env, "DLSCALE_SWEEP_POINT": point.hash}).returncode}
+            return {"node_returncode": subprocess.run(cmd, env={**env, "DLSCALE_SWEEP_POINT": point.hash},
+                                                      preexec_fn=die_with_parent()).returncode}
         with Store.open(self.db) as store:
             res = run_point(point, store, self.sweep_name, launcher=launcher, drop_env=STEP_VARS)
         return {"status": res.status, "run_id": res.run_id, "error": res.error}
@@ -184,32 +189,52 @@ def open_state(sweep: Sweep, state_dir: Path) -> SweepState:
 @dataclass(frozen=True)
 class JobState:
     job_id: str
-    state: str  # Slurm's state, e.g. PENDING, RUNNING, COMPLETED, TIMEOUT, CANCELLED
+    state: str  # Slurm's state, e.g. PENDING, RUNNING, COMPLETED, TIMEOUT, CANCELLED ("" when unreachable)
     reason: str = ""
     time_limit: str = ""
+    unreachable: str = ""  # why Slurm could not be asked (controller down): the job's state is not known
 
     @property
     def phase(self) -> str:
-        """queued | running | ended."""
+        """queued | running | ended | unreachable."""
+        if self.unreachable:
+            return "unreachable"
         return "queued" if self.state in QUEUED else "running" if self.state in RUNNING else "ended"
 
 
-def _run(cmd: list[str]) -> str | None:
+def _ask(cmd: list[str]) -> tuple[str | None, str]:
+    """``cmd``'s output where it succeeded (else None), and the first line of its error."""
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout if p.returncode == 0 else None
+    except OSError as e:
+        return None, f"{cmd[0]}: {e.strerror}"
+    except subprocess.TimeoutExpired:
+        return None, f"{cmd[0]} gave no answer in 60 s"
+    error = next((ln.strip() for ln in p.stderr.splitlines() if ln.strip()), f"{cmd[0]} exited with {p.returncode}")
+    return (p.stdout if p.returncode == 0 else None), error
+
+
+def _run(cmd: list[str]) -> str | None:
+    return _ask(cmd)[0]
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobState]:
-    """Slurm's state of each job: the controller's (``scontrol``), else the accounting database's (``sacct``)."""
+    """Slurm's state of each job: the controller's (``scontrol``), else the accounting database's (``sacct``).
+
+    A job neither knows is missing from the result, but only where the controller answered that it
+    does not know it ("Invalid job id": ended longer than ``MinJobAge`` ago). Where the controller
+    could not be reached (down, restarting, a network fault) and accounting has no answer either,
+    the job's state is ``unreachable``: it may well run on, and is not to be taken for gone.
+    """
     out: dict[str, JobState] = {}
+    down = ""
     for jid in job_ids:  # one call per job: `scontrol show job` of all jobs can be huge on a busy cluster
-        text = _run(["scontrol", "show", "job", "-o", jid]) or ""
-        fields = dict(re.findall(r"(\w+)=(\S*)", text))
+        text, error = _ask(["scontrol", "show", "job", "-o", jid]) if not down else (None, down)
+        fields = dict(re.findall(r"(\w+)=(\S*)", text or ""))
         if fields.get("JobState"):
             out[jid] = JobState(jid, fields["JobState"], fields.get("Reason", ""), fields.get("TimeLimit", ""))
+        elif text is None and "invalid job id" not in error.lower():
+            down = error  # the controller does not answer: the other jobs' calls would wait as long
     rest = [j for j in job_ids if j not in out]
     if rest:
         text = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Reason,Timelimit", "-j", ",".join(rest)]) or ""
@@ -217,6 +242,8 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
             parts = line.split("|")
             if len(parts) >= 4 and parts[0] in rest:
                 out[parts[0]] = JobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", parts[2], parts[3])
+    if down:
+        out.update({j: JobState(j, "", unreachable=down) for j in rest if j not in out})
     return out
 
 
@@ -373,10 +400,14 @@ def _wait(sweep: Sweep, waiting: dict[str, str], store: Store, st: SweepState, r
     poll = float(os.environ.get(POLL_ENV, "10"))
     points = {p.hash: p for p in sweep.points}
     unknown: dict[str, int] = {}
+    outage = ""
     while waiting:
         states = job_states(list(waiting.values()))
+        outage = _outage(outage, states)
         for h, jid in list(waiting.items()):
             js = states.get(jid)
+            if js is not None and js.phase == "unreachable":
+                continue  # not known to have ended, nor to be gone: wait for Slurm to answer again
             unknown[jid] = 0 if js else unknown.get(jid, 0) + 1
             if js is None and unknown[jid] >= 3:  # neither the controller nor accounting knows it any more
                 js = JobState(jid, "UNKNOWN", "Slurm has no record of the job (MinJobAge passed, no sacct)")
@@ -389,6 +420,16 @@ def _wait(sweep: Sweep, waiting: dict[str, str], store: Store, st: SweepState, r
                 on_done(res)
         if waiting:
             time.sleep(poll)
+
+
+def _outage(before: str, states: dict[str, JobState]) -> str:
+    """Say when Slurm stops answering and when it answers again; the reason while it does not."""
+    now = next((js.unreachable for js in states.values() if js.unreachable), "")
+    if now and not before:
+        warn(f"Slurm does not answer ({now}); the jobs run on without it: waiting for the controller")
+    elif before and not now:
+        info("Slurm answers again")
+    return now
 
 
 # -- status ----------------------------------------------------------------------------------------------
@@ -410,14 +451,11 @@ def find_state(target: str, state_dir: Path) -> tuple[SweepState, Sweep | None]:
 
 
 def status_rows(st: SweepState, store: Store) -> list[dict[str, Any]]:
-    """One row per point: queued | running | finished | failed | ended (not yet recorded) | not submitted."""
+    """One row per point: queued | running | unreachable (Slurm does not answer) | finished | failed |
+    ended (not yet recorded) | not submitted."""
     entries = sorted(st.points.items(), key=lambda kv: kv[1].get("index", 0))
     states = job_states([e["job_id"] for _, e in entries if e.get("job_id")])
-    recs: dict[str, RunRecord] = {}
-    for rec in store.query():  # newest first; a point may carry a tag of its own
-        h = rec.raw.get("sweep_point")
-        if h in st.points and h not in recs:
-            recs[h] = rec
+    recs = latest_by_point(store.query(), st.points)  # any kind and tag: a point may carry a tag of its own
     rows = []
     for h, e in entries:
         jid, rec = e.get("job_id"), recs.get(h)
@@ -431,6 +469,6 @@ def status_rows(st: SweepState, store: Store) -> list[dict[str, Any]]:
         else:
             status = "not submitted" if jid is None else "unknown"
         rows.append({"index": e.get("index", 0), "label": e.get("label", ""), "hash": h, "job_id": jid,
-                     "status": status, "slurm_state": js.state if js else None,
+                     "status": status, "slurm_state": (js.state or None) if js else None,
                      "run_id": rec.run_id if rec else None, "error": rec.error if rec else None})
     return rows

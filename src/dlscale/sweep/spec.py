@@ -88,6 +88,15 @@ class Sweep:
     source: str = ""
     slurm: SlurmOptions | None = None
 
+    def with_timeout(self, seconds: float | None) -> "Sweep":
+        """The sweep with every point's timeout replaced by ``seconds`` (``--timeout-per-run``);
+        None keeps the file's. Not a finite number > 0 is a UsageError."""
+        if seconds is None:
+            return self
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise UsageError(f"--timeout-per-run must be a number of seconds > 0, got {seconds:g}")
+        return replace(self, timeout_s=seconds, points=[replace(p, timeout_s=seconds) for p in self.points])
+
 
 @dataclass(frozen=True)
 class SlurmOptions:

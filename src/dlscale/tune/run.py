@@ -154,9 +154,12 @@ def subprocess_runner(store: Any, name: str, max_memory: int | None = None) -> T
 
 
 class MemoryWatch:
-    """While open, SIGKILL any child process of this one whose resident set passes ``limit`` bytes
-    (checked every ``every_s``): a batch too large for the machine is stopped before the kernel's
-    OOM killer picks a process of its own. The trial then fails as killed by SIGKILL (out of memory)."""
+    """While open, SIGKILL every process of a trial whose tree passes ``limit`` bytes (checked every
+    ``every_s``): a trial is a child of this process with everything below it (its torchrun and
+    ranks, its data-loader workers), weighed as the sum of their proportional set sizes
+    (``procs.proportional_bytes``, read only once the cheap sum of resident sets passes the limit),
+    so a batch too large for the machine is stopped before the kernel's OOM killer picks a process
+    of its own. The trial then fails as killed by SIGKILL (out of memory)."""
 
     def __init__(self, limit: int | None, every_s: float = 0.2) -> None:
         import threading
@@ -178,19 +181,15 @@ class MemoryWatch:
             self.thread.join()
 
     def _watch(self) -> None:
-        import signal
+        from dlscale import procs
 
-        me, page = os.getpid(), os.sysconf("SC_PAGE_SIZE")
+        me = os.getpid()
         while not self.stop.wait(self.every_s):
-            for stat in Path("/proc").glob("[0-9]*/stat"):
-                try:
-                    fields = stat.read_text().rsplit(")", 1)[1].split()
-                    if int(fields[1]) == me and int(fields[21]) * page > self.limit:  # ppid, rss pages
-                        pid = int(stat.parent.name)
-                        os.kill(pid, signal.SIGKILL)
-                        self.killed.append(pid)
-                except (OSError, ValueError, IndexError):
-                    continue
+            for child in procs.children(me):
+                members = procs.tree(child)  # the resident sum first: cheap, and never below the PSS sum
+                if procs.resident_bytes(members) > self.limit and procs.proportional_bytes(members) > self.limit:
+                    procs.kill(members)
+                    self.killed.append(child)
 
 
 def finished_trials(store: Any, tag: str) -> dict[str, RunRecord]:
