@@ -139,20 +139,22 @@ def _probe(work: float, cores: float | None) -> dict:
 
 @needs_cgroup
 @pytest.mark.slow
-def test_half_a_core_slows_a_cpu_bound_child_side_by_side():
-    """A/B alternating: the same CPU work in a 0.5-core group and unconstrained. The group never
-    gets more than its half core (whatever the load); the unconstrained child, given a machine
-    that lets it run faster than that, is measurably faster."""
+@pytest.mark.parametrize("cores", [0.5, 0.1])
+def test_a_quota_slows_a_cpu_bound_child_side_by_side(cores):
+    """A/B alternating: the same CPU work in a group of ``cores`` and unconstrained. The group never
+    gets more than its quota, whatever the load; the unconstrained child, given a machine that
+    lets it run faster than that, is measurably faster. Half a core is the fault the acceptance
+    suite injects; a tenth of a core shows the same on a machine too busy to give a process half."""
     before = set(cgroup.list_groups())
     free, held = [], []
     for _ in range(3):
-        free.append(_probe(0.3, None))
-        held.append(_probe(0.3, 0.5))
+        free.append(_probe(cores * 0.6, None))
+        held.append(_probe(cores * 0.6, cores))
     share = lambda runs: max(r["cpu"] / r["wall"] for r in runs)  # noqa: E731 - the best share each got
-    assert share(held) < 0.6, held  # 0.5 cores, and one period's worth of slack
+    assert share(held) < cores * 1.2, held  # the quota, and one period's worth of slack
     assert set(cgroup.list_groups()) == before
-    if share(free) < 0.75:
-        pytest.skip(f"the machine is too busy to show a 0.5-core quota: an unconstrained child got at most "
+    if share(free) < cores * 1.5:
+        pytest.skip(f"the machine is too busy to show a {cores}-core quota: an unconstrained child got at most "
                     f"{share(free):.2f} cores")
     wall = lambda runs: sorted(r["wall"] for r in runs)[1]  # noqa: E731 - the median of three
     assert wall(held) / wall(free) > 1.3, (held, free)
