@@ -89,6 +89,15 @@ def test_each_node_is_measured_by_its_lowest_rank():
     assert leaders([(3, 0), (1, 1), (0, 1), (2, 0)]) == {0: 2, 1: 0}  # any rank order (srun, mpirun)
 
 
+def test_gloo_exchanges_cpu_tensors():
+    from dlscale.micro.links import device_for
+
+    assert device_for("auto", "gloo") == "cpu"  # emulated nodes on a GPU machine still measure the link
+    assert device_for("auto", None) == "auto" and device_for("cuda", "nccl") == "cuda"
+    with pytest.raises(UsageError, match="--backend nccl"):
+        device_for("cuda", "gloo")
+
+
 def test_options_are_checked():
     for bad in (dict(sizes="1,2"), dict(iters=0), dict(budget=0), dict(device="tpu")):
         with pytest.raises(UsageError):

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from dlscale.micro.collectives import parse_sizes, values
-from dlscale.micro.links import (UNITS, LinkOptions, all_pairs, node_links, pair_row, shaped_rates, summarize,
-                                 two_node_warning)
+from dlscale.micro.links import (UNITS, LinkOptions, all_pairs, device_for, node_links, pair_row, shaped_rates,
+                                 summarize, two_node_warning)
 
 
 class WrongLinkData(RuntimeError):
@@ -126,7 +126,7 @@ def run_rank(spec: Any, env: Any) -> Any:
     from dlscale.micro.coll_worker import join, record
 
     opts, layout = LinkOptions(**spec.config), spec.layout_config
-    backend, device = join(env, layout, opts.device)
+    backend, device = join(env, layout, device_for(opts.device, layout.launch_backend))
     world: list[Any] = [None] * env.world_size
     dist.all_gather_object(world, (env.rank, env.node_rank))
     nodes = leaders(world)

@@ -63,6 +63,14 @@ class LinkOptions:
         return asdict(self)
 
 
+def device_for(choice: str, backend: str | None) -> str:
+    """The device the exchanges use: gloo sends and receives CPU tensors only (PyTorch's backend
+    table), so over gloo (the emulated nodes' default) ``auto`` is the CPU and ``cuda`` is refused."""
+    if backend == "gloo" and choice == "cuda":
+        raise UsageError("micro links over gloo sends CPU tensors only; use --device cpu, or --backend nccl on GPUs")
+    return "cpu" if backend == "gloo" else choice
+
+
 def all_pairs(nodes: int) -> list[tuple[int, int]]:
     """Every unordered pair of nodes, (0, 1), (0, 2), ..., (1, 2), ...: the order they are measured in."""
     return [(i, j) for i in range(nodes) for j in range(i + 1, nodes)]
