@@ -84,6 +84,25 @@ def need_system(what: str, missing: str | None, env_var: str) -> None:
     pytest.skip(missing)
 
 
+class FakeNodes:
+    """Stands in for ``netns.EmulatedNodes`` where a test looks only at the launcher's commands."""
+
+    def __init__(self, k, rate=None, delay=None, node_rates=None):
+        self.k, self.node_rates = k, node_rates
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def exec_prefix(self, k):
+        return ["ip", "netns", "exec", f"node{k}"]
+
+    def address(self, k):
+        return f"10.77.0.{k + 1}"
+
+
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory):
     """scikit-learn's handwritten digits as a 16 px JPEG tree (train/val), made once per session."""

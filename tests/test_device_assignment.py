@@ -51,21 +51,7 @@ def test_emulated_launch_gives_each_node_its_device_offset(monkeypatch):
     from dlscale.distributed import launch, netns
     from dlscale.layout import Layout
 
-    class FakeNodes:
-        def __init__(self, k, rate, delay):
-            self.k = k
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def exec_prefix(self, k):
-            return ["ip", "netns", "exec", f"node{k}"]
-
-        def address(self, k):
-            return f"10.77.0.{k + 1}"
+    from conftest import FakeNodes
 
     captured = []
     monkeypatch.setattr(netns, "EmulatedNodes", FakeNodes)

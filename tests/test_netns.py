@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import need_system
+from conftest import FakeNodes, need_system
 from dlscale.distributed import netns
 from dlscale.errors import UsageError
 
@@ -100,6 +100,8 @@ def test_emulated_two_node_run(cli_subprocess, db_path):
     import json
     import re
 
+    import psutil
+
     before = set(netns.list_namespaces())
     res = cli_subprocess("train", "tinycnn", "-b", "8", "--warmup-steps", "2", "--steps", "5", "--device", "cpu",
                          "--emulate-nodes", "2", "--link-bandwidth", "1gbit", "--timeout", "120", "--format", "json")
@@ -110,7 +112,7 @@ def test_emulated_two_node_run(cli_subprocess, db_path):
         (2, 1, 2, True, "1gbit")
     assert rec["metrics"]["nodes"] == 2 and rec["metrics"]["comm_fraction"] > 0
     left = [n for n in set(netns.list_namespaces()) - before
-            if not netns._alive(int(re.match(rf"{netns.PREFIX}(\d+)-", n).group(1)))]
+            if not psutil.pid_exists(int(re.match(rf"{netns.PREFIX}(\d+)-", n).group(1)))]
     assert not left, f"namespaces left behind: {left}"
 
 
@@ -154,3 +156,100 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def _rate_of(ns, dev):
+    import re
+
+    m = re.search(r"rate (\S+)", _qdiscs(ns, dev))
+    return m.group(1) if m else None
+
+
+@needs_netns
+def test_one_node_link_at_its_own_rate():
+    with netns.EmulatedNodes(3, "1gbit", node_bandwidth={2: "100mbit"}) as en:
+        # both ends of each link: the node's egress and the hub's egress towards it
+        assert [_rate_of(en.names[k], netns.IFNAME) for k in range(3)] == ["1Gbit", "1Gbit", "100Mbit"]
+        assert [_rate_of(en.hub, f"h{k}") for k in range(3)] == ["1Gbit", "1Gbit", "100Mbit"]
+        assert en.describe()["node_link_bandwidth_bps"] == {"0": 1e9, "1": 1e9, "2": 1e8}
+    with netns.EmulatedNodes(2, node_bandwidth={1: "10mbit"}) as en:  # only node 1 shaped
+        assert _rate_of(en.names[0], netns.IFNAME) is None and _rate_of(en.names[1], netns.IFNAME) == "10Mbit"
+    with pytest.raises(UsageError, match="--node-link-bandwidth"):
+        netns.EmulatedNodes(2, node_bandwidth={2: "1gbit"})
+
+
+def test_a_node_with_a_quota_starts_its_torchrun_inside_the_group(monkeypatch):
+    """Without root: the launcher's commands, with the namespaces and the groups faked."""
+    from dlscale.distributed import cgroup, launch
+    from dlscale.layout import Layout
+
+    made, left = [], []
+
+    class FakeQuota:
+        def __init__(self, cores):
+            self.cores = cores
+            made.append(cores)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            left.append(self.cores)
+
+        def wrap(self, cmd):
+            return ["join", str(self.cores), *cmd]
+
+    seen = []
+    monkeypatch.setattr(cgroup, "CpuQuota", FakeQuota)
+    monkeypatch.setattr(netns, "EmulatedNodes", FakeNodes)
+    monkeypatch.setattr(launch, "_supervise", lambda cmds, env, timeout: seen.extend(cmds) or launch.LaunchResult(0))
+    launch.launch("m", [], Layout(emulate_nodes=3, node_cpu_quota="1=0.5,2=0.25"))
+    assert [c[:2] for c in seen] == [["ip", "netns"], ["join", "0.5"], ["join", "0.25"]]
+    assert seen[1][2:6] == ["ip", "netns", "exec", "node1"]  # the group first: ip, env and torchrun inherit it
+    assert made == [0.5, 0.25] and sorted(left) == [0.25, 0.5]  # every group removed afterwards
+
+
+# Each rank spins for the same CPU time and writes how long that took and which node it ran on.
+PROBE = """
+import json, os, time
+wall, cpu = time.perf_counter(), time.process_time()
+while time.process_time() - cpu < float(os.environ["PROBE_WORK"]):
+    pass
+out = {"node": int(os.environ["GROUP_RANK"]), "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+with open(os.path.join(os.environ["PROBE_DIR"], os.environ["RANK"] + ".json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+@needs_netns
+@pytest.mark.slow
+def test_a_node_under_half_the_cpu_quota_runs_its_ranks_slower(tmp_path):
+    """Two emulated nodes, node 1's torchrun and rank under half node 0's CPU quota (0.25 against
+    0.5 cores): the same CPU work takes node 1's rank about twice as long. Node 1 never gets more
+    than its quota, whatever the load; the ratio shows where the machine lets node 0 use its own."""
+    import json
+
+    from dlscale.distributed import cgroup
+    from dlscale.distributed.launch import launch
+    from dlscale.layout import Layout
+
+    need_system("a cgroup cpu controller", cgroup.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
+    (tmp_path / "probe_mod.py").write_text(PROBE)
+    out = tmp_path / "out"
+    out.mkdir()
+    before, groups = set(netns.list_namespaces()), set(cgroup.list_groups())
+    cores = 0.5
+    layout = Layout(emulate_nodes=2, node_cpu_quota={0: cores, 1: cores / 2}, threads_per_rank=1, timeout_s=120)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "PROBE_DIR": str(out), "PROBE_WORK": str(cores * 0.4)}
+    res = launch("probe_mod", [], layout, timeout_s=300, extra_env=env)
+    assert res.returncode == 0, "\n".join(res.log_tail[-30:])
+    assert set(netns.list_namespaces()) == before and set(cgroup.list_groups()) == groups
+    ranks = {r["node"]: r for r in (json.loads(p.read_text()) for p in out.glob("*.json"))}
+    assert sorted(ranks) == [0, 1]
+    share = {k: r["cpu"] / r["wall"] for k, r in ranks.items()}
+    assert share[1] < cores / 2 * 1.25, ranks  # the quota, and one period's worth of slack
+    if share[0] < cores * 0.8:
+        pytest.skip(f"the machine is too busy to show the quotas: node 0's rank got {share[0]:.2f} of its "
+                    f"{cores} cores")
+    assert ranks[1]["wall"] / ranks[0]["wall"] > 1.4, ranks

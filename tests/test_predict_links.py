@@ -231,3 +231,15 @@ def test_find_measured_picks_the_newest_of_the_level(db_path):
         assert find_measured(store, "inter", "100mbit") is None
         with pytest.raises(UsageError, match="intra, inter"):
             find_measured(store, "node")
+
+
+def test_find_measured_passes_over_nodes_set_apart(db_path):
+    healthy = coll_record(40e-6, 120e6, nodes=2, emulated=True, rate="1gbit", created="2025-01-01T00:00:00.000+00:00")
+    slow_node = coll_record(40e-6, 12e6, nodes=2, emulated=True, rate="1gbit", created="2025-01-02T00:00:00.000+00:00")
+    slow_node.config["node_link_bandwidth"] = {"1": "100mbit"}
+    quota = coll_record(40e-6, 60e6, nodes=2, emulated=True, rate="1gbit", created="2025-01-03T00:00:00.000+00:00")
+    quota.config["node_cpu_quota"] = {"1": 0.5}
+    with Store.open(db_path) as store:
+        for rec in (healthy, slow_node, quota):
+            store.insert(rec)
+        assert find_measured(store, "inter", "1gbit").fit["run_id"] == healthy.run_id

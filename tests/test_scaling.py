@@ -72,6 +72,14 @@ def test_ladders_split_by_link_and_share_single_node_points():
     assert len(comp["rows"]) == 2  # 1x2 against each link
 
 
+def test_nodes_set_apart_make_their_own_ladder():
+    recs = [rec(100, 1, 1), rec(150, 2, 1, link="1gbit"),
+            rec(60, 2, 1, link="1gbit", node_link_bandwidth={"1": "100mbit"}),
+            rec(90, 2, 1, link="1gbit", node_cpu_quota={"1": 0.5})]
+    assert {lad.link for lad in ladders(recs)} == {"emulated 1gbit", "emulated 1gbit, node 1 at 100mbit",
+                                                   "emulated 1gbit, node 1 on 0.5 cores"}
+
+
 def test_table5_across_two_systems():
     # Seed 001 Table 5 sets one 8-GPU server against two 4-GPU servers: two systems, one comparison.
     recs = [rec(4852, 1, 8, system="SN_8X-V100"), rec(4500, 2, 4, system="C4140-K")]

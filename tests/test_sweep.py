@@ -241,6 +241,18 @@ def test_micro_collectives_on_emulated_nodes_validates_and_runs_as_typed(tmp_pat
     assert gemm.points[1].argv == ("micro", "conv", "--no-channels-last", "--case-budget", "0.2", "--tag", "g")
 
 
+def test_micro_links_with_a_node_set_apart_validates_and_runs_as_typed(tmp_path):
+    text = ("name: l\ncommand: micro\nfixed: {kind: links, sizes: 2M, emulate_nodes: 3, link_bandwidth: 1gbit}\n"
+            "matrix:\n  node_link_bandwidth: ['2=100mbit', [1=10mbit, 2=100mbit]]\n")
+    points = spec.load(_write(tmp_path, text)).points
+    assert [p.argv[-4:] for p in points] == [("--node-link-bandwidth", "2=100mbit", "--tag", "l"),
+                                             ("--node-link-bandwidth", "1=10mbit,2=100mbit", "--tag", "l")]
+    assert points[0].argv[:3] == ("micro", "links", "--sizes")
+    err = _load_error(tmp_path, "name: l\ncommand: micro\nmatrix:\n  kind: [links]\n  emulate_nodes: [2]\n"
+                                "  node_cpu_quota: [2=0.5]\n")
+    assert ":6: matrix.node_cpu_quota.0: --node-cpu-quota names node 2" in err, err
+
+
 def test_the_sweep_does_not_import_the_cli():
     src = Path(__file__).resolve().parent.parent / "src" / "dlscale" / "sweep"
     from test_layering import cli_imports

@@ -33,7 +33,7 @@ from dlscale.log import info
 
 __all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "predict", "MICRO_KINDS"]
 
-MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "all")
+MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "links", "all")
 
 
 def _launched() -> bool:
@@ -124,7 +124,7 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, pri
 
     ``options`` are the kind's own fields (``micro.options_of(kind)`` lists them): e.g. precisions,
     shapes, full for gemm; mem_mib for memory; sizes, ops, min_busbw for collectives. A field the
-    kind does not read is a ``UsageError``. ``layout`` lays out the collectives' ranks.
+    kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives and links.
     """
     from dlscale.micro.run import run_kinds
 
@@ -136,16 +136,19 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, pri
 def scale(model: str, *, devices: Sequence[int] = (1, 2), layouts: Sequence[tuple[int, int]] = (),
           emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
           backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
-          db: str | None = None, price: Any = None, **options: Any) -> list[Any]:
+          db: str | None = None, price: Any = None, node_link_bandwidth: Any = (), node_cpu_quota: Any = (),
+          **options: Any) -> list[Any]:
     """The scaling ladder: the short test at every layout (1x1, ``layouts`` as (nodes, devices per
     node), 1xN for device counts no layout covers), then a ``scale`` summary record of the
     efficiencies and the scale-up vs scale-out table. Returns every rung's record (failed rungs
-    too, status ``failed``) and the summary record last. ``options`` are ``TrainConfig`` fields."""
+    too, status ``failed``) and the summary record last. ``options`` are ``TrainConfig`` fields;
+    ``node_link_bandwidth``/``node_cpu_quota`` set emulated nodes apart as in ``Layout``."""
     from dlscale.distributed.ladder import run_ladder
 
     return run_ladder(model, list(devices), list(layouts), options, emulate_nodes=emulate_nodes,
                       link_bandwidth=link_bandwidth, link_latency=link_latency, backend=backend,
-                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db, price=as_price(price))
+                      timeout_s=timeout_s, threads_per_rank=threads_per_rank, db=db, price=as_price(price),
+                      node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
 
 
 def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per_run: float | None = None,

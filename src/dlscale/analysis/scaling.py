@@ -88,7 +88,9 @@ def link_of(rec: Any) -> str | None:
     parts = [c.get("link_bandwidth") or "unshaped"]
     if c.get("link_latency"):
         parts.append(f"+{c['link_latency']}")
-    return "emulated " + " ".join(parts)
+    apart = [f"node {k} at {v}" for k, v in (c.get("node_link_bandwidth") or {}).items()]
+    apart += [f"node {k} on {v:g} cores" for k, v in (c.get("node_cpu_quota") or {}).items()]
+    return ", ".join(["emulated " + " ".join(parts), *apart])
 
 
 def ladders(records: Iterable[Any]) -> list[Ladder]:

@@ -1,5 +1,5 @@
 """Options shared by every command that runs several processes (train, tta, scale, micro
-collectives), declared once, and the one function that turns them into a ``Layout``.
+collectives, micro links), declared once, and the one function that turns them into a ``Layout``.
 No torch at import time."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ BackendOpt = Annotated[Optional[str], typer.Option("--backend", help="gloo | ncc
 EmulateOpt = Annotated[Optional[int], typer.Option("--emulate-nodes", help="Run K nodes on this machine, each in its own network namespace (needs root and iproute2).", show_default=False)]
 BandwidthOpt = Annotated[Optional[str], typer.Option("--link-bandwidth", help="Emulated link rate, e.g. 10gbit, 1gbit (tc tbf).", show_default=False)]
 LatencyOpt = Annotated[Optional[str], typer.Option("--link-latency", help="Emulated link delay, e.g. 50us (tc netem; only where the kernel has netem).", show_default=False)]
+NodeBandwidthOpt = Annotated[Optional[list[str]], typer.Option("--node-link-bandwidth", help="One emulated node's link rate instead of --link-bandwidth, NODE=RATE, e.g. 2=100mbit (repeat the option or separate with commas).", show_default=False)]
+NodeQuotaOpt = Annotated[Optional[list[str]], typer.Option("--node-cpu-quota", help="Run one emulated node's torchrun and ranks under a CPU quota (a cgroup; needs root), NODE=CORES, e.g. 1=0.5 (repeat the option or separate with commas).", show_default=False)]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds a rank may wait in the rendezvous or a collective; a crashed or hung rank ends the job after at most this long.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="CPU threads per rank (default: cores / ranks on this machine).", show_default=False)]
 
@@ -24,7 +26,8 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="C
 def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
            master_port: int | None = None, backend: str | None = None, emulate_nodes: int | None = None,
            link_bandwidth: str | None = None, link_latency: str | None = None, timeout: float = 300.0,
-           threads_per_rank: int | None = None, default_nproc: int = 1) -> Any:
+           threads_per_rank: int | None = None, default_nproc: int = 1, node_link_bandwidth: list[str] | None = None,
+           node_cpu_quota: list[str] | None = None) -> Any:
     """The options above as the one Layout (validated there). ``--nproc-per-node`` given at all,
     even 1, runs the job through the launcher (the ladder's one-rank DDP baseline)."""
     from dlscale.layout import Layout
@@ -33,4 +36,5 @@ def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 
                   force=nproc_per_node is not None, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                   master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
                   link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
-                  threads_per_rank=threads_per_rank)
+                  threads_per_rank=threads_per_rank, node_link_bandwidth=node_link_bandwidth or (),
+                  node_cpu_quota=node_cpu_quota or ())

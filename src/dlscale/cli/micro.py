@@ -16,13 +16,18 @@ One subcommand per kind, each with its own options: gemm, conv, rnn (DeepBench t
 TFLOP/s and % of the dense peak; conv and rnn per pass: fwd, bwd_data, bwd_weights), memory
 (STREAM copy/scale/add/triad; H2D/D2H pinned and pageable and D2D on GPUs), p2p (GPU-GPU
 bandwidth and latency matrices with peer access; needs >= 2 GPUs), collectives (torch.distributed
-on every rank of a layout, one node or several: nccl-tests' columns, exact correctness check), or
-all. On CPUs the default sizes suit a small machine; --full runs every shape."""
+on every rank of a layout, one node or several: nccl-tests' columns, exact correctness check),
+links (every node's link, measured between every pair of nodes: names the slow one), or all
+(every kind but links). On CPUs the default sizes suit a small machine; --full runs every shape."""
 
 COLL_EPILOG = """Examples:\n\n
   dlscale micro collectives --nproc-per-node 2 --sizes 8:16M --min-busbw 0.5\n\n
   dlscale micro collectives --emulate-nodes 2 --link-bandwidth 1gbit --sizes 1M:4M\n\n
   dlscale micro collectives --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8   # on each node"""
+
+LINKS_EPILOG = """Examples:\n\n
+  dlscale micro links --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit --sizes 256K,2M\n\n
+  dlscale micro links --nnodes 4 --node-rank 0 --master-addr node0 --nproc-per-node 8   # on each node"""
 
 EPILOG = """Examples:\n\n
   dlscale micro gemm --precision fp32,bf16\n\n
@@ -30,6 +35,7 @@ EPILOG = """Examples:\n\n
   dlscale micro memory --format json\n\n
   dlscale micro collectives --nproc-per-node 2 --sizes 8:16M --min-busbw 0.5\n\n
   dlscale micro collectives --emulate-nodes 2 --link-bandwidth 10gbit\n\n
+  dlscale micro links --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit\n\n
   dlscale micro all --cpu-ghz 2.0"""
 
 app = typer.Typer(help=HELP, epilog=EPILOG, no_args_is_help=True, rich_markup_mode="markdown")
@@ -118,13 +124,36 @@ def collectives(
     master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
     backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
     link_latency: dopt.LatencyOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
+    node_link_bandwidth: dopt.NodeBandwidthOpt = None, node_cpu_quota: dopt.NodeQuotaOpt = None,
 ) -> None:
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
-                         link_bandwidth, link_latency, timeout, threads_per_rank)
+                         link_bandwidth, link_latency, timeout, threads_per_rank,
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
     options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, budget=budget, min_busbw=min_busbw,
                    plant_wrong=plant_wrong, device=device, tag=tag)
     _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
          copt.price(price_per_hour, systems_file, system))
+
+
+@app.command("links", help="Every node's link: one rank per node exchanges data with one rank of every other "
+             "node in turn (send/recv, both directions at once); each node's figure is its fastest pair, so a slow "
+             "link is named by its node.", epilog=LINKS_EPILOG)
+def links(
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="MIN:MAX[:FACTOR] or a comma list, bytes each way per exchange; the largest gives each link's figure. Default 64K:16M:4.", show_default=False)] = None,
+    warmup: WarmupOpt = None, iters: ItersOpt = None,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds per (pair, size); fewer iterations where slow.")] = 0.5,
+    device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+    nproc_per_node: dopt.NprocOpt = None, nnodes: dopt.NnodesOpt = 1, node_rank: dopt.NodeRankOpt = 0,
+    master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
+    backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
+    link_latency: dopt.LatencyOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
+    node_link_bandwidth: dopt.NodeBandwidthOpt = None, node_cpu_quota: dopt.NodeQuotaOpt = None,
+) -> None:
+    layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
+                         link_bandwidth, link_latency, timeout, threads_per_rank,
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
+    options = dict(sizes=sizes, warmup=warmup, iters=iters, budget=budget, device=device, tag=tag)
+    _run("links", {k: v for k, v in options.items() if v is not None}, layout, db, fmt)
 
 
 @app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
@@ -164,6 +193,8 @@ def report(rec, fmt: Format | None) -> dict[str, Any]:
     doc = {"run_id": rec.run_id, "status": rec.status, "error": rec.error, "kind": rec.kind,
            "workload": rec.workload, "tag": rec.tag, "config": rec.config, "metrics": rec.metrics,
            "units": rec.units, "warnings": rec.warnings, "rows": rec.raw.get("rows", [])}
+    if "links" in rec.raw:
+        doc["links"] = rec.raw["links"]
     if fmt != Format.human:
         return doc
     for w in rec.warnings:

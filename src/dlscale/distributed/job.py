@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "train": ("dlscale.distributed.worker", "train", "model"),
     "tta": ("dlscale.longtest.worker", "tta", "model"),
     "collectives": ("dlscale.micro.coll_worker", "micro", None),
+    "links": ("dlscale.micro.link_worker", "micro", None),
 }
 
 

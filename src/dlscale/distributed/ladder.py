@@ -50,8 +50,9 @@ def plan(devices: list[int], layouts: list[tuple[int, int]]) -> list[tuple[int, 
 
 def rung_layouts(todo: list[tuple[int, int]], *, emulate_nodes: int | None, link_bandwidth: str | None,
                  link_latency: str | None, backend: str | None, timeout_s: float,
-                 threads_per_rank: int | None) -> list[Layout]:
-    """One validated Layout per rung; multi-node rungs on emulated nodes. Same threads on every rung."""
+                 threads_per_rank: int | None, node_link_bandwidth: Any = (), node_cpu_quota: Any = ()) -> list[Layout]:
+    """One validated Layout per rung; multi-node rungs on emulated nodes. Same threads on every rung.
+    A node set apart (its own link rate or CPU quota) is set apart on every rung that has that node."""
     most_nodes = max(n for n, _ in todo)
     if most_nodes > 1 and not emulate_nodes:
         raise UsageError(f"layout with {most_nodes} nodes: dlscale scale runs multi-node layouts on emulated nodes "
@@ -61,17 +62,26 @@ def rung_layouts(todo: list[tuple[int, int]], *, emulate_nodes: int | None, link
         raise UsageError(f"--emulate-nodes {emulate_nodes} is fewer than the {most_nodes} nodes of the largest layout")
     if (link_bandwidth or link_latency) and not emulate_nodes:
         raise UsageError("--link-bandwidth/--link-latency shape emulated links; add --emulate-nodes K")
+    apart = Layout(emulate_nodes=emulate_nodes, node_link_bandwidth=node_link_bandwidth,
+                   node_cpu_quota=node_cpu_quota) if node_link_bandwidth or node_cpu_quota else Layout()
+    beyond = sorted({k for k, _ in (*apart.node_link_bandwidth, *apart.node_cpu_quota) if k >= most_nodes})
+    if beyond:
+        raise UsageError(f"--node-link-bandwidth/--node-cpu-quota name node {beyond[0]}, but the largest layout "
+                         f"has {most_nodes} node(s)")
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // max(n * g for n, g in todo))
     return [Layout(nproc_per_node=g, backend=backend, emulate_nodes=n if n > 1 else None,
                    link_bandwidth=link_bandwidth if n > 1 else None, link_latency=link_latency if n > 1 else None,
-                   timeout_s=timeout_s, threads_per_rank=threads, force=True)
+                   timeout_s=timeout_s, threads_per_rank=threads, force=True,
+                   node_link_bandwidth=tuple(p for p in apart.node_link_bandwidth if p[0] < n) if n > 1 else (),
+                   node_cpu_quota=tuple(p for p in apart.node_cpu_quota if p[0] < n) if n > 1 else ())
             for n, g in todo]
 
 
 def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], options: dict[str, Any], *,
                emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
                backend: str | None = None, timeout_s: float = 300.0, threads_per_rank: int | None = None,
-               db: str | None = None, price: Any = None) -> list[Any]:
+               db: str | None = None, price: Any = None, node_link_bandwidth: Any = (),
+               node_cpu_quota: Any = ()) -> list[Any]:
     """Every rung's record (failed ones too) and the summary record last (see the module doc)."""
     from dlscale.config import TrainConfig
     from dlscale.distributed.job import run_job
@@ -80,7 +90,8 @@ def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], o
     todo = plan(devices, layouts)
     rungs = rung_layouts(todo, emulate_nodes=emulate_nodes, link_bandwidth=link_bandwidth,
                          link_latency=link_latency, backend=backend, timeout_s=timeout_s,
-                         threads_per_rank=threads_per_rank)
+                         threads_per_rank=threads_per_rank, node_link_bandwidth=node_link_bandwidth,
+                         node_cpu_quota=node_cpu_quota)
     tag = options.pop("tag", None) or f"scale-{model}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     cfg = TrainConfig(model=model, tag=tag, **options)
     Store.open(db).close()  # an unwritable database is a usage error before any run
@@ -108,8 +119,9 @@ def summary_record(model: str, tag: str, todo: list[tuple[int, int]], layout: La
     from dlscale.harness.runner import Outcome, execute
     from dlscale.store import Store
 
-    config = {"layouts": [f"{n}x{g}" for n, g in todo], "emulated_nodes": bool(layout.emulate_nodes),
-              "link_bandwidth": layout.link_bandwidth, "link_latency": layout.link_latency,
+    lc = layout.config()
+    links = {k: lc[k] for k in ("link_bandwidth", "link_latency", "node_link_bandwidth", "node_cpu_quota")}
+    config = {"layouts": [f"{n}x{g}" for n, g in todo], "emulated_nodes": bool(layout.emulate_nodes), **links,
               "threads_per_rank": layout.threads_per_rank, **{k: recs[0].config.get(k) for k in (
                   "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
                   "parallel", "precision", "device", "backend", "family", "sample_unit")}}

@@ -64,10 +64,11 @@ def run_torchrun(module: str, module_args: list[str], layout: Layout, *, timeout
     ``layout.node_rank``; the ranks meet at the master (static rendezvous; no port given takes a
     free one on a single node and 29500 across nodes). ``layout.emulate_nodes=K`` runs K nodes on
     this machine, each in its own network namespace with links shaped to the layout's link rate
-    (and delay, where the kernel has netem); it needs root and iproute2. ``timeout_s`` bounds the
-    whole job: past it every process of the job is ended and the exit code is 124. A busy port,
-    an unreachable master or missing emulation support is a one-line ``UsageError`` before
-    anything starts.
+    (and delay, where the kernel has netem), one node's link at its own rate (``node_link_bandwidth``)
+    and one node's ranks under a CPU quota (``node_cpu_quota``, a cgroup); it needs root and
+    iproute2. ``timeout_s`` bounds the whole job: past it every process of the job is ended and
+    the exit code is 124. A busy port, an unreachable master or missing emulation support is a
+    one-line ``UsageError`` before anything starts.
     """
     return launch(module, module_args, layout, timeout_s=timeout_s).returncode
 
@@ -103,18 +104,27 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
 def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: dict[str, str], rdzv_timeout: int,
                      timeout_s: float | None) -> LaunchResult:
     """Every emulated node's torchrun, each in its namespace. The nodes share this host's devices:
-    node k's ranks take device indices k x nproc_per_node + local rank (``DEVICE_OFFSET_ENV``)."""
+    node k's ranks take device indices k x nproc_per_node + local rank (``DEVICE_OFFSET_ENV``).
+    A node with a CPU quota (``node_cpu_quota``) has its torchrun started inside its own cgroup,
+    so the launcher and all its ranks share that many cores; the groups go with the namespaces."""
+    from contextlib import ExitStack
+
+    from dlscale.distributed.cgroup import CpuQuota
     from dlscale.distributed.netns import IFNAME, EmulatedNodes
 
     k_nodes = layout.emulate_nodes
-    en = EmulatedNodes(k_nodes, layout.link_bandwidth, layout.link_latency)
     port = layout.master_port or DEFAULT_PORT
-    with en:
+    with ExitStack() as stack:
+        quotas = {k: stack.enter_context(CpuQuota(cores)) for k, cores in layout.node_cpu_quota}
+        en = stack.enter_context(EmulatedNodes(k_nodes, layout.link_bandwidth, layout.link_latency,
+                                               dict(layout.node_link_bandwidth)))
         env.setdefault("GLOO_SOCKET_IFNAME", IFNAME)
-        cmds = [en.exec_prefix(k) + ["env", f"{DEVICE_OFFSET_ENV}={k * layout.nproc_per_node}"]
-                + _torchrun_cmd(module, module_args, layout.nproc_per_node, k_nodes, k, en.address(0), port,
-                                rdzv_timeout)
-                for k in range(k_nodes)]
+        cmds = []
+        for k in range(k_nodes):
+            cmd = (en.exec_prefix(k) + ["env", f"{DEVICE_OFFSET_ENV}={k * layout.nproc_per_node}"]
+                   + _torchrun_cmd(module, module_args, layout.nproc_per_node, k_nodes, k, en.address(0), port,
+                                   rdzv_timeout))
+            cmds.append(quotas[k].wrap(cmd) if k in quotas else cmd)
         return _supervise(cmds, env, timeout_s)
 
 

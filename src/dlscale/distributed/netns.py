@@ -3,8 +3,10 @@
 Node k lives in namespace ``dls-<pid>-<id>-n<k>`` with one interface ``dls0`` at 10.77.0.(k+1)/24;
 its veth peer sits in a hub namespace ``dls-<pid>-<id>-hub`` on a bridge, so the root namespace's
 network is never touched. Each link is shaped in both directions (the node's egress on ``dls0``
-and the hub's egress towards the node) with tbf at ``--link-bandwidth``; ``--link-latency`` adds
-netem delay where the kernel has netem and is a one-line error where it does not.
+and the hub's egress towards the node) with tbf at ``--link-bandwidth``, or at the node's own rate
+where ``--node-link-bandwidth`` gives one (a star: traffic from node i to node j crosses link i and
+link j, so it runs at the slower of the two); ``--link-latency`` adds netem delay where the kernel
+has netem and is a one-line error where it does not.
 
 ``EmulatedNodes`` is a context manager: leaving it (normally, on an exception, on Ctrl-C) kills
 the processes still inside its namespaces and deletes them, which removes the veths and the bridge.
@@ -21,6 +23,8 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 
+import psutil
+
 from dlscale.errors import UsageError
 
 PREFIX = "dls-"
@@ -31,11 +35,11 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 _TIME_UNITS = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1.0, "sec": 1.0}
 
 
-def parse_rate(text: str) -> float:
-    """A tc-style rate ('10gbit', '100mbit', '1.5gbps') in bit/s; bad syntax is a UsageError."""
+def parse_rate(text: str, option: str = "--link-bandwidth") -> float:
+    """A tc-style rate ('10gbit', '100mbit', '1.5gbps') in bit/s; bad syntax is a UsageError naming ``option``."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", text or "")
     if not m or m.group(2).lower() not in _RATE_UNITS or float(m.group(1)) <= 0:
-        raise UsageError(f"--link-bandwidth {text!r}: give a positive rate like 10gbit, 1gbit or 100mbit")
+        raise UsageError(f"{option} {text!r}: give a positive rate like 10gbit, 1gbit or 100mbit")
     return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
 
 
@@ -64,11 +68,13 @@ def unavailable_reason() -> str | None:
 
 @dataclass
 class EmulatedNodes:
-    """K emulated nodes with shaped links; use as ``with EmulatedNodes(2, '1gbit') as en: ...``."""
+    """K emulated nodes with shaped links; use as ``with EmulatedNodes(2, '1gbit') as en: ...``.
+    ``node_bandwidth`` {node: rate} gives a node a link rate of its own."""
 
     nodes: int
     bandwidth: str | None = None
     latency: str | None = None
+    node_bandwidth: dict[int, str] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     hub: str | None = None
 
@@ -77,6 +83,13 @@ class EmulatedNodes:
             raise UsageError(f"--emulate-nodes must be between 1 and 200, got {self.nodes}")
         self.rate_bps = parse_rate(self.bandwidth) if self.bandwidth else None
         self.delay_s = parse_latency(self.latency) if self.latency else None
+        self.node_rate_bps = {k: parse_rate(r, "--node-link-bandwidth") for k, r in self.node_bandwidth.items()}
+        if any(not 0 <= k < self.nodes for k in self.node_rate_bps):
+            raise UsageError(f"--node-link-bandwidth names a node outside 0..{self.nodes - 1}")
+
+    def rate_of(self, k: int) -> float | None:
+        """Node k's link rate in bit/s (None: unshaped)."""
+        return self.node_rate_bps.get(k, self.rate_bps)
 
     def address(self, k: int) -> str:
         return f"{SUBNET}.{k + 1}"
@@ -86,9 +99,11 @@ class EmulatedNodes:
         return ["ip", "netns", "exec", self.names[k]]
 
     def describe(self) -> dict:
+        shaped = self.delay_s or any(self.rate_of(k) for k in range(self.nodes))
         return {"emulated": True, "nodes": self.nodes, "link_bandwidth": self.bandwidth,
                 "link_bandwidth_bps": self.rate_bps, "link_latency": self.latency,
-                "shaping": "tbf" + ("+netem" if self.delay_s else "") if (self.rate_bps or self.delay_s) else "none",
+                "node_link_bandwidth_bps": {str(k): self.rate_of(k) for k in range(self.nodes)},
+                "shaping": "tbf" + ("+netem" if self.delay_s else "") if shaped else "none",
                 "interface": IFNAME}
 
     def __enter__(self) -> "EmulatedNodes":
@@ -114,8 +129,8 @@ class EmulatedNodes:
                 _ip("-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", IFNAME)
                 _ip("-n", ns, "link", "set", IFNAME, "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
-                self._shape(ns, IFNAME)
-                self._shape(self.hub, peer)
+                self._shape(ns, IFNAME, self.rate_of(k))
+                self._shape(self.hub, peer, self.rate_of(k))
         except BaseException:
             self.close()
             raise
@@ -130,16 +145,16 @@ class EmulatedNodes:
             remove_namespace(ns)
         self.names, self.hub = [], None
 
-    def _shape(self, ns: str, dev: str) -> None:
+    def _shape(self, ns: str, dev: str, rate_bps: float | None) -> None:
         parent = ["root"]
         if self.delay_s is not None:
             _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{self.delay_s * 1e6:.0f}us")
             parent = ["parent", "1:1"]
-        if self.rate_bps is not None:
+        if rate_bps is not None:
             # burst >= rate x 10 ms and >= 256 KiB: veth hands tbf 64 KiB GSO frames, a smaller
             # bucket would drop them; latency bounds the queue.
-            burst = int(max(self.rate_bps / 8 / 100, 256 * 1024))
-            _tc(ns, "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", f"{int(self.rate_bps)}bit",
+            burst = int(max(rate_bps / 8 / 100, 256 * 1024))
+            _tc(ns, "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", f"{int(rate_bps)}bit",
                 "burst", str(burst), "latency", "100ms")
 
     def _check_netem(self) -> None:
@@ -173,20 +188,10 @@ def cleanup_stale() -> list[str]:
     removed = []
     for ns in list_namespaces():
         m = re.match(rf"{PREFIX}(\d+)-", ns)
-        if m and not _alive(int(m.group(1))):
+        if m and not psutil.pid_exists(int(m.group(1))):
             remove_namespace(ns)
             removed.append(ns)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ip(*args: str) -> None:

@@ -22,6 +22,7 @@ EXECUTION_FIELDS = frozenset({
     "tag", "mlperf_log", "checkpoint_dir", "resume", "runs", "workers", "nproc_per_node", "nnodes",
     "emulate_nodes", "world_size", "nodes", "devices_per_node", "backend", "launcher", "emulated_nodes",
     "link_bandwidth", "link_latency", "threads_per_rank", "dist_timeout_s", "device_name", "threads",
+    "node_link_bandwidth", "node_cpu_quota",
 })
 
 

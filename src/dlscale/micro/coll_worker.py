@@ -169,7 +169,8 @@ def link_figures(metrics: dict[str, Any], link_bandwidth: str | None) -> tuple[d
     """The emulated link's rate (GB/s) and each collective's average busbw as a fraction of it.
 
     busbw is defined to be comparable with the bandwidth of one link (nccl-tests), so on nodes
-    joined by one shaped link the fraction says how much of that link a collective used.
+    joined by one shaped link the fraction says how much of that link a collective used. Where
+    nodes have links of their own rates, ``link_bandwidth`` is the slowest (a ring runs at it).
     """
     if not link_bandwidth:
         return {}, {}
@@ -185,24 +186,43 @@ def link_figures(metrics: dict[str, Any], link_bandwidth: str | None) -> tuple[d
     return out, units
 
 
-def run_rank(spec: Any, env: Any) -> Any:
-    """This rank's sweep; rank 0 records the run and returns the record (the others None)."""
+def join(env: Any, layout: Any, device_choice: str) -> tuple[str, Any]:
+    """Join the job's process group on this rank's device (``--device`` auto, cpu or cuda); the
+    backend and the device. Shared by the kinds that run as ranks (collectives, links)."""
     import torch
 
     from dlscale.distributed import env as dist_env
-    from dlscale.distributed.worker import rank_layout_config
-    from dlscale.harness.runner import execute
-    from dlscale.micro.collectives import CollectiveOptions
-    from dlscale.store import Store
 
-    opts, layout = CollectiveOptions(**spec.config), spec.layout_config
-    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
-    if opts.device == "cuda" and not torch.cuda.is_available():
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    if device_choice == "cuda" and not torch.cuda.is_available():
         from dlscale.errors import UsageError
 
         raise UsageError("--device cuda: no CUDA device is visible here; use --device cpu or auto")
     backend = dist_env.init_process_group(env, layout.launch_backend, "cuda" if use_cuda else "cpu", layout.timeout_s)
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    return backend, torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+
+
+def record(spec: Any, workload: str, config: dict[str, Any], tag: str | None, run: Any) -> Any:
+    """Rank 0: run ``run`` through the harness and store it as a ``micro`` record of ``workload``."""
+    from dlscale.harness.runner import execute
+    from dlscale.store import Store
+
+    store = Store.open(spec.db) if spec.db else None
+    try:
+        return execute(kind="micro", workload=workload, config=config, tag=tag, store=store,
+                       price=spec.run_price, body=run)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def run_rank(spec: Any, env: Any) -> Any:
+    """This rank's sweep; rank 0 records the run and returns the record (the others None)."""
+    from dlscale.distributed.worker import rank_layout_config
+    from dlscale.micro.collectives import CollectiveOptions
+
+    opts, layout = CollectiveOptions(**spec.config), spec.layout_config
+    backend, device = join(env, layout, opts.device)
     if env.rank != 0:
         sweep(opts, env.rank, env.world_size, device)
         return None
@@ -211,19 +231,13 @@ def run_rank(spec: Any, env: Any) -> Any:
               **rank_layout_config(env, backend, layout)}
     if opts.plant_wrong:
         config["plant_wrong"] = opts.plant_wrong
-    store = Store.open(spec.db) if spec.db else None
-    try:
-        run = body(opts, 0, env.world_size, device, backend)
+    run = body(opts, 0, env.world_size, device, backend)
 
-        def run_and_link(rec: Any) -> Any:
-            out = run(rec)
-            extra, units = link_figures(out.metrics, layout.link_bandwidth)
-            out.metrics.update(extra)
-            out.units.update(units)
-            return out
+    def run_and_link(rec: Any) -> Any:
+        out = run(rec)
+        extra, units = link_figures(out.metrics, layout.slowest_link())
+        out.metrics.update(extra)
+        out.units.update(units)
+        return out
 
-        return execute(kind="micro", workload="collectives", config=config, tag=opts.tag, store=store,
-                       price=spec.run_price, body=run_and_link)
-    finally:
-        if store is not None:
-            store.close()
+    return record(spec, "collectives", config, opts.tag, run_and_link)

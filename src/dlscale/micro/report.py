@@ -4,7 +4,8 @@ Kernel runs print one row per case (their label columns, time, rate, % of peak) 
 each % refers to; memory prints GB/s; p2p prints p2pBandwidthLatencyTest's connectivity
 (peer-access) matrix and its bandwidth and latency matrices, host-staged pairs marked;
 collectives print nccl-tests' columns per collective and its footer (#wrong, then the average
-busbw of each collective: busbw of different collectives is never averaged together).
+busbw of each collective: busbw of different collectives is never averaged together); links print
+each node's link (its fastest pair), the pair matrix at the largest size and the slowest link.
 """
 
 from __future__ import annotations
@@ -150,9 +151,44 @@ def collectives_footer(rec: RunRecord) -> list[str]:
     if m.get("link_rate"):
         used = ", ".join(f"{k.removeprefix('link_utilisation_')} {v * 100:.0f}%" for k, v in m.items()
                          if k.startswith("link_utilisation_") and v is not None)
-        lines.append(f"{'link (' + str(rec.config.get('link_bandwidth')) + ')':<30}: {_f(m['link_rate'], 3)} GB/s; "
+        link = "slowest link" if rec.config.get("node_link_bandwidth") else f"link ({rec.config.get('link_bandwidth')})"
+        lines.append(f"{link:<30}: {_f(m['link_rate'], 3)} GB/s; "
                      f"avg busbw / link: {used}")
     return lines
+
+
+def links_tables(rec: RunRecord) -> list[Table]:
+    """Each node's link (its fastest pair), then every pair's busbw at each size."""
+    m = rec.metrics
+    median = m.get("link_busbw_median")
+    t = Table("node", "measured with", "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "vs median",
+              "shaped (GB/s)", title=f"links  ({rec.config.get('backend')}, {m.get('nodes')} nodes, "
+              f"{m.get('pairs')} pair{'' if m.get('pairs') == 1 else 's'})", title_justify="left")
+    for e in rec.raw.get("links", []):
+        t.add_row(str(e["src_node"]), f"node {e['dst_node']}", str(e["size"]), _f(e["time_us"], 1),
+                  _f(e["algbw_gbps"], 3), _f(e["busbw_gbps"], 3),
+                  fmt_pct(e["busbw_gbps"] / median if median else None), _f(e.get("shaped_gbps"), 3))
+    rows = rec.raw.get("rows", [])
+    p = Table("pair", *(str(s) for s in dict.fromkeys(r["size"] for r in rows)),
+              title="busbw (GB/s) of each pair by size (B)", title_justify="left")
+    for pair in dict.fromkeys((r["src_node"], r["dst_node"]) for r in rows):
+        p.add_row(f"{pair[0]}-{pair[1]}", *(_f(r["busbw_gbps"], 3) for r in rows
+                                              if (r["src_node"], r["dst_node"]) == pair))
+    return [t, p]
+
+
+def links_footer(rec: RunRecord) -> list[str]:
+    m = rec.metrics
+    wrong = m.get("wrong")
+    lines = [f"Out of bounds values (#wrong) : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    if m.get("slowest_link_src_node") is not None:
+        lines.append(f"slowest link: node {m['slowest_link_src_node']}'s (measured with node "
+                     f"{m['slowest_link_dst_node']}), {_f(m['link_busbw_min'], 3)} GB/s = "
+                     f"{fmt_pct(m.get('slowest_link_fraction'))} of the median {_f(m['link_busbw_median'], 3)} GB/s")
+    return lines
+
+
+RANKED = {"collectives": (collectives_tables, collectives_footer), "links": (links_tables, links_footer)}
 
 
 def print_record(rec: RunRecord, console: Any) -> None:
@@ -171,9 +207,10 @@ def print_record(rec: RunRecord, console: Any) -> None:
         console.print(p2p_connectivity_table(rec))
         for t in p2p_tables(rec):
             console.print(t)
-    elif name == "collectives":
+    elif name in RANKED:
+        tables, footer = RANKED[name]
         console.print(header(rec))
-        for t in collectives_tables(rec):
+        for t in tables(rec):
             console.print(t)
-        for line in collectives_footer(rec):
+        for line in footer(rec):
             console.print(line, markup=False)

@@ -2,8 +2,8 @@
 
 Every kind reads its own set of options (``READS``): an option a kind does not read is a usage
 error naming the kind and what it does read, never silently ignored. Kernel and memory kinds run
-in this process through the micro harness; ``collectives`` runs on every rank of a ``Layout``
-through the one job module (``distributed.job``).
+in this process through the micro harness; ``collectives`` and ``links`` run on every rank of a
+``Layout`` through the one job module (``distributed.job``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ READS: dict[str, tuple[str, ...]] = {
     "memory": (*COMMON, "mem_mib"),
     "p2p": (*COMMON, "mem_mib"),
     "collectives": ("sizes", "ops", "warmup", "iters", "budget", "min_busbw", "plant_wrong", "device", "tag"),
+    "links": ("sizes", "warmup", "iters", "budget", "device", "tag"),
 }
-ALL_ORDER = ("gemm", "conv", "rnn", "memory", "p2p", "collectives")
+RANKED = ("collectives", "links")  # kinds that run as the ranks of a Layout (the others in this process)
+ALL_ORDER = ("gemm", "conv", "rnn", "memory", "p2p", "collectives")  # links needs several nodes: not in all
 CPU_ALL_SIZES = "8:1M"  # collectives in `micro all` on a CPU: small sizes (sizes= for more)
 
 
@@ -64,13 +66,19 @@ def collective_options(options: dict[str, Any]) -> Any:
     return CollectiveOptions(**{k: v for k, v in options.items() if k in READS["collectives"] and v is not None})
 
 
+def link_options(options: dict[str, Any]) -> Any:
+    from dlscale.micro.links import LinkOptions
+
+    return LinkOptions(**{k: v for k, v in options.items() if k in READS["links"] and v is not None})
+
+
 def run_kinds(kind: str, options: dict[str, Any], layout: Any, db: str | None, price: Any = None) -> list[Any]:
     """Run ``kind`` (or every kind for ``all``); the records. A failed kind is recorded, the others
     still run, then ``RunFailure`` names every failure."""
     from dlscale.store import Store
 
     options = dict(options)
-    if "iters" in options and kind != "collectives":
+    if "iters" in options and kind not in RANKED:
         options.setdefault("reps", options.pop("iters"))
     check_options(kind, options)
     kinds = list(ALL_ORDER) if kind == "all" else [kind]
@@ -104,11 +112,14 @@ def _plan(kinds: list[str], asked: str, options: dict[str, Any], layout: Any) ->
             if "reps" in opts:
                 opts.setdefault("iters", opts.pop("reps"))
             plans.append((k, collective_options(opts)))
+        elif k == "links":
+            plans.append((k, link_options(options)))
+            _check_several_nodes(layout)
         else:
             plans.append((k, kernel_options(k, options)))
-    if layout is not None and layout != Layout() and kinds != ["collectives"] and asked != "all":
-        raise UsageError(f"micro {asked} runs in one process; the layout options are for micro collectives")
-    kernel = [cfg for k, cfg in plans if k != "collectives"]
+    if layout is not None and layout != Layout() and asked not in (*RANKED, "all"):
+        raise UsageError(f"micro {asked} runs in one process; the layout options are for micro collectives and links")
+    kernel = [cfg for k, cfg in plans if k not in RANKED]
     if kernel:  # a precision the device cannot run stops here, before any work
         from dlscale.harness import device as dev
 
@@ -119,8 +130,8 @@ def _plan(kinds: list[str], asked: str, options: dict[str, Any], layout: Any) ->
 
 
 def _run_one(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
-    if kind == "collectives":
-        return run_collectives(cfg, layout, db, price)
+    if kind in RANKED:
+        return run_ranked(kind, cfg, layout, db, price)
     from dlscale import micro
     from dlscale.micro.harness import run_recorded
     from dlscale.store import Store
@@ -136,18 +147,27 @@ def _run_one(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None
         return run_recorded(bench, cfg, store, price=price)
 
 
-def run_collectives(cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
-    """Every rank of the layout sweeps the collectives; rank 0's record (None off node 0)."""
+def run_ranked(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
+    """Every rank of the layout runs the kind (collectives, links); rank 0's record (None off node 0)."""
     from dlscale.distributed.job import run_job
     from dlscale.layout import Layout
 
     layout = default_collectives_layout(layout or Layout())
-    info(f"dlscale micro collectives: {fmt_count(layout.world_size, 'rank')} ({layout.nproc_per_node} per node, "
+    info(f"dlscale micro {kind}: {fmt_count(layout.world_size, 'rank')} ({layout.nproc_per_node} per node, "
          f"{fmt_count(layout.nodes, 'node')}{', emulated' if layout.emulate_nodes else ''}), sizes {cfg.sizes}")
-    rec = run_job("collectives", cfg.to_dict(), layout, db, price)
+    rec = run_job(kind, cfg.to_dict(), layout, db, price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
     return rec
+
+
+def _check_several_nodes(layout: Any) -> None:
+    """micro links needs two nodes at least; under an external launcher the ranks find out."""
+    from dlscale.distributed.env import launcher_of
+
+    if launcher_of() is None and (layout is None or layout.nodes < 2):
+        raise UsageError("micro links measures the links between nodes; give --emulate-nodes K (K >= 2) or "
+                         "--nnodes K with --node-rank on each node (or start it under srun/mpirun on several nodes)")
 
 
 def default_collectives_layout(layout: Any) -> Any:

@@ -296,7 +296,8 @@ def from_collectives(rec: Any) -> Link:
 def find_measured(store: Any, level: str, link_bandwidth: str | None = None) -> Link | None:
     """The newest ok collectives record of ``level`` (and that emulated rate, when given), fitted; else None.
 
-    Records without all_reduce rows (another collective only) or of one rank are passed over.
+    Records without all_reduce rows (another collective only), of one rank, or of emulated nodes
+    set apart (one node's own link rate or CPU quota) are passed over.
     """
     from dlscale.distributed.netns import parse_rate
 
@@ -306,6 +307,8 @@ def find_measured(store: Any, level: str, link_bandwidth: str | None = None) -> 
     for rec in store.query(kind="micro", workload="collectives", status="ok"):
         cfg = rec.config or {}
         if level_of(rec) != level or int(cfg.get("world_size") or 0) < 2 or not all_reduce_points(rec)[0]:
+            continue
+        if cfg.get("node_link_bandwidth") or cfg.get("node_cpu_quota"):  # nodes set apart: not one link
             continue
         if want is not None and not (cfg.get("link_bandwidth") and parse_rate(cfg["link_bandwidth"]) == want):
             continue

@@ -40,6 +40,8 @@ LAYOUT = {  # dlscale.layout.Layout, for every command that runs ranks (cli/dist
     "emulate_nodes": Opt("layout", "emulate_nodes", "--emulate-nodes"),
     "link_bandwidth": Opt("layout", "link_bandwidth", "--link-bandwidth"),
     "link_latency": Opt("layout", "link_latency", "--link-latency"),
+    "node_link_bandwidth": Opt("layout", "node_link_bandwidth", "--node-link-bandwidth", "list"),
+    "node_cpu_quota": Opt("layout", "node_cpu_quota", "--node-cpu-quota", "list"),
     "timeout": Opt("layout", "timeout_s", "--timeout"),
     "threads_per_rank": Opt("layout", "threads_per_rank", "--threads-per-rank"),
 }
@@ -82,7 +84,7 @@ TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig an
     **LAYOUT,
 }
 
-MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions or CollectiveOptions (+ Layout)
+MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, CollectiveOptions or LinkOptions (+ Layout)
     "kind": Opt("micro", "kind", form="arg"),
     "device": Opt("micro", "device", "--device"),
     "precision": Opt("micro", "precisions", "--precision", "list"),
@@ -102,7 +104,7 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions or Col
     "budget": Opt("micro", "budget", "--budget"),
     "min_busbw": Opt("micro", "min_busbw", "--min-busbw"),
     "plant_wrong": Opt("micro", "plant_wrong", "--plant-wrong"),
-    **LAYOUT,  # micro collectives only
+    **LAYOUT,  # micro collectives and links only
 }
 
 INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferConfig
@@ -174,9 +176,11 @@ def _annotations() -> dict[str, dict[str, Any]]:
     from dlscale.layout import Layout
     from dlscale.micro.base import MicroOptions
     from dlscale.micro.collectives import CollectiveOptions
+    from dlscale.micro.links import LinkOptions
 
     return {"train": get_type_hints(TrainConfig), "layout": get_type_hints(Layout),
-            "micro": {**get_type_hints(CollectiveOptions), **get_type_hints(MicroOptions)},
+            "micro": {**get_type_hints(LinkOptions), **get_type_hints(CollectiveOptions),
+                      **get_type_hints(MicroOptions)},
             "infer": get_type_hints(InferConfig)}
 
 
@@ -212,24 +216,25 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
 
     configs = []
     for kind in micro_run.ALL_ORDER if arg == "all" else (arg,):
-        if kind == "collectives":  # the kernels' reps is the collectives' iters
+        if kind in micro_run.RANKED:  # the kernels' reps is the collectives' and links' iters
             opts = {("iters" if k == "reps" else k): v for k, v in fields["micro"].items()}
-            configs.append(micro_run.collective_options(opts))
+            build = micro_run.collective_options if kind == "collectives" else micro_run.link_options
+            configs.append(build(opts))
         else:
             configs.append(micro_run.kernel_options(kind, fields["micro"]))
-    return configs + ([layout()] if arg == "collectives" else [])
+    return configs + ([layout()] if arg in micro_run.RANKED else [])
 
 
 def micro_fields(kind: str) -> list[str]:
     """The sweep fields of ``micro KIND``: its argument, the fields it reads (``micro.run.READS``)
-    and, for collectives, the layout."""
-    from dlscale.micro.run import options_of
+    and, for collectives and links, the layout."""
+    from dlscale.micro.run import RANKED, options_of
 
     reads = set(options_of(kind))
     if "iters" in reads:  # one sweep field, iters, for the kernels' reps and the collectives' iters
         reads.add("reps")
     return [k for k, opt in MICRO.items()
-            if opt.form == "arg" or (opt.field in reads if opt.config == "micro" else kind == "collectives")]
+            if opt.form == "arg" or (opt.field in reads if opt.config == "micro" else kind in RANKED)]
 
 
 
