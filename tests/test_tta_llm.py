@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import os
-import time
 import types
 from pathlib import Path
 
@@ -294,8 +293,8 @@ def test_mlperf_keys_and_closed_division_problems(made):
 def test_llama_tiny_learns_the_chain_to_a_test_target(tmp_path):
     """dlscale tta end to end at a test-only target, 1.5 nats/token (a unigram model gets about
     ln 256 = 5.5, the chain 0.67), on a tenth-size dataset with 32-token windows: llama_tiny learns
-    the transition table in two epochs, about 25 s on an idle 2-core machine. The 45 s budget is
-    checked only when the machine is not shared (load average at most its cores)."""
+    the transition table in two epochs (about 25 s on an idle 2-core machine; how long it takes is
+    benchmarks/tta_domains.py's business, not this test's)."""
     from dlscale import api
     from dlscale.longtest.config import TTAConfig
 
@@ -303,11 +302,7 @@ def test_llama_tiny_learns_the_chain_to_a_test_target(tmp_path):
     TASK.make_dataset(root, seed=0, scale=0.1)
     config = TTAConfig(model="llama_tiny", data=root, target=1.5, max_epochs=4, seq_len=32, batch_size=16,
                        lr=0.01, seed=0)
-    start = time.monotonic()
     rec = api.tta(config=config, db=str(tmp_path / "x.db"))[0]
-    elapsed = time.monotonic() - start
     curve = [c["quality"] for c in rec.raw["curve"]]
     assert rec.metrics["reached_target"], curve
     assert rec.metrics["epochs_to_target"] <= 3 and curve[-1] <= 1.5 < curve[0] < math.log(260)
-    if os.getloadavg()[0] <= (os.cpu_count() or 1):
-        assert elapsed < 45, (elapsed, curve)

@@ -186,13 +186,13 @@ def run_short_test(
     units.update(x_units)
     warnings.extend(x_warnings)
     reading = obs.meter.reading(_rank_label(device, world_size))
-    if world_size == 1:
+    if sync is None:  # a process of its own: its reading is the run's
         e_metrics, e_units, e_raw = energy.figures(reading, metrics["samples_per_step"] * metrics["measured_steps"],
                                                    w.sample_unit)
         metrics.update(e_metrics)
         units.update(e_units)
         x_raw.update(e_raw)
-    else:  # a rank of a job: rank 0 sums the ranks' readings (distributed/worker.py) and drops this
+    else:  # a rank of a job (one rank too): rank 0 sums the ranks' readings (distributed/worker.py) and drops this
         x_raw["energy_reading"] = reading
     return Outcome(
         metrics=metrics,
