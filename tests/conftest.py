@@ -53,6 +53,32 @@ def run_dlscale(*args: str, env: dict[str, str] | None = None, timeout: float = 
     return CliResult(p.returncode, p.stdout, p.stderr)
 
 
+def free_port() -> int:
+    """A free port for torchrun's store (``torchrun --master-port 0`` hands its ranks MASTER_PORT=0)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: float = 300) -> tuple[int, str, str]:
+    """``torchrun --nproc-per-node NPROC ARGS`` in its own process group, killed whole if it runs past
+    ``timeout`` (then the test fails); (exit code, stdout, stderr)."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                          "--master-port", str(free_port()), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"torchrun ran past {timeout} s: {err[-2000:]}")
+    return p.returncode, out, err
+
+
 @pytest.fixture
 def cli_subprocess(db_path):
     return run_dlscale

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import cmdline, marked_processes, marked_ranks, need_system, requires_cuda, survivors_of_kill_9
+from conftest import cmdline, marked_processes, marked_ranks, need_system, requires_cuda, survivors_of_kill_9, torchrun
 from dlscale.store import Store
 
 FAST = ["tinycnn", "--batch-size", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cpu"]
@@ -257,3 +257,15 @@ def test_one_launcher_failing_ends_the_others_whatever_their_order():
                       [sys.executable, "-c", "import sys; sys.exit(3)"]], dict(os.environ), timeout_s=120)
     assert res.returncode == 3 and not res.timed_out
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+def test_two_runs_in_one_launched_process_share_its_process_group(db_path, tmp_path):
+    script = tmp_path / "twice.py"
+    script.write_text("from dlscale import api\nfor i in range(2):\n    api.train(model='tinycnn', image_size=16, "
+                      "batch_size=8, steps=3, warmup_steps=1, breakdown_steps=0, monitor_interval=0, tag=f'twice{i}')\n")
+    env = {**os.environ, "DLSCALE_DB": str(db_path), "OMP_NUM_THREADS": "1"}
+    code, _, stderr = torchrun([str(script)], env)
+    assert code == 0, stderr[-3000:]
+    with Store.open(db_path) as s:
+        assert sorted(r.tag for r in s.query(kind="train", status="ok")) == ["twice0", "twice1"]

@@ -43,7 +43,7 @@ def test_the_check_sees_every_import_form(tmp_path):
 
 def test_commands_call_the_api():
     """The CLI files that run work go through dlscale.api, not the engines' orchestration."""
-    for name in ("train", "tta", "micro", "scale", "sweep", "predict", "infer", "tune"):
+    for name in ("train", "tta", "micro", "scale", "sweep", "predict", "infer", "tune", "accept"):
         text = (SRC / "cli" / f"{name}.py").read_text()
         assert "from dlscale import api" in text, name
         for engine in ("run_job", "run_torchrun", "execute("):

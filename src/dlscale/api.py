@@ -62,7 +62,8 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
         from dlscale.workloads.base import batch_words
 
         if not _launched():
-            info(f"dlscale train {cfg.model}: {cfg.parallel.upper()} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
+            how = "every rank alone (no DDP)" if cfg.parallel == "none" else cfg.parallel.upper()
+            info(f"dlscale train {cfg.model}: {how} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
                  f"{_where(layout)}){', ' + batch_words(cfg).rstrip(', ') + ' per rank' if batch_words(cfg) else ''}")
         return run_job("train", cfg.to_dict(), layout, db, price)
     return _train_here(cfg, db, on_step, price)
@@ -254,3 +255,65 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
 
 
 __all__ += ["infer"]
+
+
+def health(*, tag: str | None = None, db: str | None = None) -> Any:
+    """Every GPU's health as NVML reports it now (``dlscale sysinfo --health``), recorded as a run of
+    kind ``health``: per GPU its clock-throttle reasons, ECC counts, retired pages and remapped rows,
+    and the warnings they raise (``raw.gpus[i].warnings``). A GPU that reports a problem is not a
+    failed run: the acceptance suite judges it (``dlscale accept``)."""
+    from dlscale.harness.runner import Outcome, execute
+    from dlscale.monitor.health import check_host
+    from dlscale.store import Store
+
+    def body(_rec: Any) -> Any:
+        report = check_host()
+        found = [w for g in report["gpus"] for w in g["warnings"]]
+        return Outcome(metrics={"gpus": len(report["gpus"]), "health_warnings": len(found)},
+                       units={"gpus": "GPUs", "health_warnings": "warnings"}, raw=report, warnings=found)
+
+    with Store.open(db) as store:
+        return execute(kind="health", workload="gpus", config={}, tag=tag, store=store, body=body)
+
+
+__all__ += ["health"]
+
+
+def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
+           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None) -> Any:
+    """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
+    built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
+    acceptance id, judged against the datasheet, this system's baseline (``baseline``: a selector;
+    default the last acceptance of the same system and suite where each figure passed), a
+    ``reference`` selection and each device's peers. Returns an ``Acceptance`` (``.verdicts``,
+    ``.outcome``, ``.exit_code``, ``.out_dir`` with the report, JUnit XML and manifest), None on a
+    rank other than 0 under a launcher."""
+    from dlscale.accept import spec as specs
+    from dlscale.accept.run import accept as run_accept
+
+    sp = specs.load(spec) if spec else specs.builtin(quick)
+    if warn_fails is not None:
+        sp.warn_fails = warn_fails
+    return run_accept(sp, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir, db=db)
+
+
+def accept_judge(acceptance: str, *, spec: str | None = None, baseline: str | None = None,
+                 reference: str | None = None, warn_fails: bool | None = None, out_dir: str | None = None,
+                 db: str | None = None) -> Any:
+    """The verdicts of a recorded acceptance judged again from the store, with ``spec``'s thresholds
+    (default: those it was judged with) and another ``baseline`` or ``reference``; nothing runs."""
+    from dlscale.accept import spec as specs
+    from dlscale.accept.run import rejudge
+
+    return rejudge(acceptance, specs.load(spec) if spec else None, baseline=baseline, reference=reference,
+                   warn_fails=warn_fails, out_dir=out_dir, db=db)
+
+
+def accept_verify(folder: str) -> tuple[int, list[str]]:
+    """Check an acceptance's output folder against its manifest: (files that match, problems)."""
+    from dlscale.accept.outputs import verify
+
+    return verify(folder)
+
+
+__all__ += ["accept", "accept_judge", "accept_verify"]

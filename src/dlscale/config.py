@@ -16,7 +16,9 @@ from dlscale.errors import UsageError
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
-PARALLELS = ("ddp", "fsdp")  # data parallelism: replicated (DDP) or fully sharded (FSDP2)
+# data parallelism: replicated (DDP) or fully sharded (FSDP2); "none": every rank trains its own model alone
+# (no gradient exchange), the short test on every device at once
+PARALLELS = ("ddp", "fsdp", "none")
 # torch.compile modes; reduce-overhead records CUDA graphs (a GPU feature), max-autotune also does on CUDA.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")  # torch.optim's implementations: for-loop choice, multi-tensor, fused
@@ -99,11 +101,11 @@ class TrainConfig:
         check_choice("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         if self.ddp_bucket_mb is not None and not self.ddp_bucket_mb > 0:
             raise UsageError(f"--ddp-bucket-mb must be > 0 (MiB per gradient bucket), got {self.ddp_bucket_mb}")
-        if self.parallel == "fsdp":
+        if self.parallel != "ddp":
             for name, flag in DDP_FIELDS:
                 if getattr(self, name) not in (None, False):
-                    raise UsageError(f"{flag} is a DistributedDataParallel option; --parallel fsdp has no buckets: "
-                                     "drop it or use --parallel ddp")
+                    raise UsageError(f"{flag} is a DistributedDataParallel option; --parallel {self.parallel} has no "
+                                     "buckets: drop it or use --parallel ddp")
 
     def _check_pipeline(self) -> None:
         if self.workers is not None and self.workers < 0:

@@ -85,6 +85,9 @@ def _register() -> None:
     from dlscale.cli import tune
 
     app.command("tune", help=tune.HELP, epilog=tune.EPILOG)(tune.tune)
+    from dlscale.cli import accept
+
+    app.command("accept", help=accept.HELP, epilog=accept.EPILOG)(accept.accept)
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 

@@ -44,7 +44,7 @@ def compare(
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale.analysis import compare as cmp
-    from dlscale.cli.select import select
+    from dlscale.analysis.select import select
     from dlscale.errors import UsageError
     from dlscale.store import Store
 

@@ -57,6 +57,7 @@ SizesOpt = Annotated[Optional[str], typer.Option("--sizes", help="MIN:MAX[:FACTO
 OpsOpt = Annotated[Optional[str], typer.Option("--ops", help="Comma list of collectives (default all of them).", show_default=False)]
 BudgetOpt = Annotated[float, typer.Option("--budget", help="Seconds per (op, size, mode); fewer iterations where slow.")]
 MinBusbwOpt = Annotated[Optional[float], typer.Option("--min-busbw", help="Fail (exit 1) when a collective's average busbw (GB/s) is lower; names which.", show_default=False)]
+EveryDeviceOpt = Annotated[bool, typer.Option("--every-device", help="Measure every visible GPU in turn (rows say which); a CPU is one device.")]
 PlantOpt = Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, help="Test hook: corrupt one result element of this collective.")]
 
 
@@ -65,24 +66,26 @@ def _kernel(kind: str, **kw: Any) -> None:
     _run(kind, {k: v for k, v in kw.items() if v is not None}, None, db, fmt, price)
 
 
-def _gemm_like(kind: str, help: str) -> None:
-    """gemm and rnn read the same options: one command body for both."""
-
-    def command(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
-                iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
-                cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None,
-                db: DbOpt = None, fmt: FormatOpt = Format.human,
-                price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
-        _kernel(kind, device=device, precisions=precision, warmup=warmup, reps=iters, full=full,
-                max_gflop=max_gflop, shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag,
-                db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
-
-    command.__name__ = kind
-    app.command(kind, help=help)(command)
+@app.command("gemm", help="GEMM on DeepBench training shapes: TFLOP/s and % of the dense peak.")
+def gemm(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+         full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
+         case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, seed: SeedOpt = 0,
+         tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
+         systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
+    _kernel("gemm", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, every_device=every_device or None, seed=seed,
+            tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
-_gemm_like("gemm", "GEMM on DeepBench training shapes: TFLOP/s and % of the dense peak.")
-_gemm_like("rnn", "Recurrent layers (LSTM/GRU/vanilla) on DeepBench training shapes, per pass.")
+@app.command("rnn", help="Recurrent layers (LSTM/GRU/vanilla) on DeepBench training shapes, per pass.")
+def rnn(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+        full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
+        case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+        fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
+        system: copt.SystemOpt = None) -> None:
+    _kernel("rnn", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag, db=db, fmt=fmt,
+            price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("conv", help="Convolutions on DeepBench training shapes, per pass (fwd, bwd_data, bwd_weights).")
@@ -90,27 +93,30 @@ def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: W
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
          channels_last: ChannelsLastOpt = None, cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None,
          seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
-                price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
+         price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
+         system: copt.SystemOpt = None) -> None:
     _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
             shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed,
             tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
-def _memory_like(kind: str, help: str) -> None:
-    """memory and p2p read the same options: one command body for both."""
-
-    def command(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
-                case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-                fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
-        _kernel(kind, device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
-                seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
-
-    command.__name__ = kind
-    app.command(kind, help=help)(command)
+@app.command("memory", help="STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
+def memory(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+           case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, seed: SeedOpt = 0,
+           tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
+           systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
+    _kernel("memory", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
+            every_device=every_device or None, seed=seed, tag=tag, db=db, fmt=fmt,
+            price=copt.price(price_per_hour, systems_file, system))
 
 
-_memory_like("memory", "STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
-_memory_like("p2p", "GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
+@app.command("p2p", help="GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
+def p2p(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+        case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+        fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
+        system: copt.SystemOpt = None) -> None:
+    _kernel("p2p", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget, seed=seed,
+            tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("collectives", help="torch.distributed collectives on every rank of a layout: nccl-tests' columns, "

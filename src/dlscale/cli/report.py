@@ -42,7 +42,7 @@ def report(
     reference: Annotated[Optional[str], typer.Option("--reference", help="Score the domain table over this selection's runs (MLPerf v0.5 style), e.g. tag:p100 or ref:seed001-scaling,system:NAME.", show_default=False)] = None,
     db: DbOpt = None,
 ) -> None:
-    from dlscale.cli.select import select
+    from dlscale.analysis.select import select
     from dlscale.errors import UsageError
     from dlscale.report import build, render
     from dlscale.store import Store

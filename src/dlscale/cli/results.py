@@ -180,6 +180,41 @@ def export_text(recs, fmt: str) -> str:
     return buf.getvalue()
 
 
+@app.command("history", help="Each acceptance figure over time: one row per figure (check, figure, device), one column "
+             "per acceptance, the value and its verdict.\n\nExample: dlscale results history system:gpu-node-07")
+def history(
+    selector: Annotated[str, typer.Argument(help="Which acceptances: a selector whose runs include `accept` runs, e.g. "
+                                                 "system:HOST, kind:accept, tag:ACCEPTANCE_ID, model:SPEC_NAME.",
+                                            show_default=False)],
+    last: Annotated[int, typer.Option("--last", help="Show the newest this many acceptances (JSON: all).")] = 6,
+    db: DbOpt = None, fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale.accept.history import series
+    from dlscale.analysis.select import select
+    from dlscale.errors import UsageError
+    from dlscale.store import Store
+
+    with Store.open(db) as s:
+        accs = [r for r in select(s, selector) if r.kind == "accept"]
+    if not accs:
+        raise UsageError(f"selector {selector!r} matches no acceptance (kind accept); run `dlscale accept` first, "
+                         "or see `dlscale results list --kind accept`")
+    found = series(accs)
+    if fmt == Format.json:
+        print_json([x.to_dict() for x in found])
+        return
+    order = sorted({(p.created_at, p.acceptance) for x in found for p in x.points})[-max(1, last):]
+    t = Table("check", "figure", "on", "unit", *(c[:16].replace("T", " ") for c, _ in order),
+              title=f"acceptance history of {selector} ({len(accs)} acceptance(s))", title_justify="left")
+    mark = {"PASS": "", "WARN": " [yellow]W[/yellow]", "FAIL": " [red]F[/red]", "NO EXPECTATION": " (new)"}
+    for x in found:
+        at = {p.acceptance: p for p in x.points}
+        t.add_row(x.check, x.figure, x.subject or "system", x.unit,
+                  *(("-" if at.get(a) is None or at[a].value is None else fmt_num(at[a].value))
+                    + (mark.get(at[a].status, "") if at.get(a) else "") for _, a in order))
+    out.print(t)
+
+
 PUSH_CHUNK = 100  # runs per transaction: a lost connection re-sends at most this many
 FromDbOpt = Annotated[Optional[str], typer.Option(
     "--db", help="The store to copy from: a file path or a postgresql:// URL. Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",

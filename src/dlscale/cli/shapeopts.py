@@ -21,6 +21,7 @@ MaxRowsOpt = Annotated[Optional[int], typer.Option(
     "--max-table-rows", help="Recommendation: cap on the rows of each embedding table (default: the model's).",
     show_default=False)]
 ParallelOpt = Annotated[str, typer.Option(
-    "--parallel", help="ddp (replicated model) | fsdp (parameters, gradients and optimizer state sharded over ranks).")]
+    "--parallel", help="ddp (replicated model) | fsdp (parameters, gradients and optimizer state sharded over ranks) | "
+                 "none (every rank trains its own model alone, all at once: each device's own throughput).")]
 CheckpointOpt = Annotated[bool, typer.Option(
     "--activation-checkpointing", help="Recompute each block's activations in backward instead of keeping them.")]

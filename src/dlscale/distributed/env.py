@@ -170,7 +170,9 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
                        timeout_s: float = 300.0) -> str:
     """Join the job's process group over ``env://``; returns the backend used.
 
-    ``backend`` None picks nccl on CUDA, gloo on CPU. ``timeout_s`` bounds the rendezvous and
+    ``backend`` None picks nccl on CUDA, gloo on CPU. A process that joined already (one rank of a
+    launcher's job running several runs, as ``dlscale accept`` does) keeps its group: joining the
+    same store twice would wait on the first join's keys. ``timeout_s`` bounds the rendezvous and
     every collective: a rank that crashes or hangs makes the others fail after at most this long
     instead of waiting forever.
     """
@@ -178,6 +180,13 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     import torch.distributed as dist
 
     backend = backend or default_backend(device_type)
+    if dist.is_initialized():  # a launcher's rank running several jobs in one process (dlscale accept): one group
+        if dist.get_backend() != backend:
+            raise UsageError(f"this rank already joined its job's process group with {dist.get_backend()}; a later "
+                             f"run in the same process cannot use {backend}: give --backend {dist.get_backend()}")
+        if device_type == "cuda" and torch.cuda.is_available():
+            torch.cuda.set_device(device_index(env))
+        return backend
     check_backend(backend)
     if device_type == "cuda" and torch.cuda.is_available():  # every rank owns its device, whatever the backend
         torch.cuda.set_device(device_index(env))

@@ -2,8 +2,11 @@
 
 Every rank joins the process group, runs the shared short test (``train.shorttest``) with its
 model wrapped in DistributedDataParallel, then times DDP's all-reduce on an instrumented window
-(``comm.CommTimer``), and sends its step times and all-reduce marks to rank 0, which computes the
-job's figures (``aggregate.global_figures``) and alone writes the store. Printing is the caller's.
+(``comm.CommTimer``), and sends its step times, all-reduce marks and device identity to rank 0,
+which computes the job's figures (``aggregate.global_figures``) and alone writes the store.
+``--parallel fsdp`` shards the model instead; ``--parallel none`` has every rank train its own
+model alone, all at once (each device's own throughput, ``dlscale accept``'s check on every
+device). Printing is the caller's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from dlscale.distributed.env import DistEnv
 from dlscale.errors import UsageError
+from dlscale.harness.device import device_name
 
 
 def run_rank(spec: Any, env: DistEnv) -> Any:
@@ -91,6 +95,8 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
 
     if cfg.parallel == "fsdp":
         return _fsdp_short_test(cfg, device, env, system, sync)
+    if cfg.parallel == "none":
+        return _alone_short_test(cfg, device, env, system, sync)
     # The measured window runs DDP untouched (its built-in C++ all-reduce): a Python comm hook costs
     # ~5% of throughput on CPU/gloo (docs/PERFORMANCE.md). Communication is then timed on a separate,
     # instrumented window of a fresh DDP model with dlscale's timing hook (docs/METRICS.md).
@@ -108,10 +114,36 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
                                     on_step=timer.on_step, sync=sync)
     del setup
     out.config.update({"comm_timing_steps": comm_steps, "parallel": "ddp"})
-    mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
-            "step_times": out.raw["step_times_s"], "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes,
+    mine = {**_mine(env, device, out), "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes,
             "comm_step_times": [comm_step_times]}
     return _rank0_figures(cfg, env, out, mine)
+
+
+def _mine(env: DistEnv, device: Any, out: Any) -> dict[str, Any]:
+    """What every rank sends rank 0: its place, its device and its step times."""
+    return {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
+            "device": device_identity(env, device), "step_times": out.raw["step_times_s"]}
+
+
+def device_identity(env: DistEnv, device: Any) -> dict[str, Any]:
+    """Which device this rank ran on, as the record names it: its rank, node, host and local rank, the
+    device (``cuda:3``, ``cpu``) and its model, and where the driver says so its UUID and PCI bus id
+    (CPUs: the cores the rank may run on). Peers (same ``device_name``) are compared by these."""
+    import os
+
+    ident: dict[str, Any] = {"rank": env.rank, "node": env.node_rank, "local_rank": env.local_rank,
+                             "host": socket.gethostname(), "device": str(device), "device_name": device_name(device)}
+    if device.type == "cuda":
+        import torch
+
+        p = torch.cuda.get_device_properties(device)
+        if getattr(p, "uuid", None) is not None:
+            ident["uuid"] = str(p.uuid)
+        if getattr(p, "pci_bus_id", None) is not None:
+            ident["pci_bus_id"] = f"{getattr(p, 'pci_domain_id', 0):08X}:{p.pci_bus_id:02X}:{getattr(p, 'pci_device_id', 0):02X}.0"
+    elif hasattr(os, "sched_getaffinity"):
+        ident["cpus"] = sorted(os.sched_getaffinity(0))
+    return ident
 
 
 def ddp_options(cfg: Any) -> dict[str, Any]:
@@ -151,6 +183,7 @@ def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> An
     out.units.update(in_sample_unit({**UNITS, "rank_peak_memory_bytes": "bytes"}, workloads.get(cfg.model).sample_unit))
     out.raw.update(raw)
     out.raw["rank_hosts"] = [g["host"] for g in gathered]
+    out.raw["rank_devices"] = [g["device"] for g in gathered]
     units_done = metrics["samples_per_step"] * metrics["measured_steps"]
     e_metrics, e_units, e_raw = energy.figures(energy.combine(job_readings(gathered)), units_done,
                                                workloads.get(cfg.model).sample_unit)
@@ -200,6 +233,15 @@ def _fsdp_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[str, Any]
 
     out = run_short_test(cfg, device, system, wrap_model=shard, sync=sync, world_size=env.world_size)
     out.config.update({"parallel": "fsdp", "fsdp_shard_unit": ", ".join(units) or "whole model"})
-    mine = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(),
-            "step_times": out.raw["step_times_s"]}
-    return _rank0_figures(cfg, env, out, mine)
+    return _rank0_figures(cfg, env, out, _mine(env, device, out))
+
+
+def _alone_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[str, Any], sync: Any) -> Any:
+    """Every rank trains its own model alone (no DDP, no gradient exchange), all at once: the windows
+    open after one barrier and close at another, so the ranks share the machine as in a data-parallel
+    run, and each rank's throughput is its own device's. Rank 0 records them with each device's identity."""
+    from dlscale.train.shorttest import run_short_test
+
+    out = run_short_test(cfg, device, system, sync=sync, world_size=env.world_size)
+    out.config.update({"parallel": "none"})
+    return _rank0_figures(cfg, env, out, _mine(env, device, out))

@@ -34,6 +34,7 @@ class MicroOptions:
     channels_last: bool | None = None  # conv layout; None: NHWC on CPU and for reduced precision
     mem_mib: int | None = None  # memory: array size; None: 4x the last-level cache (STREAM's rule)
     cpu_ghz: float | None = None  # the CPU clock for the ISA peak, where the model name has none
+    every_device: bool = False  # gemm, memory: the device cases on every visible GPU in turn (one device on CPUs)
     seed: int = 0
     tag: str | None = None
 
@@ -57,6 +58,16 @@ class MicroOptions:
             raise UsageError(f"--mem-mib must be >= 1, got {self.mem_mib}")
         if self.cpu_ghz is not None and not 0.1 <= self.cpu_ghz <= 10:
             raise UsageError(f"--cpu-ghz must be a clock in GHz (0.1..10), got {self.cpu_ghz}")
+
+
+def run_devices(opts: MicroOptions, device: Any) -> list[Any]:
+    """The devices a kernel or memory benchmark measures: ``device``, or with ``every_device`` every
+    visible CUDA device in turn (a CPU is one device)."""
+    if not opts.every_device or getattr(device, "type", "cpu") != "cuda":
+        return [device]
+    import torch
+
+    return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
 
 
 @dataclass

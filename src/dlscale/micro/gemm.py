@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.micro.base import Case, MicroOptions, Plan, size_filter
+from dlscale.micro.base import Case, MicroOptions, Plan, run_devices, size_filter
 from dlscale.micro.shapes import load
 
 name = "gemm"
@@ -38,11 +38,19 @@ def build_gemm(m: int, n: int, k: int, a_t: bool, b_t: bool, precision: str, dev
 
 
 def plan(opts: MicroOptions, device: Any) -> Plan:
+    """Every shape in every precision; with ``every_device`` on each GPU in turn (rows labelled ``device``)."""
     out = Plan()
-    for p in opts.precisions:
-        for s in load("gemm", SHAPE_COLUMNS, opts.shapes):
-            m, n, k, a_t, b_t = s["m"], s["n"], s["k"], bool(s["a_t"]), bool(s["b_t"])
-            out.cases.append(_case("deepbench" if opts.shapes is None else "user", m, n, k, a_t, b_t, p, device))
+    devices = run_devices(opts, device)
+    for where in devices:
+        cases = []
+        for p in opts.precisions:
+            for s in load("gemm", SHAPE_COLUMNS, opts.shapes):
+                m, n, k, a_t, b_t = s["m"], s["n"], s["k"], bool(s["a_t"]), bool(s["b_t"])
+                cases.append(_case("deepbench" if opts.shapes is None else "user", m, n, k, a_t, b_t, p, where))
+        if opts.every_device:
+            for c in cases:
+                c.labels["device"], c.device = str(where), where
+        out.cases += cases
     out.cases = size_filter(out.cases, opts, device, out.notes)
     if device.type == "cpu":
         # The measured best GEMM rate on CPUs: shown beside the ISA peak (docs/METRICS.md).
@@ -58,6 +66,11 @@ def _case(set_: str, m: int, n: int, k: int, a_t: bool, b_t: bool, p: str, devic
 def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
     """flop_summary, and on CPUs the peak probe's rate and its fraction of the ISA peak."""
     metrics, units = flop_summary(rows)
+    devices = list(dict.fromkeys(r["device"] for r in rows if "device" in r))
+    if devices:  # every_device: each device's best rate, aligned with ``devices``
+        metrics["devices"] = devices
+        metrics["best_tflops_by_device"] = [max(r["tflops"] for r in rows if r.get("device") == d) for d in devices]
+        units.update(devices="devices", best_tflops_by_device="TFLOP/s")
     probe = [r for r in rows if r.get("set") == "peak-probe"]
     if probe:
         best = max(probe, key=lambda r: r["tflops"])

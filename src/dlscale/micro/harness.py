@@ -143,28 +143,30 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
 
     torch.manual_seed(opts.seed)
     plan = bench.plan(opts, device)
-    flush = l2_flusher(device)
-    peaks_by_precision: dict[str, tuple[Peak | None, str]] = {}
+    flushers = {device: l2_flusher(device)}  # one per GPU the cases run on (every_device)
+    peaks: dict[tuple[Any, str], tuple[Peak | None, str]] = {}
     rows: list[dict[str, Any]] = []
     record.raw["rows"] = rows  # kept on the record if a case fails part-way
     times_all: list[list[float]] = []
     for case in plan.cases:
         prec = case.precision or "fp32"
-        if case.flops is not None and prec not in peaks_by_precision:
-            peaks_by_precision[prec] = device_peak(device, prec, system, opts.cpu_ghz)
-        set_matmul_precision(prec, device)
         where = case.device or device
+        if case.flops is not None and (where, prec) not in peaks:
+            peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
+        set_matmul_precision(prec, where)
+        if where not in flushers:  # every case on a GPU finds its L2 flushed, whichever GPU it runs on
+            flushers[where] = l2_flusher(where)
         op = case.build()
-        times = timed_reps(op, opts.warmup, opts.reps, where, flush if where == device else None,
-                           case_budget(opts, where), meter if where == device else None)
+        times = timed_reps(op, opts.warmup, opts.reps, where, flushers.get(where), case_budget(opts, where),
+                           meter if where == device else None)
         del op
-        peak = peaks_by_precision.get(prec, (None, ""))[0]
+        peak = peaks.get((where, prec), (None, ""))[0]
         rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None),
                      "reps": len(times), "flops": case.flops, "bytes": case.bytes,
                      **row_energy(meter.take(), case.flops, len(times))})
         times_all.append(times)
     metrics, units = bench.summarize(rows)
-    peak_sources = {p: src for p, (_, src) in peaks_by_precision.items()}
+    peak_sources = {p: src for (_, p), (_, src) in peaks.items()}
     metrics["peak_sources"] = peak_sources
     metrics["cases"] = len(rows)
     units["cases"] = "cases"

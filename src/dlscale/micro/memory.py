@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dlscale.micro.base import Case, MicroOptions, Plan
+from dlscale.micro.base import Case, MicroOptions, Plan, run_devices
 
 name = "memory"
 title = "memory bandwidth: STREAM copy/scale/add/triad; H2D, D2H (pinned, pageable), D2D on GPUs"
@@ -90,18 +90,32 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
                               build=lambda op=op: build_stream(op, n), bytes=stream_bytes(op, n), device=cpu))
     if device.type == "cuda":
         nbytes = (opts.mem_mib or GPU_MIB) * 2**20
-        for kind, nb in (("h2d_pinned", nbytes), ("h2d_pageable", nbytes), ("d2h_pinned", nbytes),
-                         ("d2h_pageable", nbytes), ("d2d", 2 * nbytes)):
-            out.cases.append(Case(labels={"op": kind, "where": str(device), "array_mib": nbytes // 2**20},
-                                  build=lambda kind=kind: build_transfer(kind, nbytes, device), bytes=nb))
+        for where in run_devices(opts, device):  # every_device: each GPU's transfers in turn
+            for kind, nb in (("h2d_pinned", nbytes), ("h2d_pageable", nbytes), ("d2h_pinned", nbytes),
+                             ("d2h_pageable", nbytes), ("d2d", 2 * nbytes)):
+                out.cases.append(Case(labels={"op": kind, "where": str(where), "array_mib": nbytes // 2**20},
+                                      build=lambda kind=kind, where=where: build_transfer(kind, nbytes, where),
+                                      bytes=nb, device=where))
     return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
-    metrics, units = {}, {}
+    """Each op's GB/s (the first device's where several were measured) and, with several devices,
+    each device's figure of each transfer op, aligned with ``devices``."""
+    metrics: dict[str, Any] = {}
+    units: dict[str, str] = {}
     for r in rows:
         key = f"{r['op']}_gbps"
-        metrics[key] = r["gbps"]
-        metrics[f"{r['op']}_gbps_best"] = r["gbps_best"]
-        units[key] = units[f"{r['op']}_gbps_best"] = "GB/s"
+        if key not in metrics:
+            metrics[key] = r["gbps"]
+            metrics[f"{r['op']}_gbps_best"] = r["gbps_best"]
+            units[key] = units[f"{r['op']}_gbps_best"] = "GB/s"
+    devices = list(dict.fromkeys(r["where"] for r in rows if r["where"] != "host memory"))
+    if len(devices) > 1:
+        metrics["devices"] = devices
+        units["devices"] = "devices"
+        for op in dict.fromkeys(r["op"] for r in rows if r["where"] != "host memory"):
+            by = {r["where"]: r["gbps"] for r in rows if r["op"] == op}
+            metrics[f"{op}_gbps_by_device"] = [by.get(d) for d in devices]
+            units[f"{op}_gbps_by_device"] = "GB/s"
     return metrics, units

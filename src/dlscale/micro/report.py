@@ -35,6 +35,8 @@ def header(rec: RunRecord) -> str:
 def kernel_table(rec: RunRecord, columns: tuple[str, ...]) -> Table:
     """gemm / conv / rnn: one row per case with time, TFLOP/s and % of the dense peak."""
     t = Table(title=header(rec), title_justify="left")
+    if any("device" in r for r in rec.raw.get("rows", [])):  # every_device: which GPU each row ran on
+        columns = (*columns, "device")
     for c in columns:
         t.add_column(c, justify="right")
     for c in ("time (us)", "TFLOP/s", "% peak", "CV", "reps"):

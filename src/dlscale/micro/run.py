@@ -17,10 +17,10 @@ from dlscale.log import info
 COMMON = ("device", "warmup", "reps", "case_budget_s", "seed", "tag")
 KERNEL = ("precisions", "full", "max_gflop", "shapes", "cpu_ghz")
 READS: dict[str, tuple[str, ...]] = {
-    "gemm": (*COMMON, *KERNEL),
+    "gemm": (*COMMON, *KERNEL, "every_device"),
     "conv": (*COMMON, *KERNEL, "channels_last"),
     "rnn": (*COMMON, *KERNEL),
-    "memory": (*COMMON, "mem_mib"),
+    "memory": (*COMMON, "mem_mib", "every_device"),
     "p2p": (*COMMON, "mem_mib"),
     "collectives": ("sizes", "ops", "warmup", "iters", "budget", "min_busbw", "plant_wrong", "device", "tag"),
     "links": ("sizes", "warmup", "iters", "budget", "device", "tag"),

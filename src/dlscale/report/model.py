@@ -14,6 +14,7 @@ class TableData:
     columns: list[str]
     rows: list[list[str]]
     caption: str = ""
+    links: list[list[str | None]] | None = None  # per cell: where it links to (a relative path or #anchor), or None
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Section:
     figure: Figure | None = None
     tables: list[TableData] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    anchor: str | None = None  # the section's id, for links to it
+    figures: list[Figure] = field(default_factory=list)  # more figures below the tables
 
 
 @dataclass

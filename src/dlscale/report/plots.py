@@ -116,3 +116,23 @@ def speedups(series: dict[str, tuple[list[int], list[float]]], title: str) -> by
     ax.set_title(title, fontsize=10, loc="left")
     ax.legend(fontsize=7)
     return _png(fig)
+
+
+STATUS_COLORS = {"PASS": "#3a9d5d", "WARN": "#e0a339", "FAIL": "#b8433f", "NO EXPECTATION": "#999999"}
+
+
+def history(series: dict[str, tuple[list[int], list[float], list[str]]], ticks: list[str], ylabel: str,
+            title: str) -> bytes:
+    """Each figure of a check over successive acceptances (x: the acceptance's position, labelled by
+    ``ticks``), a line per figure, each point coloured by that acceptance's verdict."""
+    fig, ax = _fig(6.5, 3.6)
+    for i, (name, (xs, ys, statuses)) in enumerate(series.items()):
+        c = PALETTE[i % len(PALETTE)]
+        ax.plot(xs, ys, "-", color=c, label=name, linewidth=1.2, alpha=0.8)
+        ax.scatter(xs, ys, c=[STATUS_COLORS.get(s, "#333333") for s in statuses], s=22, zorder=3)
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + "  (points: green PASS, amber WARN, red FAIL, grey no expectation)", fontsize=9, loc="left")
+    if 1 < len(series) <= 12:
+        ax.legend(fontsize=6)
+    return _png(fig)

@@ -30,7 +30,9 @@ th{background:#eef2f6;text-align:left;padding:5px 8px;border-bottom:1px solid #c
 td{padding:4px 8px;border-bottom:1px solid #eef1f4;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 caption{text-align:left;font-weight:600;padding:8px 0 4px;font-size:12px}
-.note{color:#6b4e16;font-size:12px}footer{color:#7a8691;font-size:11px;margin-top:24px}
+.note{color:#6b4e16;font-size:12px}section>figure{margin:12px 0 0}section>figure img{max-width:100%}
+td.PASS{color:#2d7a46;font-weight:600}td.WARN{color:#9a6700;font-weight:600}td.FAIL{color:#b8433f;font-weight:700}
+footer{color:#7a8691;font-size:11px;margin-top:24px}
 """
 
 
@@ -43,11 +45,20 @@ def _is_num(s: str) -> bool:
         return False
 
 
+def _cell(v: str, link: str | None) -> str:
+    """One table cell: numbers right-aligned, a verdict coloured, a link where the table gives one."""
+    e = html.escape
+    text = f'<a href="{e(link)}">{e(v)}</a>' if link else e(v)
+    cls = "num" if _is_num(v) else v if v in ("PASS", "WARN", "FAIL") else ""
+    return f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>"
+
+
 def _table_html(t: TableData) -> str:
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in t.columns)
-    body = "".join("<tr>" + "".join(f'<td class="num">{e(v)}</td>' if _is_num(v) else f"<td>{e(v)}</td>" for v in row)
-                   + "</tr>" for row in t.rows)
+    links = t.links or [[None] * len(row) for row in t.rows]
+    body = "".join("<tr>" + "".join(_cell(v, lk) for v, lk in zip(row, links[i] if i < len(links) else [None] * len(row)))
+                   + "</tr>" for i, row in enumerate(t.rows))
     cap = f"<caption>{e(t.caption)}</caption>" if t.caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -62,7 +73,10 @@ def _section_html(s: Section) -> str:
                 f'<div class="tables">{tables}</div></div>')
     else:
         body = tables
-    return f"<section><h2>{e(s.title)}</h2><p class=\"intro\">{e(s.intro)}</p>{body}{notes}</section>"
+    body += "".join(f'<figure><img alt="{e(f.alt)}" src="data:image/png;base64,{base64.b64encode(f.png).decode()}">'
+                    "</figure>" for f in s.figures)
+    anchor = f' id="{e(s.anchor)}"' if s.anchor else ""
+    return f"<section{anchor}><h2>{e(s.title)}</h2><p class=\"intro\">{e(s.intro)}</p>{body}{notes}</section>"
 
 
 def to_html(rep: Report) -> str:
@@ -107,6 +121,10 @@ def to_markdown(rep: Report, fig_dir: str = "figures") -> tuple[str, dict[str, b
             lines += ["| " + " | ".join(_md_cell(c) for c in t.columns) + " |", "|" + "---|" * len(t.columns)]
             lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in t.rows]
             lines.append("")
+        for f in s.figures:
+            path = f"{fig_dir}/{f.name}.png"
+            files[path] = f.png
+            lines += [f"![{_md_text(f.alt)}]({path})", ""]
         lines += [f"*{_md_text(n)}*" for n in s.notes]
     return "\n".join(lines) + "\n", files
 

@@ -172,14 +172,20 @@ def compose_yaml(p: Path, cannot_read: str) -> Any:
         raise UsageError(f"{p}:{line}: malformed YAML: {problem}") from None
 
 
+def read_yaml(path: str | Path, what: str, needs: str) -> tuple[Any, _Lines]:
+    """A YAML file's values and the line each came from; an unreadable, malformed or empty file is a
+    one-line UsageError (``what``: "sweep file"; ``needs``: what an empty one lacks)."""
+    p = Path(path)
+    root = compose_yaml(p, f"cannot read {what} {p}")
+    if root is None:
+        raise UsageError(f"{p}:1: the {what} is empty; it needs {needs}")
+    lines = _Lines(str(p))
+    return lines.build(root), lines
+
+
 def load(path: str | Path) -> Sweep:
     """Read, check and expand a sweep file; any problem is a one-line UsageError naming the place."""
-    p = Path(path)
-    root = compose_yaml(p, f"cannot read sweep file {p}")
-    lines = _Lines(str(p))
-    if root is None:
-        raise UsageError(f"{p}:1: the sweep file is empty; it needs at least `matrix:` or `include:`")
-    doc = lines.build(root)
+    doc, lines = read_yaml(path, "sweep file", "at least `matrix:` or `include:`")
     return check(doc, lines)
 
 

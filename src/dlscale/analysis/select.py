@@ -1,4 +1,4 @@
-"""Selecting runs by a short string, for ``compare`` (reads only; no torch).
+"""Selecting runs by a short string, for ``compare``, ``report --reference`` and ``accept --baseline`` (reads only; no torch).
 
 A selector is filters joined by commas, all of which a run must pass:
 ``tag:NAME`` (a bare word is a tag), ``system:NAME`` (an imported system's name or a host name), ``model:NAME``, ``run:ID+ID`` (ids or unambiguous prefixes), ``ref:NAME`` (a

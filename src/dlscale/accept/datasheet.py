@@ -1,0 +1,172 @@
+"""Datasheet expectations: a device's rated figure x the fraction a healthy device typically reaches.
+
+The rated figures come from tables that name their sources: dense FLOP/s per precision
+(``peaks.GPU_PEAKS``), PCIe and NVLink rates (``predict.links``), and the memory bandwidth of
+each GPU (``MEMORY`` below, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
+each carry their source, or say that the fraction is dlscale's own choice and why (no vendor
+publishes what a healthy device reaches in a STREAM-like copy or a GEMM); docs/METRICS.md
+("Acceptance: datasheet expectations") repeats them. A figure with no rated figure here (every
+CPU figure, inter-node links, training throughput) gets no datasheet expectation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dlscale.peaks import normalize_name
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    names: tuple[str, ...]  # exact device names, as the driver reports them
+    gbps: float  # GB/s (1e9 bytes/s) of device memory
+    source: str
+
+
+MEMORY: tuple[MemoryRow, ...] = (
+    MemoryRow(("NVIDIA H100 80GB HBM3",), 3350, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: 3.35 TB/s"),
+    MemoryRow(("NVIDIA H100 PCIe",), 2000, "NVIDIA H100 Tensor Core GPU datasheet (2022), H100 PCIe: 2 TB/s"),
+    MemoryRow(("NVIDIA H100 NVL",), 3900, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL: 3.9 TB/s"),
+    MemoryRow(("NVIDIA H200", "NVIDIA H200 NVL"), 4800, "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-80GB",), 2039, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM: 2,039 GB/s"),
+    MemoryRow(("NVIDIA A100 80GB PCIe",), 1935, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB PCIe: 1,935 GB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 1555,
+              "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 40GB: 1,555 GB/s"),
+    MemoryRow(("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), 900,
+              "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 900 GB/s"),
+    MemoryRow(("AMD Instinct MI300X",), 5300, "AMD Instinct MI300X accelerator data sheet (2023): 5.3 TB/s"),
+)
+_MEMORY_BY_NAME = {normalize_name(n): row for row in MEMORY for n in row.names}
+
+
+@dataclass(frozen=True)
+class Fraction:
+    value: float
+    source: str  # a publication, a derivation, or "dlscale's choice: why"
+
+
+FRACTIONS: dict[str, Fraction] = {
+    "gemm_tensor": Fraction(0.6, "dlscale's choice: no vendor publishes the GEMM efficiency of a healthy part; "
+                                 "0.6 of the dense tensor peak sits below what large cuBLAS GEMMs reach on healthy "
+                                 "V100/A100/H100 parts at their default power limits, so only a part that "
+                                 "throttles, runs at a lower power cap or lower clocks falls under it"),
+    "gemm_fp32": Fraction(0.7, "dlscale's choice: vector FP32 GEMMs keep the FMA pipes busier than tensor GEMMs keep "
+                               "the tensor cores; 0.7 of the FP32 peak leaves room for clock drops under load"),
+    "memory_copy": Fraction(0.8, "dlscale's choice: a device-to-device copy (read + write, CUDA's bandwidthTest "
+                                 "counting) cannot reach the HBM interface rate (refresh, bank and page conflicts, "
+                                 "read/write turnaround); STREAM-like copies on HBM GPUs are published near 80-90% "
+                                 "of it (e.g. BabelStream's results), so 0.8 is the lower end"),
+    "pcie_pinned": Fraction(0.8, "derived from the PCIe protocol: a 256-byte max payload carries about 24 bytes of "
+                                 "framing, sequence number, 3-4 DW header and LCRC per TLP (256/280 = 0.91), and "
+                                 "flow-control/ACK packets and read requests take a few % more; dlscale expects "
+                                 "0.8 of the link's rate from a pinned host copy"),
+    "nvlink": Fraction(0.75, "dlscale's choice: NVLink (and NVSwitch) peer copies and all-reduce bus bandwidth come "
+                             "within a quarter of the links' per-direction rate on healthy boards; nccl-tests defines "
+                             "busbw to be compared with exactly that rate (nccl-tests doc/PERFORMANCE.md)"),
+}
+
+NVLINK_PER_LINK_GBPS = 25.0  # NVLink 2, 3 and 4: 25 GB/s per link and direction (predict.links' nvlink rows)
+
+
+@dataclass(frozen=True)
+class Rated:
+    """A datasheet expectation: rated value x fraction, and where both came from."""
+
+    value: float
+    rated: float
+    fraction: Fraction
+    source: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.fraction.value:g} x {self.rated:.4g} ({self.source}); fraction: {self.fraction.source}"
+
+
+def memory_gbps(device_name: str | None) -> MemoryRow | None:
+    return _MEMORY_BY_NAME.get(normalize_name(device_name or ""))
+
+
+def pcie_gbps(gen: int | None, width: int | None) -> float | None:
+    """GB/s per direction of a PCIe link: GT/s per lane x lanes / 8 x encoding (8b/10b to Gen2, 128b/130b after)."""
+    gts = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}.get(gen or 0)
+    if gts is None or not width:
+        return None
+    return gts * width / 8 * (0.8 if gen <= 2 else 128 / 130)
+
+
+def gpu_facts(system: dict[str, Any], index: int) -> dict[str, Any]:
+    """The inventory's NVML facts of CUDA device ``index`` (PCIe generation and width, name, ...)."""
+    topo = ((system or {}).get("accelerators") or {}).get("topology") or {}
+    return next((g for g in topo.get("gpus") or [] if g.get("index") == index), {})
+
+
+def nvlinks(system: dict[str, Any], i: int, j: int) -> int:
+    """NVLinks between CUDA devices i and j from the inventory's GPU-GPU matrix ("NV18" -> 18), else 0."""
+    matrix = (((system or {}).get("accelerators") or {}).get("topology") or {}).get("gpu_gpu") or []
+    try:
+        m = re.fullmatch(r"NV(\d+)", str(matrix[i][j]))
+    except IndexError:
+        return 0
+    return int(m.group(1)) if m else 0
+
+
+def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
+    """The datasheet expectation of a figure (``figures.Figure``), or None where no rated figure applies."""
+    ctx = fig.context
+    if fig.check == "gemm" and fig.subject is not None:
+        return _gemm(fig, ctx["precision"], system)
+    if fig.check == "memory" and fig.subject is not None:
+        return _memory(fig, ctx["op"], ctx["device"], system)
+    if fig.check == "p2p":
+        n = nvlinks(system, ctx["src"], ctx["dst"])
+        if n and ctx.get("path") == "p2p":
+            return Rated(n * NVLINK_PER_LINK_GBPS * FRACTIONS["nvlink"].value, n * NVLINK_PER_LINK_GBPS,
+                         FRACTIONS["nvlink"], f"NV{n} between the pair (inventory) x {NVLINK_PER_LINK_GBPS:g} GB/s per "
+                                              "link and direction (NVLink 2-4 datasheets)")
+    if fig.check == "collectives" and fig.context.get("world_size"):
+        return _busbw(fig, system)
+    return None
+
+
+def _gemm(fig: Any, precision: str, system: dict[str, Any]) -> Rated | None:
+    from dlscale.peaks import gpu_peak
+
+    idx = int(fig.context["device"].split(":")[1])
+    facts = gpu_facts(system, idx)
+    peak = gpu_peak(fig.model or "", precision, facts.get("pci_device_id"))
+    if peak is None or (fig.model or "").startswith("AMD"):  # no typical fraction for AMD matrix cores (METRICS.md)
+        return None
+    frac = FRACTIONS["gemm_fp32" if precision == "fp32" else "gemm_tensor"]
+    rated = peak.flops / 1e12
+    return Rated(rated * frac.value, rated, frac, f"dense {precision} peak {rated:g} TFLOP/s: {peak.source}")
+
+
+def _memory(fig: Any, op: str, device: str, system: dict[str, Any]) -> Rated | None:
+    if op == "d2d":
+        row = memory_gbps(fig.model)
+        if row is None:
+            return None
+        frac = FRACTIONS["memory_copy"]
+        return Rated(row.gbps * frac.value, row.gbps, frac, f"device memory {row.gbps:g} GB/s: {row.source}")
+    facts = gpu_facts(system, int(device.split(":")[1]))
+    rate = pcie_gbps(facts.get("pcie_gen_max"), facts.get("pcie_width_max"))
+    if rate is None:
+        return None
+    frac = FRACTIONS["pcie_pinned"]
+    return Rated(rate * frac.value, rate, frac,
+                 f"PCIe Gen{facts['pcie_gen_max']} x{facts['pcie_width_max']} (NVML's maximum link) = {rate:.2f} GB/s "
+                 "per direction (PCI-SIG base specifications: GT/s x lanes / 8 x encoding)")
+
+
+def _busbw(fig: Any, system: dict[str, Any]) -> Rated | None:
+    """Within a node: all-reduce busbw against the slowest GPU pair's NVLink rate (every pair NVLinked)."""
+    n = int(fig.context["world_size"])
+    links = [nvlinks(system, i, j) for i in range(n) for j in range(n) if i != j]
+    if n < 2 or not links or min(links) == 0:
+        return None
+    rated = min(links) * NVLINK_PER_LINK_GBPS
+    frac = FRACTIONS["nvlink"]
+    return Rated(rated * frac.value, rated, frac, f"NV{min(links)} between every GPU pair (inventory) x "
+                                                  f"{NVLINK_PER_LINK_GBPS:g} GB/s per link and direction")

@@ -1,0 +1,159 @@
+"""Where each figure's expectation comes from: the datasheet, the system's own baseline, a reference.
+
+- datasheet: rated figure x typical fraction (``datasheet.expectation``), GPU figures only;
+- baseline: the same figure (by ``Figure.key``) in an earlier acceptance of the same system and
+  suite: by default, for each figure, the newest acceptance in which that figure PASSed or had no
+  expectation (a WARN or FAIL never becomes a baseline, so a slow drift cannot walk the baseline
+  down); or the runs a ``--baseline`` selector names;
+- reference: published or imported figures (``--reference ref:seed001-table5,system:...``) of the
+  same model, device count, per-device batch and precision, and the scaling efficiency a reference
+  ladder reached at the same layout.
+
+``find_baseline`` reads the store (acceptance records, then the runs of the chosen ones); the rest
+is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.accept import datasheet
+from dlscale.accept.figures import Figure, figures
+from dlscale.accept.verdict import FAIL, WARN, Expectation
+from dlscale.record import RunRecord
+
+MAX_HISTORY = 50  # acceptances searched for a figure's baseline
+
+
+@dataclass
+class Baseline:
+    """Baseline figures by key, each with the acceptance (or selection) it came from."""
+
+    figures: dict[str, Figure] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)  # figure key -> "acceptance ID (date)"
+
+    def add(self, figs: Iterable[Figure], origin: str, keys: set[str] | None = None) -> None:
+        for f in figs:
+            if f.key not in self.figures and (keys is None or f.key in keys):
+                self.figures[f.key] = f
+                self.origin[f.key] = origin
+
+
+def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]]) -> dict[int, Expectation]:
+    """Figure index -> its datasheet expectation (``systems``: run id -> the record's inventory)."""
+    out = {}
+    for i, f in enumerate(figs):
+        rated = datasheet.expectation(f, systems.get(f.run_id) or {})
+        if rated is not None:
+            out[i] = Expectation("datasheet", rated.value, rated.text)
+    return out
+
+
+def baseline_expectations(figs: Sequence[Figure], base: Baseline) -> dict[int, Expectation]:
+    out = {}
+    for i, f in enumerate(figs):
+        b = base.figures.get(f.key)
+        if b is not None and b.value > 0:
+            out[i] = Expectation("baseline", b.value, f"{base.origin[f.key]}, run {b.run_id}", tuple(b.samples),
+                                 tuple(b.cells.items()), run_id=b.run_id)
+    return out
+
+
+def reference_expectations(figs: Sequence[Figure], refs: Sequence[RunRecord]) -> dict[int, Expectation]:
+    """Throughput figures against reference runs that match them; scaling efficiencies against a
+    reference ladder's at the same layout."""
+    out = {}
+    for i, f in enumerate(figs):
+        exp = _efficiency_ref(f, refs) if f.name.startswith("efficiency") else _throughput_ref(f, refs)
+        if exp is not None:
+            out[i] = exp
+    return out
+
+
+def _throughput_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
+    from dlscale.analysis.compare import key_value, system_label
+
+    want = f.context
+    if not want.get("model") or f.check not in ("train", "train_alone", "scale", "inference"):
+        return None
+    kind = "inference" if f.check == "inference" else "train"
+    hits = [r for r in refs if r.kind == kind and r.workload == want["model"]
+            and key_value(r, "world_size") == want["world_size"]
+            and all(r.config.get(k) in (None, want.get(k)) or want.get(k) is None for k in ("batch_size", "precision"))
+            and isinstance(r.metrics.get("throughput"), (int, float))]
+    if not hits:
+        return None
+    value = sum(r.metrics["throughput"] for r in hits) / len(hits)
+    src = hits[0].config.get("source") or "imported"
+    return Expectation("reference", value, f"{system_label(hits[0])}: {want['model']} on {want['world_size']} device(s)"
+                                          f"{f' (mean of {len(hits)})' if len(hits) > 1 else ''}; {src}",
+                       run_id=None)
+
+
+def _efficiency_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
+    from dlscale.analysis.compare import system_label
+    from dlscale.analysis.scaling import layout_of
+
+    mine = [r for r in refs if r.kind == "train" and r.workload == f.context.get("model")
+            and isinstance(r.metrics.get("throughput"), (int, float))]
+    at = {f"{n}x{g}": r for r in mine for n, g in [layout_of(r)]}
+    one, there = at.get("1x1"), at.get(f.context["layout"])
+    if one is None or there is None:
+        return None
+    n, g = layout_of(there)
+    eff = there.metrics["throughput"] / (n * g * one.metrics["throughput"])
+    return Expectation("reference", eff, f"{system_label(there)}: {there.metrics['throughput']:g} / ({n * g} x "
+                                         f"{one.metrics['throughput']:g}); {there.config.get('source') or 'imported'}")
+
+
+def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], base: Baseline | None,
+                 refs: Sequence[RunRecord]) -> dict[int, list[Expectation]]:
+    """Every figure's datasheet, baseline and reference expectations (peers are the verdicts' own)."""
+    out: dict[int, list[Expectation]] = {}
+    for part in (datasheet_expectations(figs, systems), baseline_expectations(figs, base or Baseline()),
+                 reference_expectations(figs, refs)):
+        for i, e in part.items():
+            out.setdefault(i, []).append(e)
+    return out
+
+
+# -- the baseline in the store --------------------------------------------------------------------------
+def settled_keys(accept_rec: RunRecord) -> set[str]:
+    """The figure keys an acceptance can serve as baseline for: judged, and never WARN or FAIL there."""
+    rows = (accept_rec.raw or {}).get("verdicts") or []
+    bad = {r["key"] for r in rows if r.get("status") in (WARN, FAIL)}
+    return {r["key"] for r in rows if r.get("key")} - bad
+
+
+def find_baseline(store: Any, system: str, suite_hash: str, keys: set[str], exclude: str | None = None) -> Baseline:
+    """For each key, the figure of the newest acceptance of ``system`` and ``suite_hash`` that settled it."""
+    base = Baseline()
+    todo = set(keys)
+    seen = 0
+    for acc in store.query(kind="accept", status="ok"):
+        if not todo or seen >= MAX_HISTORY:
+            break
+        cfg = acc.config or {}
+        if acc.tag == exclude or cfg.get("suite_hash") != suite_hash or cfg.get("system") != system:
+            continue
+        seen += 1
+        usable = settled_keys(acc) & todo
+        if not usable:
+            continue
+        base.add(figures(store.query(tag=acc.tag, status="ok")), f"acceptance {acc.tag} ({acc.created_at[:10]})", usable)
+        todo -= set(base.figures)
+    return base
+
+
+def selected_baseline(store: Any, selector: str) -> Baseline:
+    """The baseline a ``--baseline`` selector names: its runs, and every run of each acceptance among them."""
+    from dlscale.analysis.select import select
+
+    recs = select(store, selector)
+    base = Baseline()
+    for acc in (r for r in recs if r.kind == "accept"):
+        base.add(figures(store.query(tag=acc.tag, status="ok")), f"acceptance {acc.tag} ({acc.created_at[:10]})")
+    base.add(figures([r for r in recs if r.kind != "accept"]), f"baseline {selector}")
+    return base

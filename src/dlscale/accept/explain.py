@@ -1,0 +1,130 @@
+"""Verdicts that explain each other, and the verdicts that are not comparisons (health, failed runs).
+
+A verdict that is not PASS is explained by the other non-PASS verdicts about the same part:
+
+- a device, rank or node: every other check's non-PASS verdict on the same device (``cuda:3``)
+  or node, and the health check's findings on that GPU ("training alone throughput on GPU 3 is 11%
+  below its peers; GEMM bf16 best rate on GPU 3 is 10% below its peers; health: GPU 3 reports
+  hw_thermal_slowdown");
+- a link between nodes: the node common to every slow link is named ("node 2's link: link 0-2 and
+  link 1-2 are below their peers, link 0-1 is not");
+- the system (an end-to-end check such as the short test on all devices, or a collective): the
+  non-PASS verdicts of its parts, devices and links first.
+
+Pure functions over verdicts and records (docs/METRICS.md, "Acceptance: explanations").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlscale.accept.figures import device_subject
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, Verdict
+from dlscale.record import RunRecord
+
+CHECKS = {  # check -> what it is called in sentences and tables
+    "health": "health", "memory": "memory", "p2p": "GPU-GPU copies", "gemm": "GEMM",
+    "collectives": "collectives in the node", "collectives_nodes": "collectives across nodes",
+    "links": "links between nodes", "train_alone": "training alone", "train": "training on all devices",
+    "scale": "scaling", "inference": "inference",
+}
+PARTS = ("health", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone")
+MAX_RELATED = 6
+
+
+def phrase(v: Verdict) -> str:
+    """One clause saying what a verdict found."""
+    if v.check == "health":
+        return f"health: {v.subject or 'the system'} reports {v.reason}"
+    if v.measured is None:
+        return f"{CHECKS.get(v.check, v.check)}: {v.reason}"
+    where = f" on {v.subject}" if v.subject else ""
+    short = v.shortfall
+    how = f"is {short:.0%} below {_exp_phrase(v)}" if short is not None else v.reason
+    return f"{CHECKS.get(v.check, v.check)} {v.figure}{where} {how}"
+
+
+def _exp_phrase(v: Verdict) -> str:
+    return {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
+            "reference": "the reference"}.get(v.expectation or "", "its expectation")
+
+
+def health_verdicts(rec: RunRecord) -> list[Verdict]:
+    """One verdict per GPU of a health record: FAIL with its warnings, else PASS."""
+    if rec.status != "ok":
+        return failed_run_verdicts([rec], {rec.run_id: "health"})
+    topo = ((rec.system or {}).get("accelerators") or {}).get("topology") or {}
+    cuda_of = {g.get("nvml_index"): g.get("index") for g in topo.get("gpus") or [] if g.get("nvml_index") is not None}
+    out = []
+    for g in (rec.raw or {}).get("gpus") or []:
+        idx = cuda_of.get(g.get("index"))
+        subject = device_subject(f"cuda:{idx}") if idx is not None else None
+        label = subject.label if subject else f"GPU {g.get('index')} (NVML)"
+        found = health_findings(g)
+        out.append(Verdict(check="health", figure="health", subject=label, status=FAIL if found else PASS,
+                           measured=None, unit="", reason="; ".join(found) if found
+                           else "no throttling, ECC, retired-page or row-remap problem",
+                           run_ids=[rec.run_id], key=f"health|health|{subject.key if subject else label}",
+                           subject_key=subject.key if subject else None, devices=list(subject.devices) if subject else []))
+    return out
+
+
+def health_findings(gpu: dict) -> list[str]:
+    """What a GPU's health snapshot reports as wrong: its alarming clock reasons by name, then its other warnings."""
+    from dlscale.monitor.health import ALARMING
+
+    reasons = [r for r in gpu.get("throttle_reasons") or [] if r in ALARMING]
+    others = [w for w in gpu.get("warnings") or [] if "slowing its clocks" not in w]
+    return reasons + others if reasons or others else list(gpu.get("warnings") or [])
+
+
+def failed_run_verdicts(records: Sequence[RunRecord], check_of: dict[str, str]) -> list[Verdict]:
+    """A FAIL for every check run that failed: nothing was measured."""
+    return [Verdict(check=check_of.get(r.run_id, r.kind), figure="run", subject=None, status=FAIL, measured=None,
+                    unit="", reason=f"the run failed: {r.error}", run_ids=[r.run_id],
+                    key=f"{check_of.get(r.run_id, r.kind)}|run|") for r in records if r.status != "ok"]
+
+
+def explain(verdicts: Sequence[Verdict]) -> None:
+    """Fill each non-PASS verdict's ``related`` with the phrases of the verdicts that explain it."""
+    bad = [v for v in verdicts if v.status not in (PASS, NO_EXPECTATION)]
+    links, culprit = link_culprits(bad)
+    for v in bad:
+        if v.subject_key is not None:
+            rel = [w for w in bad if w.key != v.key and _same_part(v, w, culprit)]
+        else:  # the system: its parts' findings, devices and links first
+            rel = [w for w in bad if w.key != v.key
+                   and (w.subject_key is not None or (w.check in PARTS and w.check != v.check))]
+            rel.sort(key=lambda w: (w.subject_key is None, PARTS.index(w.check) if w.check in PARTS else 99))
+        phrases = list(dict.fromkeys(phrase(w) for w in rel))
+        if v.check == "links" or (v.subject_key is None and v.check == "collectives_nodes"):
+            phrases = links + phrases
+        v.related = phrases[:MAX_RELATED]
+
+
+def _same_part(v: Verdict, w: Verdict, culprit: int | None) -> bool:
+    """Do two verdicts speak of the same device, or of a node and the links of that node when its link
+    is the slow one (``culprit``)?"""
+    if set(v.devices) & set(w.devices):
+        return True
+    if (v.check == "links") != (w.check == "links"):
+        other = w if v.check == "links" else v
+        return culprit is not None and culprit in other.nodes
+    return False
+
+
+def link_culprits(bad: Sequence[Verdict]) -> tuple[list[str], int | None]:
+    """('node 2's link: link 0-2, link 1-2 are below expectation, the other links are not', 2) where one
+    node is an end of every non-PASS link verdict; else the slow links by name and None."""
+    slow = [v for v in bad if v.check == "links" and v.nodes]
+    if not slow:
+        return [], None
+    common = set(slow[0].nodes)
+    for v in slow[1:]:
+        common &= set(v.nodes)
+    names = sorted({v.subject for v in slow if v.subject})
+    if len(common) != 1:  # one slow link (both its ends in common) or slow links without a shared node
+        return [f"slow link{'s' if len(names) > 1 else ''}: {', '.join(names)}"], None
+    node = common.pop()
+    return [f"node {node}'s link: {', '.join(names)} {'is' if len(names) == 1 else 'are'} below expectation, "
+            "the other links are not"], node

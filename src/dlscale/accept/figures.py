@@ -1,0 +1,325 @@
+"""From an acceptance's records to the figures its checks judge (pure: records in, figures out).
+
+A ``Figure`` is one measured rate (higher is better) of one check, with the raw repeated
+measurements of the same quantity it came from (``samples``, e.g. the rate of every measured
+step, of every timed GEMM call), its 95% confidence interval, and what it is about: the system,
+or one device, rank, node or link (``Subject``). Figures of one check, name and device model in
+one run are peers (``peer_group``): the one slow GPU shows against their median. ``key`` names a
+figure across acceptances, so a baseline's figure is found by it. docs/METRICS.md ("Acceptance")
+says which figure each check reads and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale import stats
+from dlscale.record import RunRecord
+
+END_TO_END = ("train", "scale", "inference")  # checks whose figures are results: energy and cost ride beside
+ENERGY_KEYS = ("energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour",
+               "cost_per_million_units")
+LARGE_SIZES = 8  # collectives: the sizes within 1/8 of the largest are "large" (the bandwidth regime)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a figure is about below the system: a device, a rank, a link between nodes, a GPU pair."""
+
+    kind: str  # "device" | "rank" | "link" | "pair"
+    label: str  # "GPU 3", "node 1 rank 1", "link 0-2", "GPU 0->1"
+    key: str  # stable across acceptances: "cuda:3", "rank 1", "link 0-2"
+    nodes: tuple[int, ...] = ()  # the nodes it sits on (a link: both ends)
+    devices: tuple[str, ...] = ()  # the devices it is ("cuda:3"; a GPU pair: both)
+
+
+@dataclass
+class Figure:
+    check: str
+    name: str  # what was measured: "throughput", "bf16 best rate", "d2d", "all_reduce busbw", "efficiency 1x2"
+    value: float
+    unit: str
+    run_id: str
+    subject: Subject | None = None
+    samples: list[float] = field(default_factory=list)  # repeated measurements of the same rate
+    cells: dict[str, float] = field(default_factory=dict)  # paired cells (collectives: size:mode -> busbw)
+    ci95: tuple[float, float] | None = None
+    model: str | None = None  # the device model: peers share it
+    peers: bool = False  # judged against the median of its peers in the same run
+    context: dict[str, Any] = field(default_factory=dict)  # match keys, energy/cost, datasheet hints
+
+    @property
+    def key(self) -> str:
+        return f"{self.check}|{self.name}|{self.subject.key if self.subject else ''}"
+
+    @property
+    def peer_group(self) -> tuple[str, str, str, str | None] | None:
+        return (self.run_id, self.check, self.name, self.model) if self.peers else None
+
+    @property
+    def where(self) -> str:
+        """'bf16 best rate on GPU 3' / 'throughput'."""
+        return f"{self.name} on {self.subject.label}" if self.subject else self.name
+
+
+def check_of(rec: RunRecord, rungs: set[str]) -> str | None:
+    """Which check a record belongs to (None: not a check's record, e.g. the acceptance itself)."""
+    if rec.kind == "health":
+        return "health"
+    if rec.kind == "micro":
+        if rec.workload == "collectives":
+            cfg = rec.config or {}
+            return "collectives_nodes" if (cfg.get("nodes") or 1) > 1 or cfg.get("emulated_nodes") else "collectives"
+        return rec.workload if rec.workload in ("memory", "gemm", "p2p", "links") else None
+    if rec.kind == "train":
+        if rec.run_id in rungs:
+            return "scale"
+        return "train_alone" if (rec.config or {}).get("parallel") == "none" else "train"
+    return {"scale": "scale", "inference": "inference"}.get(rec.kind)
+
+
+def scale_rungs(records: Iterable[RunRecord]) -> set[str]:
+    """The run ids of every scale ladder's rungs (listed in its summary record)."""
+    return {i for r in records if r.kind == "scale" for i in (r.raw or {}).get("run_ids") or []}
+
+
+def figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """Every ok record's figures, in record order."""
+    rungs = scale_rungs(records)
+    out: list[Figure] = []
+    for rec in records:
+        check = check_of(rec, rungs)
+        if rec.status == "ok" and check in READERS:
+            out.extend(READERS[check](rec, check))
+    return out
+
+
+# -- subjects ---------------------------------------------------------------------------------------
+def device_subject(device: str, node: int | None = None, several_nodes: bool = False) -> Subject:
+    """A device as the record names it ("cuda:3", "cpu") on a node."""
+    label = f"GPU {device.split(':')[1]}" if device.startswith("cuda:") else device
+    key = device if not several_nodes else f"node {node} {device}"
+    return Subject("device", f"node {node} {label}" if several_nodes else label, key,
+                   (node,) if several_nodes and node is not None else (), (key,))
+
+
+def rank_subject(ident: dict[str, Any], several_nodes: bool) -> Subject:
+    """A rank of a multi-process run from its device identity: the GPU it owns, or the rank itself on CPUs."""
+    dev, node = str(ident.get("device") or ""), int(ident.get("node") or 0)
+    if dev.startswith("cuda:"):
+        return device_subject(dev, node, several_nodes)
+    rank = int(ident.get("rank") or 0)
+    label = f"node {node} rank {rank}" if several_nodes else f"rank {rank}"
+    return Subject("rank", label, f"rank {rank}", (node,) if several_nodes else (), (f"rank {rank}",))
+
+
+# -- the readers, one per check -----------------------------------------------------------------------
+def rates(work: float, times: Iterable[float]) -> list[float]:
+    """``work / t`` for every positive time."""
+    return [work / t for t in times if t and t > 0]
+
+
+def _row_ci(work: float, times: Sequence[float]) -> tuple[float, float] | None:
+    ci = stats.throughput_ci95_from_steps(work, times) if len(times) >= 2 else None
+    return tuple(ci) if ci else None  # type: ignore[return-value]
+
+
+def memory_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Host STREAM ops (the system's), each GPU's device copy and pinned host copies (its peers')."""
+    out = []
+    times = (rec.raw or {}).get("times_s") or []
+    for i, row in enumerate((rec.raw or {}).get("rows") or []):
+        t = times[i] if i < len(times) else []
+        host = row["where"] == "host memory"
+        if not host and row["op"] not in ("d2d", "h2d_pinned", "d2h_pinned"):
+            continue  # pageable copies depend on the host's allocator more than on the device
+        subject = None if host else device_subject(row["where"])
+        out.append(Figure(check, f"{row['op']} (host memory)" if host else row["op"], row["gbps"], "GB/s", rec.run_id,
+                          subject, [r / 1e9 for r in rates(row["bytes"], t)], ci95=_scaled(_row_ci(row["bytes"], t), 1e-9),
+                          model=None if host else _device_model(rec, row["where"]), peers=not host,
+                          context={"op": row["op"], "device": row["where"]}))
+    return out
+
+
+def gemm_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Per device and precision the best case's rate (its timed calls are the samples)."""
+    times = (rec.raw or {}).get("times_s") or []
+    best: dict[tuple[str, str], int] = {}
+    rows = (rec.raw or {}).get("rows") or []
+    for i, row in enumerate(rows):
+        k = (str(row.get("device") or rec.config.get("device") or "cpu"), row["precision"])
+        if k not in best or row["tflops"] > rows[best[k]]["tflops"]:
+            best[k] = i
+    out = []
+    for (dev, prec), i in best.items():
+        row, t = rows[i], times[i] if i < len(times) else []
+        gpu = dev.startswith("cuda")
+        where = dev if ":" in dev or not gpu else "cuda:0"
+        out.append(Figure(check, f"{prec} best rate", row["tflops"], "TFLOP/s", rec.run_id,
+                          device_subject(where) if gpu else None, [r / 1e12 for r in rates(row["flops"], t)],
+                          ci95=_scaled(_row_ci(row["flops"], t), 1e-12), model=_device_model(rec, where) if gpu else None,
+                          peers=gpu, context={"precision": prec, "device": where,
+                                              "shape": f"{row['m']}x{row['n']}x{row['k']}"}))
+    return out
+
+
+def p2p_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Each ordered GPU pair's unidirectional copy with peer access on; pairs on the same path are peers."""
+    times = (rec.raw or {}).get("times_s") or []
+    out = []
+    for i, row in enumerate((rec.raw or {}).get("rows") or []):
+        if row["test"] != "unidirectional" or row["peer_access"] != "enabled" or row["src"] == row["dst"]:
+            continue
+        t = times[i] if i < len(times) else []
+        src, dst = f"cuda:{row['src']}", f"cuda:{row['dst']}"
+        subject = Subject("pair", f"GPU {row['src']}->{row['dst']}", f"{src}->{dst}", (), (src, dst))
+        out.append(Figure(check, "unidirectional", row["gbps"], "GB/s", rec.run_id, subject,
+                          [r / 1e9 for r in rates(row["bytes"], t)], ci95=_scaled(_row_ci(row["bytes"], t), 1e-9),
+                          model=f"{_device_model(rec, src)} {row.get('path', 'p2p')}", peers=True,
+                          context={"path": row.get("path"), "src": row["src"], "dst": row["dst"]}))
+    return out
+
+
+def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Per collective the busbw at the large sizes (within 1/LARGE_SIZES of the largest): the geometric
+    mean of its (size, mode) cells, each cell a sample; cells pair with a baseline's of the same size and mode."""
+    rows = (rec.raw or {}).get("rows") or []
+    out = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        top = max(r["size"] for r in mine)
+        cells = {f"{r['size']}:{m}": r[m]["busbw"] for r in mine if r["size"] * LARGE_SIZES >= top
+                 for m in ("out-of-place", "in-place") if r.get(m)}
+        if not cells:
+            continue
+        vals = list(cells.values())
+        value, ci = geometric_mean_ci95(vals)
+        out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, cells, ci95=ci,
+                          context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
+                                   "link_bandwidth": rec.config.get("link_bandwidth")}))
+    return out
+
+
+def links_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Per-link figures between nodes: ``raw["links"] = [{src_node, dst_node, algbw_gbps, busbw_gbps,
+    samples}]`` (samples: the link's repeated busbw in GB/s); every link of the run is a peer of the others."""
+    out = []
+    for link in (rec.raw or {}).get("links") or []:
+        a, b = int(link["src_node"]), int(link["dst_node"])
+        samples = [float(x) for x in link.get("samples") or []]
+        ci = stats.mean_ci95(samples) if len(samples) >= 2 else None
+        out.append(Figure(check, "busbw", float(link["busbw_gbps"]), "GB/s", rec.run_id,
+                          Subject("link", f"link {a}-{b}", f"link {a}-{b}", (a, b)), samples,
+                          ci95=tuple(ci) if ci else None, model="link", peers=True,
+                          context={"algbw_gbps": link.get("algbw_gbps")}))
+    return out
+
+
+def alone_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """The short test on every device alone: each rank's throughput (its own steps are the samples)."""
+    m, raw = rec.metrics, rec.raw or {}
+    per_rank, idents = m.get("rank_throughputs") or [], raw.get("rank_devices") or []
+    times = raw.get("rank_step_times_s") or []
+    batch = (m.get("samples_per_step") or 0) / max(1, m.get("world_size") or 1)
+    several = len({(i.get("host"), i.get("node")) for i in idents}) > 1
+    unit = (rec.units or {}).get("rank_throughputs", "samples/s")
+    out = []
+    for k, thr in enumerate(per_rank):
+        ident = idents[k] if k < len(idents) else {"rank": k, "device": rec.config.get("device")}
+        steps = [t for rep in (times[k] if k < len(times) else []) for t in rep]
+        out.append(Figure(check, "throughput", thr, unit, rec.run_id, rank_subject(ident, several),
+                          rates(batch, steps), ci95=_row_ci(batch, steps), model=ident.get("device_name"), peers=True,
+                          context=_match(rec, world_size=1)))
+    return out
+
+
+def throughput_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """The short test's throughput on all its devices (a scale rung: named by its layout)."""
+    m, c = rec.metrics, rec.config
+    steps = [t for rep in (rec.raw or {}).get("step_times_s") or [] for t in rep]
+    per_step = m.get("samples_per_step") or 0
+    ci = m.get("throughput_ci95")
+    name = "throughput" if check == "train" else f"throughput {c.get('nodes') or 1}x{c.get('devices_per_node') or 1}"
+    return [Figure(check, name, m["throughput"], (rec.units or {}).get("throughput", "samples/s"), rec.run_id, None,
+                   rates(per_step, steps), ci95=tuple(ci) if isinstance(ci, list) and None not in ci else None,
+                   context={**_match(rec, world_size=m.get("world_size") or c.get("world_size") or 1),
+                            **energy_context(rec)})]
+
+
+def scale_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """A ladder's summary: scaling efficiency at each layout of several devices (no samples of its own:
+    the rungs' throughputs carry the noise)."""
+    out = []
+    for k, v in (rec.metrics or {}).items():
+        if k.startswith("efficiency_") and isinstance(v, (int, float)) and k != "efficiency_1x1":
+            layout = k.removeprefix("efficiency_")
+            out.append(Figure(check, f"efficiency {layout}", float(v), "fraction", rec.run_id,
+                              context={"layout": layout, "model": rec.workload,
+                                       "batch_size": rec.config.get("batch_size")}))
+    return out
+
+
+def rung_or_summary(rec: RunRecord, check: str) -> list[Figure]:
+    return scale_figures(rec, check) if rec.kind == "scale" else throughput_figures(rec, check)
+
+
+def inference_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """LoadGen offline's samples/s. LoadGen gives one figure and no interval; the noise is judged from
+    the per-batch rates the batch sweep timed at the same batch size before LoadGen ran (the same
+    session and forward): those are the samples."""
+    m, raw = rec.metrics, rec.raw or {}
+    value = m.get("scenario_metric") if m.get("scenario") == "offline" else m.get("throughput")
+    if not isinstance(value, (int, float)):
+        return []
+    sizes, units = m.get("batch_sizes") or [], m.get("units_by_batch") or []
+    b = max(sizes) if sizes else None
+    times = (raw.get("batch_times") or {}).get(str(b)) or []
+    work = units[sizes.index(b)] if b in sizes and len(units) == len(sizes) else (b or 0)
+    name = "LoadGen offline" if m.get("scenario") == "offline" else "inference throughput"
+    unit = (rec.units or {}).get("scenario_metric") or (rec.units or {}).get("throughput", "samples/s")
+    return [Figure(check, name, float(value), unit, rec.run_id, None, rates(work, times),
+                   context={**_match(rec, world_size=1), **energy_context(rec)})]
+
+
+READERS = {"memory": memory_figures, "gemm": gemm_figures, "p2p": p2p_figures, "collectives": collectives_figures,
+           "collectives_nodes": collectives_figures, "links": links_figures, "train_alone": alone_figures,
+           "train": throughput_figures, "scale": rung_or_summary, "inference": inference_figures}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def energy_context(rec: RunRecord) -> dict[str, Any]:
+    """Energy and cost of a result where the record carries them (docs/METRICS.md's names and units)."""
+    m, u = rec.metrics or {}, rec.units or {}
+    got = {k: {"value": m[k], "unit": u.get(k, "")} for k in ENERGY_KEYS if isinstance(m.get(k), (int, float))}
+    return {"energy": got} if got else {}
+
+
+def _match(rec: RunRecord, world_size: int) -> dict[str, Any]:
+    """What a reference figure must share with this one: model, devices, per-device batch, precision."""
+    return {"model": rec.workload, "world_size": world_size, "batch_size": rec.config.get("batch_size"),
+            "precision": rec.config.get("precision")}
+
+
+def _device_model(rec: RunRecord, device: str) -> str | None:
+    """The model name of ``device`` ("cuda:3") from the record's inventory, else its config's device name."""
+    if device.startswith("cuda:"):
+        idx = int(device.split(":")[1])
+        for d in ((rec.system or {}).get("accelerators") or {}).get("devices") or []:
+            if d.get("index") == idx and d.get("name"):
+                return d["name"]
+    return rec.config.get("device_name")
+
+
+def geometric_mean_ci95(xs: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
+    """The geometric mean of positive values and its 95% interval (the t-interval of the logs, mapped back)."""
+    import math
+
+    logs = [math.log(x) for x in xs if x > 0]
+    ci = stats.mean_ci95(logs)
+    return math.exp(stats.mean(logs)), (math.exp(ci[0]), math.exp(ci[1])) if ci else None
+
+
+def _scaled(ci: tuple[float, float] | None, factor: float) -> tuple[float, float] | None:
+    return (ci[0] * factor, ci[1] * factor) if ci else None

@@ -1,0 +1,183 @@
+"""``api.accept``: plan the suite, run its checks, judge them, record the acceptance, write its outputs.
+
+The acceptance is a run of kind ``accept`` tagged with the acceptance id (as every run of its
+checks is): its config names the spec, the system and ``suite_hash`` (what was measured, so an
+acceptance finds its baseline among those of the same system and suite), and its raw holds every
+verdict, the checks' run ids and the checks that did not run here. ``judge`` recomputes the
+verdicts of any acceptance from the store, with the thresholds given (``dlscale accept judge``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlscale.accept import explain, figures
+from dlscale.accept import spec as specs
+from dlscale.accept import suite
+from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
+from dlscale.accept.verdict import FAIL, WARN, Verdict, counts, judge as judge_figures, outcome
+from dlscale.errors import UsageError
+from dlscale.log import info
+from dlscale.record import RunRecord, config_hash, new_run_id
+
+
+@dataclass
+class Acceptance:
+    """What an acceptance found, and where its outputs are."""
+
+    id: str
+    record: RunRecord  # kind "accept"
+    records: list[RunRecord]  # the checks' runs
+    verdicts: list[Verdict]
+    not_run: list[tuple[str, str]]
+    warn_fails: bool = False
+    out_dir: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        return outcome(self.verdicts)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing FAILed (and, with warn_fails, nothing WARNed), else 1."""
+        bad = {FAIL, WARN} if self.warn_fails else {FAIL}
+        return 1 if any(v.status in bad for v in self.verdicts) else 0
+
+
+def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
+          refs: Sequence[RunRecord] = ()) -> list[Verdict]:
+    """Every verdict of an acceptance's records (pure): health, failed runs, then each figure against
+    its datasheet, baseline, reference and peers; then the explanations."""
+    rungs = figures.scale_rungs(records)
+    check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
+    figs = figures.figures(records)
+    exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs)
+    verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r)]
+    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of)
+    verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
+    order = list(specs.CHECKS) + ["links"]
+    verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
+    explain.explain(verdicts)
+    return verdicts
+
+
+def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
+           out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
+    """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
+    from dlscale.store import Store
+    from dlscale.system import collect_cached
+
+    plan = suite.plan(sp, quick)  # every check's options validated before anything runs
+    if not plan.checks:
+        raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
+    with Store.open(db) as store:  # an unwritable database, a bad selector: usage errors before any work
+        refs = _reference(store, reference)
+        chosen = selected_baseline(store, baseline) if baseline else None
+    acc_id = f"accept-{new_run_id()}"
+    info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
+    for check, why in plan.not_run:
+        info(f"  not run: {check}: {why}")
+    records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
+    if not _rank_zero():
+        return None
+    system = collect_cached().get("hostname") or "?"
+    suite_hash = config_hash({p.check: p.options for p in plan.checks})
+    with Store.open(db) as store:
+        base = chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
+    verdicts = judge(records, sp, base, refs)
+    rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, baseline, reference, db)
+    acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
+    from dlscale.accept import outputs
+
+    acc.out_dir = Path(out_dir or acc_id)
+    acc.files = outputs.write(acc, db)
+    return acc
+
+
+def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
+            reference: str | None = None, warn_fails: bool | None = None, out_dir: str | None = None,
+            db: str | None = None) -> Acceptance:
+    """The verdicts of a recorded acceptance computed again (new thresholds, another baseline); nothing runs
+    and nothing is recorded. ``acceptance``: its id (its tag) or a prefix of its record's run id."""
+    from dlscale.store import Store
+
+    with Store.open(db) as store:
+        acc_rec = _find_acceptance(store, acceptance)
+        sp = sp or _spec_of(acc_rec)
+        records = [r for r in store.query(tag=acc_rec.tag, newest_first=False) if r.kind != "accept"]
+        refs = _reference(store, reference or acc_rec.config.get("reference"))
+        cfg = acc_rec.config
+        base = (selected_baseline(store, baseline) if baseline else
+                find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
+                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
+    acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs),
+                     [tuple(x) for x in (acc_rec.raw or {}).get("not_run") or []],
+                     sp.warn_fails if warn_fails is None else warn_fails)
+    if out_dir:
+        from dlscale.accept import outputs
+
+        acc.out_dir = Path(out_dir)
+        acc.files = outputs.write(acc, db)
+    return acc
+
+
+def _find_acceptance(store: Any, ident: str) -> RunRecord:
+    hits = [r for r in store.query(tag=ident, kind="accept")]
+    if hits:
+        return hits[0]
+    rec = store.get(ident)
+    if rec.kind != "accept":
+        raise UsageError(f"run {rec.run_id} is a {rec.kind} run, not an acceptance; see `dlscale results list --kind accept`")
+    return rec
+
+
+def _spec_of(rec: RunRecord) -> specs.Spec:
+    """The spec an acceptance was judged with, from its record."""
+    from dlscale.accept.verdict import Thresholds
+
+    s = rec.config.get("spec") or {}
+    return specs.Spec(name=s.get("name") or rec.workload, checks=s.get("checks") or {},
+                      thresholds=Thresholds(**(s.get("thresholds") or {})), peers=Thresholds(**(s.get("peers") or {})),
+                      per_check={k: Thresholds(**v) for k, v in (s.get("per_check") or {}).items()},
+                      warn_fails=bool(s.get("warn_fails")), source=s.get("source") or "")
+
+
+def _reference(store: Any, selector: str | None) -> list[RunRecord]:
+    if not selector:
+        return []
+    from dlscale.analysis.select import select
+
+    return select(store, selector)
+
+
+def _rank_zero() -> bool:
+    from dlscale.distributed.env import detect, launcher_of
+
+    env = detect() if launcher_of() else None
+    return env is None or env.rank == 0
+
+
+def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], verdicts: list[Verdict], system: str,
+            suite_hash: str, baseline: str | None, reference: str | None, db: str | None) -> RunRecord:
+    """The acceptance's own record (kind ``accept``)."""
+    from dlscale.harness.runner import Outcome, execute
+    from dlscale.store import Store
+
+    rungs = figures.scale_rungs(records)
+    checks: dict[str, list[str]] = {}
+    for r in records:
+        checks.setdefault(figures.check_of(r, rungs) or r.kind, []).append(r.run_id)
+    n = counts(verdicts)
+    metrics = {"outcome": outcome(verdicts), "verdicts": len(verdicts),
+               **{k.lower().replace(" ", "_"): v for k, v in n.items()}}
+    units = {"verdicts": "verdicts", **{k.lower().replace(" ", "_"): "verdicts" for k in n}}
+    config = {"spec": sp.to_dict(), "system": system, "suite_hash": suite_hash, "baseline": baseline,
+              "reference": reference, "checks": {p.check: p.options for p in plan.checks}}
+    raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run}
+    with Store.open(db) as store:
+        return execute(kind="accept", workload=sp.name, config=config, tag=acc_id, store=store,
+                       body=lambda _rec: Outcome(metrics=metrics, units=units, raw=raw))

@@ -1,0 +1,212 @@
+"""The acceptance suite: which checks apply to this machine, with which defaults, and the api call of each.
+
+``plan`` resolves a spec against the machine: each check's options are its defaults here (GPU
+server or CPU machine, ``quick`` or not) under the spec's own, validated by building the check's
+typed configs (``spec.validate``); a check that cannot run here is listed with the reason (p2p
+with fewer than two GPUs, health without NVML GPUs, collectives across nodes on one machine
+without network namespaces). ``run_check`` is the thin list of ``dlscale.api`` calls: each check
+makes ordinary recorded runs tagged with the acceptance id, and a failed run is kept (recorded
+failed) for the verdicts.
+
+Under a launcher (torchrun, srun, mpirun) this process is one rank of a job across nodes: the
+checks that run on every rank (collectives across the nodes, the short test alone on every device
+of the cluster and on all of them) run in place, in the one process group the rank joins; the
+per-node checks are left to ``dlscale accept`` on each node without a launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlscale.accept import spec as specs
+from dlscale.errors import RunFailure
+from dlscale.log import info
+
+DISTRIBUTED = ("collectives", "collectives_nodes", "train_alone", "train", "scale")
+
+
+@dataclass
+class Machine:
+    gpus: int = 0
+    capability: tuple[int, int] | None = None
+    launcher: str | None = None  # torchrun / srun / mpirun when this process is a rank
+    world_size: int = 1
+    nodes: int = 1
+    no_emulation: str | None = None  # why emulated nodes cannot be made here, or None
+    isa: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Planned:
+    check: str
+    options: dict[str, Any]  # the check's fields (command spelling), defaults under the spec's
+    configs: list[Any]  # its typed configs, built (validated)
+
+
+@dataclass
+class Plan:
+    checks: list[Planned]
+    not_run: list[tuple[str, str]]  # (check, why not here)
+    machine: Machine
+
+
+def machine() -> Machine:
+    import torch
+
+    from dlscale.distributed.env import detect, launcher_of
+    from dlscale.distributed.netns import unavailable_reason
+    from dlscale.system import cpu_info
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = detect() if launcher_of() else None
+    return Machine(gpus=gpus, capability=torch.cuda.get_device_capability(0) if gpus else None,
+                   launcher=env.launcher if env else None, world_size=env.world_size if env else 1,
+                   nodes=env.nnodes if env else 1, no_emulation=unavailable_reason(), isa=cpu_info().get("isa") or {})
+
+
+def defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
+    """A check's options on this machine before the spec's own (docs/CLUSTER.md lists them)."""
+    return (_gpu_defaults if m.gpus else _cpu_defaults)(check, m, quick)
+
+
+def _gpu_defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
+    low = (m.capability or (8, 0))[0] < 8  # before Ampere: no bf16, no tf32
+    prec = "fp16" if low else "bf16"
+    ranks = {} if m.launcher else {"nproc_per_node": m.gpus}
+    short = {"model": "resnet50", "batch_size": 128, "precision": prec, "steps": 30 if quick else 50,
+             "warmup_steps": 10, "breakdown_steps": 0}
+    return {
+        "memory": {},
+        "p2p": {},
+        "gemm": {"precision": ["fp32", prec] if quick else ["fp32", "fp16"] if low else ["fp32", "tf32", "bf16", "fp16"]},
+        "collectives": {**ranks, "sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce" if quick
+                        else "all_reduce,all_gather,reduce_scatter"},
+        "collectives_nodes": {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce"},
+        "train_alone": {**short, **ranks},
+        "train": {**short, **ranks},
+        "scale": {**short, "steps": 30, "devices": [d for d in (1, 2, 4, 8, 16) if d < m.gpus] + [m.gpus]},
+        "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": 2 if quick else 5,
+                      "iters": 20},
+    }.get(check, {})
+
+
+def _cpu_defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
+    ranks = {} if m.launcher else {"nproc_per_node": 2, "threads_per_rank": 1}
+    short = {"model": "resnet18", "image_size": 32, "batch_size": 16, "steps": 15 if quick else 30,
+             "warmup_steps": 3, "breakdown_steps": 0}
+    coll = {"sizes": "256K:8M", "ops": "all_reduce"}
+    bf16 = bool(m.isa.get("avx512_bf16") or m.isa.get("amx_bf16"))
+    return {
+        "memory": {"mem_mib": 256} if quick else {},
+        "gemm": {"precision": ["fp32"] if quick or not bf16 else ["fp32", "bf16"]},
+        "collectives": {**ranks, **coll},
+        "collectives_nodes": coll if m.launcher else {"emulate_nodes": 2, "nproc_per_node": 1, "threads_per_rank": 1,
+                                                      "link_bandwidth": "1gbit", **coll},
+        "train_alone": {**short, **ranks},
+        "train": {**short, **ranks},
+        "scale": {**short, "devices": [1, 2], "threads_per_rank": 1},
+        "inference": {"model": "resnet18", "image_size": 32, "batch_sizes": [32], "duration": 2 if quick else 5,
+                      "iters": 10, "warmup": 2},
+    }.get(check, {})
+
+
+def why_not(check: str, m: Machine) -> str | None:
+    """Why a check cannot run on this machine (None: it can)."""
+    if m.launcher and check not in ("collectives_nodes", "train_alone", "train"):
+        return (f"under {m.launcher} only the checks across every rank run; run `dlscale accept` on each node "
+                "without a launcher for the per-node checks")
+    if check == "health" and not m.gpus:
+        return "no GPU visible: NVML's health counters have nothing to report"
+    if check == "p2p" and m.gpus < 2:
+        return f"needs at least 2 GPUs; this machine has {m.gpus}"
+    if check in ("collectives", "scale") and m.gpus == 1:
+        return "needs at least 2 devices; this machine has 1 GPU"
+    if check == "collectives_nodes" and not m.launcher:
+        if m.gpus:
+            return ("one node: run `dlscale accept` under srun/torchrun/mpirun across the nodes for the collectives "
+                    "between them")
+        if m.no_emulation:
+            return f"emulated nodes unavailable here: {m.no_emulation}"
+    if check == "collectives_nodes" and m.launcher and m.nodes < 2:
+        return f"{m.launcher} started one node: nothing crosses a node"
+    return None
+
+
+def plan(spec: specs.Spec, quick: bool, m: Machine | None = None) -> Plan:
+    """The spec's checks that run here, each with its options validated; the others with why not."""
+    m = m or machine()
+    checks, not_run = [], []
+    for name, given in spec.checks.items():
+        why = why_not(name, m)
+        if why is not None:
+            not_run.append((name, why))
+            continue
+        options = {**defaults(name, m, quick), **given}
+        checks.append(Planned(name, options, specs.validate(spec, name, options)))
+    return Plan(checks, not_run, m)
+
+
+# -- the api calls --------------------------------------------------------------------------------------
+def run_check(p: Planned, tag: str, db: str | None) -> list[Any]:
+    """Run one check through ``dlscale.api``; its records (failed runs too)."""
+    info(f"dlscale accept: {p.check}")
+    try:
+        return [r for r in _call(p, tag, db) if r is not None]
+    except RunFailure as e:
+        if e.records:
+            return list(e.records)
+        if e.run_id:
+            from dlscale.store import Store
+
+            with Store.open(db) as s:
+                return [s.get(e.run_id)]
+        raise
+
+
+def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
+    from dataclasses import replace
+
+    from dlscale import api
+
+    if p.check == "health":
+        return [api.health(tag=tag, db=db)]
+    command, kind, _ = specs.CHECKS[p.check]
+    if command == "micro":
+        micro_opts = p.configs[0]
+        fields = {k: v for k, v in vars(micro_opts).items() if k in _given_micro_fields(p.options)}
+        if p.check in ("gemm", "memory"):
+            fields["every_device"] = True
+        layout = p.configs[1] if len(p.configs) > 1 else None
+        return api.micro(kind, layout=layout, db=db, tag=tag, **fields)
+    if command == "infer":
+        return [api.infer(config=replace(p.configs[0], tag=tag, scenario="offline"), db=db)]
+    cfg, layout = p.configs
+    if p.check == "scale":
+        return api.scale(cfg.model, devices=p.options.get("devices") or [1, 2],
+                         layouts=_layouts(p.options.get("layouts")), emulate_nodes=layout.emulate_nodes,
+                         link_bandwidth=layout.link_bandwidth, threads_per_rank=layout.threads_per_rank, db=db,
+                         **{**_train_fields(cfg, p.options), "tag": tag})
+    cfg = replace(cfg, tag=tag, parallel="none" if p.check == "train_alone" else cfg.parallel)
+    return [api.train(config=cfg, layout=layout, db=db)]
+
+
+def _given_micro_fields(options: dict[str, Any]) -> set[str]:
+    """The MicroOptions/CollectiveOptions fields the check's options set (sweep names -> config fields)."""
+    from dlscale.sweep.fields import MICRO
+
+    names = {MICRO[k].field for k in options if k in MICRO and MICRO[k].config == "micro"}
+    return names | {"iters"} if "reps" in names else names  # the kernels' reps is the collectives' iters
+
+
+def _train_fields(cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
+    from dlscale.sweep.fields import TRAIN
+
+    return {TRAIN[k].field: getattr(cfg, TRAIN[k].field) for k in options if k in TRAIN and TRAIN[k].config == "train"
+            and k != "model"}
+
+
+def _layouts(v: Any) -> list[tuple[int, int]]:
+    from dlscale.distributed.ladder import parse_layouts
+
+    return parse_layouts(",".join(map(str, v)) if isinstance(v, list) else v) if v else []

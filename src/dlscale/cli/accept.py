@@ -1,0 +1,132 @@
+"""``dlscale accept``: run the acceptance suite and print its verdicts; ``verify DIR``; ``judge ID``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json
+
+HELP = """Does this server (or cluster) perform as it should, and if not, which part is wrong?
+
+Runs the acceptance suite as ordinary recorded runs under one acceptance id: GPU health, memory
+(host STREAM; device and pinned host copies per GPU), the GPU peer matrix, GEMM per precision on
+every device, collectives in the node and across nodes, the short test on every device alone (all
+at once, so the slow one shows) and on all devices, the scale ladder, and LoadGen offline
+inference. Every figure is judged against an expectation with its source: the datasheet x a
+typical fraction (GPUs), this system's own baseline (--baseline; default the last acceptance of
+the same system and suite in which the figure passed), a reference (--reference) and, per device
+and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail threshold and
+significant on the raw samples: never inside the noise) and NO EXPECTATION (recorded as the
+baseline for next time).
+
+Prints the verdict table, writes the HTML report, JUnit XML, every record and a sha256 manifest
+into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed, 1 on a FAIL (or a WARN with
+--warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
+`dlscale accept judge ID` judges a recorded acceptance again (other thresholds or baseline) without
+running anything."""
+
+EPILOG = """Examples:\n\n
+  dlscale accept --quick\n\n
+  dlscale accept --spec node.yaml --out acceptance/ --format json\n\n
+  dlscale accept --baseline tag:accept-20261125T101500-1a2b3c4d --warn-fails\n\n
+  dlscale accept --reference ref:seed001-table5,system:SN-8xV100-16GB-SXM2\n\n
+  srun --nodes 2 --ntasks-per-node 8 dlscale accept     # across nodes: collectives, every GPU alone, all GPUs\n\n
+  dlscale accept verify accept-20261125T101500-1a2b3c4d/\n\n
+  dlscale accept judge accept-20261125T101500-1a2b3c4d --spec stricter.yaml"""
+
+ACTIONS = ("verify", "judge")
+
+
+def accept(
+    action: Annotated[Optional[str], typer.Argument(help="verify DIR: check an output folder against its manifest; "
+                                                        "judge ID: judge a recorded acceptance again. Nothing: run the suite.",
+                                                   show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Argument(help="After verify: the folder; after judge: the acceptance id.",
+                                                   show_default=False)] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="The few-minute subset (memory, GEMM, collectives in the node, "
+                                                        "the short test alone and on all devices, inference) at "
+                                                        "smaller sizes.")] = False,
+    spec: Annotated[Optional[str], typer.Option("--spec", help="A YAML spec: checks, their sizes, thresholds "
+                                                               "(docs/CLUSTER.md).", show_default=False)] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Compare with these runs, e.g. tag:ACCEPTANCE_ID "
+                                                    "or run:ID (default: this system's last accepted figures).",
+                                                    show_default=False)] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="Reference figures, e.g. "
+                                                     "ref:seed001-table5,system:SN-8xV100-16GB-SXM2 or tag:imported.",
+                                                     show_default=False)] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Folder for the report, JUnit XML, records and "
+                                                   "manifest (default ./ACCEPTANCE_ID).", show_default=False)] = None,
+    warn_fails: Annotated[Optional[bool], typer.Option("--warn-fails/--warn-passes", help="Whether a WARN exits 1 like "
+                                                       "a FAIL (default: the spec's warn_fails, else no).",
+                                                       show_default=False)] = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = Format.human,
+) -> None:
+    from dlscale import api
+    from dlscale.errors import UsageError
+
+    if action is not None and action not in ACTIONS:
+        raise UsageError(f"unknown action {action!r}: `dlscale accept` runs the suite; `dlscale accept verify DIR` "
+                         "or `dlscale accept judge ID`")
+    if action is not None and not target:
+        raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
+    if action is None and target:
+        raise UsageError(f"unexpected argument {target!r}; the suite takes options only (see --help)")
+    if action == "verify":
+        raise typer.Exit(_verify(target, fmt))
+    if action == "judge":
+        acc = api.accept_judge(target, spec=spec, baseline=baseline, reference=reference, warn_fails=warn_fails,
+                               out_dir=out_dir, db=db)
+    else:
+        acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
+                         out_dir=out_dir, db=db)
+    if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
+        return
+    show(acc, fmt)
+    raise typer.Exit(acc.exit_code)
+
+
+def show(acc: Any, fmt: Format) -> None:
+    """The verdict table first (or the JSON document), then why, what did not run, and where the report is."""
+    from dlscale.accept.outputs import document
+    from dlscale.accept.report import COLUMNS, cells
+    from dlscale.accept.verdict import FAIL, WARN, counts
+
+    if fmt == Format.json:
+        print_json(document(acc))
+        return
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
+    t = Table(*COLUMNS[:-1], title=f"dlscale accept {acc.id}: {acc.outcome}", title_justify="left")
+    for v in acc.verdicts:
+        row = cells(v)[:-1]
+        row[3] = f"[{colour[v.status]}]{v.status}[/]" if v.status in colour else v.status
+        t.add_row(*row)
+    out.print(t)
+    for v in acc.verdicts:
+        if v.status in (FAIL, WARN):
+            where = f" on {v.subject}" if v.subject else ""
+            out.print(f"{v.status} {v.check} {v.figure}{where}: {v.reason}", markup=False)
+            for r in v.related:
+                out.print(f"    related: {r}", markup=False)
+    for check, why in acc.not_run:
+        out.print(f"not run: {check}: {why}", markup=False)
+    n = counts(acc.verdicts)
+    out.print(f"{acc.outcome}: " + ", ".join(f"{k} {c}" for k, c in n.items())
+              + (f"; report {acc.out_dir}/report.html" if acc.out_dir else ""), markup=False)
+
+
+def _verify(folder: str, fmt: Format) -> int:
+    from dlscale import api
+
+    good, problems = api.accept_verify(folder)
+    if fmt == Format.json:
+        print_json({"folder": folder, "matched": good, "problems": problems, "ok": not problems})
+    else:
+        for p in problems:
+            out.print(f"{folder}: {p}", markup=False)
+        out.print(f"{folder}: {good} file(s) match the manifest" + (f"; {len(problems)} problem(s)" if problems else ""),
+                  markup=False)
+    return 1 if problems else 0

@@ -1,0 +1,137 @@
+"""Records shaped like the ones the acceptance suite makes, built by hand for the verdict engine's tests.
+
+``server(...)`` is an 8-GPU H100 SXM server's acceptance: health, memory and GEMM on every GPU, the
+GPU peer matrix, the short test on every GPU alone and on all eight; ``slow_gpu`` runs that GPU
+``slow`` below its peers in training and GEMM (and reports thermal slowdown with ``thermal``), and
+``weak_pair`` makes one GPU pair's copies slower. Step and call times are spread by a fixed
+pattern (CV about ``jitter``), so every figure has samples and a confidence interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscale.record import RunRecord
+
+GPU = "NVIDIA H100 80GB HBM3"
+PATTERN = (-1.0, 0.5, -0.5, 1.0, 0.0, -0.25, 0.25, 0.75, -0.75, 0.1)
+
+
+def spread(mean: float, n: int, jitter: float = 0.01) -> list[float]:
+    """n values around ``mean``: mean x (1 + jitter x pattern)."""
+    return [mean * (1 + jitter * PATTERN[i % len(PATTERN)]) for i in range(n)]
+
+
+def system(n: int = 8, host: str = "gpu-node-07") -> dict[str, Any]:
+    """An inventory: n H100 SXM5 behind NVSwitch (NV18 between every pair), PCIe Gen5 x16 each."""
+    return {"hostname": host,
+            "accelerators": {"count": n, "devices": [{"index": i, "name": GPU} for i in range(n)],
+                             "topology": {"gpu_gpu": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)],
+                                          "gpus": [{"index": i, "nvml_index": i, "name": GPU, "pci_device_id": 0x2330,
+                                                    "pcie_gen_max": 5, "pcie_width_max": 16} for i in range(n)]}}}
+
+
+def rec(kind: str, workload: str, config: dict, metrics: dict | None = None, raw: dict | None = None,
+        units: dict | None = None, tag: str = "acc", sys: dict | None = None, status: str = "ok") -> RunRecord:
+    r = RunRecord(kind=kind, workload=workload, config=config, system=sys or system(), metrics=metrics or {},
+                  units=units or {}, raw=raw or {}, tag=tag)
+    r.status = status
+    return r
+
+
+def health(thermal: int | None = None, n: int = 8) -> RunRecord:
+    gpus = []
+    for i in range(n):
+        hot = i == thermal
+        gpus.append({"index": i, "name": GPU, "throttle_reasons": ["hw_thermal_slowdown"] if hot else [],
+                     "warnings": [f"GPU {i} is slowing its clocks now (hw_thermal_slowdown): check cooling and power "
+                                  "before measuring"] if hot else []})
+    return rec("health", "gpus", {}, {"gpus": n}, {"gpus": gpus})
+
+
+def gemm(slow_gpu: int | None = None, slow: float = 0.10, n: int = 8, tflops: float = 700.0, reps: int = 10) -> RunRecord:
+    """bf16 GEMM on every GPU: one 8192^3 case per GPU."""
+    flops = 2 * 8192**3
+    rows, times = [], []
+    for i in range(n):
+        rate = tflops * (1 - slow if i == slow_gpu else 1)
+        t = spread(flops / (rate * 1e12), reps)
+        mean_t = sum(t) / len(t)
+        rows.append({"set": "deepbench", "m": 8192, "n": 8192, "k": 8192, "a_t": 0, "b_t": 0, "precision": "bf16",
+                     "device": f"cuda:{i}", "tflops": flops / mean_t / 1e12, "time_us": mean_t * 1e6, "flops": flops,
+                     "reps": reps})
+        times.append(t)
+    return rec("micro", "gemm", {"device": "cuda", "device_name": GPU}, {}, {"rows": rows, "times_s": times})
+
+
+def memory(n: int = 8, d2d: float = 2900.0, h2d: float = 53.0, slow_gpu: int | None = None, slow: float = 0.0) -> RunRecord:
+    rows, times = [], []
+    nbytes = 256 * 2**20
+    for i in range(n):
+        for op, rate, nb in (("d2d", d2d, 2 * nbytes), ("h2d_pinned", h2d, nbytes), ("d2h_pinned", h2d, nbytes)):
+            r = rate * (1 - slow if i == slow_gpu else 1)
+            t = spread(nb / (r * 1e9), 10)
+            rows.append({"op": op, "where": f"cuda:{i}", "array_mib": 256, "bytes": nb,
+                         "gbps": nb / (sum(t) / len(t)) / 1e9})
+            times.append(t)
+    return rec("micro", "memory", {"device": "cuda", "device_name": GPU}, {}, {"rows": rows, "times_s": times})
+
+
+def p2p(weak_pair: tuple[int, int] | None = None, n: int = 8, rate: float = 380.0, weak: float = 0.5) -> RunRecord:
+    rows, times = [], []
+    nb = 40_000_000
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            r = rate * (weak if (i, j) == weak_pair else 1)
+            t = spread(nb / (r * 1e9), 10)
+            rows.append({"test": "unidirectional", "peer_access": "enabled", "src": i, "dst": j, "path": "p2p",
+                         "bytes": nb, "gbps": nb / (sum(t) / len(t)) / 1e9})
+            times.append(t)
+    return rec("micro", "p2p", {"device": "cuda", "device_name": GPU}, {}, {"rows": rows, "times_s": times})
+
+
+def alone(slow_gpu: int | None = None, slow: float = 0.11, n: int = 8, step: float = 0.1, batch: int = 128,
+          steps: int = 30, nodes: int = 1, devices: list[str] | None = None, jitter: float = 0.01) -> RunRecord:
+    """The short test on every GPU alone: rank k on cuda:k (``devices`` overrides, e.g. ["cpu"] * n)."""
+    per_node = n // nodes
+    idents, times, thr = [], [], []
+    for k in range(n):
+        dev = devices[k] if devices else f"cuda:{k % per_node}"
+        idents.append({"rank": k, "node": k // per_node, "local_rank": k % per_node, "host": "gpu-node-07",
+                       "device": dev, "device_name": GPU if dev.startswith("cuda") else "Intel(R) Xeon(R) Processor"})
+        t = spread(step / (1 - slow) if k == slow_gpu else step, steps, jitter)
+        times.append([t])
+        thr.append(batch * len(t) / sum(t))
+    metrics = {"throughput": sum(thr), "rank_throughputs": thr, "samples_per_step": batch * n, "world_size": n}
+    return rec("train", "resnet50", {"parallel": "none", "batch_size": batch, "precision": "bf16", "world_size": n,
+                                     "nodes": nodes, "devices_per_node": per_node},
+               metrics, {"rank_devices": idents, "rank_step_times_s": times, "step_times_s": times[0]},
+               {"rank_throughputs": "images/s", "throughput": "images/s"})
+
+
+def train(step: float = 0.11, n: int = 8, batch: int = 128, steps: int = 30, energy: bool = False,
+          jitter: float = 0.01, tag: str = "acc") -> RunRecord:
+    t = spread(step, steps, jitter)
+    thr = batch * n * len(t) / sum(t)
+    metrics: dict[str, Any] = {"throughput": thr, "samples_per_step": batch * n, "world_size": n}
+    units = {"throughput": "images/s"}
+    if energy:
+        metrics.update(energy_j=5600.0, energy_per_unit_j=0.5, avg_power_w=5600.0, price_per_hour=98.32,
+                       cost_per_million_units=2.73)
+        units.update(energy_j="J", energy_per_unit_j="J/image", avg_power_w="W", price_per_hour="$/h",
+                     cost_per_million_units="$/10^6 images")
+    return rec("train", "resnet50", {"parallel": "ddp", "batch_size": batch, "precision": "bf16", "world_size": n,
+                                     "nodes": 1, "devices_per_node": n},
+               metrics, {"step_times_s": [t]}, units, tag=tag)
+
+
+def links(slow_node: int | None = None, nodes: int = 3, busbw: float = 0.11, slow: float = 0.1) -> RunRecord:
+    """Per-link figures between emulated nodes (raw["links"], as the links measurement records them)."""
+    out = []
+    for a in range(nodes):
+        for b in range(a + 1, nodes):
+            v = busbw * (slow if slow_node in (a, b) else 1)
+            out.append({"src_node": a, "dst_node": b, "algbw_gbps": v, "busbw_gbps": v, "samples": spread(v, 8)})
+    return rec("micro", "links", {"nodes": nodes, "emulated_nodes": True}, {}, {"links": out})
