@@ -137,10 +137,19 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         mine = f"{netns.PREFIX}{p.pid}-"
+        def ranks() -> int:  # both nodes' ranks are up (each rank runs the dlscale.distributed.rank module)
+            found = 0
+            for q in psutil.Process(p.pid).children(recursive=True):
+                try:
+                    found += "dlscale.distributed.rank" in " ".join(q.cmdline())
+                except psutil.Error:
+                    pass
+            return found
+
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any("dlscale.distributed.worker" in " ".join(q.cmdline())
-                                                      for q in psutil.Process(p.pid).children(recursive=True)):
+        while time.monotonic() < deadline and ranks() < 2:
             time.sleep(0.2)
+        assert ranks() == 2, "the two emulated nodes' ranks did not start within 60 s"
         family = psutil.Process(p.pid).children(recursive=True)
         assert [n for n in netns.list_namespaces() if n.startswith(mine)]
         p.send_signal(signal.SIGINT)

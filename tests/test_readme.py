@@ -16,7 +16,7 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
     commands = _readme_commands()
     assert len(commands) == 2, commands
     main_job, test_cmd = commands
-    assert "pip install -c requirements.lock -e ." in main_job
+    assert "pip install -c requirements.lock -e ." in main_job and "dlscale train" in main_job
     assert "pip install -c requirements.lock -e '.[test]'" in test_cmd and "pytest" in test_cmd
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
