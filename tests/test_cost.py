@@ -50,10 +50,17 @@ def test_cost_figures_by_hand():
     assert m["cost_to_target"] == pytest.approx(2.5 * 4 * 1.5)  # 4 GPUs for 1.5 h
     assert u == {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 images", "units_per_dollar": "images/$",
                  "cost_to_target": "$"}
-    assert raw["cost"] == {"price_per_hour": 2.5, "source": "--price-per-hour", "devices": 4}
+    assert raw["cost"] == {"price_per_hour": 2.5, "source": "--price-per-hour", "devices": 4, "wall_s": None}
     cpu, _, craw = cost.figures(cost.Price(1.0, "x"), {"throughput": 36.0}, {"throughput": "tokens/s"},
                                 {"device": "cpu", "world_size": 2, "nodes": 1})
     assert craw["cost"]["devices"] == 1 and cpu["cost_per_million_units"] == pytest.approx(1e6 / 3600 / 36)
+
+
+def test_cost_of_a_run_is_its_whole_time_on_its_devices():
+    m, u, raw = cost.figures(cost.Price(2.5, "--price-per-hour"), {}, {}, {"device": "cuda", "world_size": 4},
+                             wall_s=90.0)
+    assert m["cost_of_run"] == pytest.approx(2.5 * 4 * 90 / 3600)  # 4 GPUs for 90 s at 2.50 $/h: 0.25 $
+    assert u["cost_of_run"] == "$" and raw["cost"]["wall_s"] == 90.0
 
 
 @pytest.mark.parametrize("text, where, words", [

@@ -26,7 +26,7 @@ HOURS_PER_YEAR = 8760  # 365 days
 FIELDS = ("devices", "price_per_hour", "capital_cost", "lifetime_years", "utilisation", "power_w", "price_per_kwh")
 CAPITAL = ("capital_cost", "lifetime_years", "utilisation", "power_w", "price_per_kwh")
 UNITS = {"price_per_hour": "$/h", "cost_per_million_units": "$/10^6 {unit}", "units_per_dollar": "{unit}/$",
-         "cost_to_target": "$"}
+         "cost_to_target": "$", "cost_of_run": "$"}
 
 
 @dataclass(frozen=True)
@@ -140,16 +140,21 @@ def devices_priced(config: dict[str, Any]) -> int:
 
 
 def figures(price: Price, metrics: dict[str, Any], units: dict[str, str], config: dict[str, Any],
-            ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-    """(metrics, units, raw) of a run's cost at ``price``: per million sample units and to the target.
+            wall_s: float | None = None) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """(metrics, units, raw) of a run's cost at ``price``: per million sample units, to the target,
+    and of the whole run.
 
     ``cost_per_million_units = price · devices / 3600 · 10^6 / throughput`` (and its inverse
     ``units_per_dollar = throughput · 3600 / (price · devices)``);
-    ``cost_to_target = price · devices · time_to_target / 3600``.
+    ``cost_to_target = price · devices · time_to_target / 3600``;
+    ``cost_of_run = price · devices · wall_s / 3600``, ``wall_s`` the run's whole time on its devices
+    (set-up, warm-up and measurement: what a sweep of such runs costs, summed).
     """
     devices = devices_priced(config)
     per_s = price.per_hour * devices / 3600
     out: dict[str, Any] = {"price_per_hour": price.per_hour}
+    if wall_s is not None:
+        out["cost_of_run"] = per_s * wall_s
     unit = (units.get("throughput") or "").removesuffix("/s")
     thr = metrics.get("throughput")
     if isinstance(thr, (int, float)) and thr > 0 and unit:
@@ -157,5 +162,6 @@ def figures(price: Price, metrics: dict[str, Any], units: dict[str, str], config
         out["units_per_dollar"] = thr / per_s
     if isinstance(metrics.get("time_to_target"), (int, float)):
         out["cost_to_target"] = per_s * metrics["time_to_target"]
-    raw = {"cost": {"price_per_hour": price.per_hour, "source": price.source, "devices": devices}}
+    raw = {"cost": {"price_per_hour": price.per_hour, "source": price.source, "devices": devices,
+                    "wall_s": wall_s}}
     return out, {k: UNITS[k].replace("{unit}", unit) for k in out}, raw

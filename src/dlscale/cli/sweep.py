@@ -121,9 +121,12 @@ def _dry_run(sw, done, fmt: Format) -> None:
 def _summary(results, fmt: Format) -> None:
     from dlscale.cli.render import fmt_num
 
+    from dlscale.sweep.run import sweep_cost
+
     if fmt == Format.json:
         print_json([{"index": r.point.index, "hash": r.point.hash, "options": r.point.options, "status": r.status,
-                     "run_id": r.run_id, "error": r.error, "seconds": r.seconds, "throughput": r.throughput}
+                     "run_id": r.run_id, "error": r.error, "seconds": r.seconds, "throughput": r.throughput,
+                     "cost_of_run": r.record.metrics.get("cost_of_run") if r.record is not None else None}
                     for r in results])
         return
     t = Table("#", "point", "status", "run id", "throughput", "time", "error", title="sweep results", title_justify="left")
@@ -133,6 +136,11 @@ def _summary(results, fmt: Format) -> None:
         t.add_row(str(r.point.index + 1), r.point.label, status, r.run_id or "", thr,
                   "" if r.status == "skipped" else f"{r.seconds:.1f} s", r.error or "")
     out.print(t)
+    total, priced, unpriced = sweep_cost(results)
+    if total is not None:
+        out.print(f"cost of the sweep's runs: {total:.4g} $ over {fmt_count(priced, 'priced run')}"
+                  + (f" ({fmt_count(unpriced, 'point')} without a price or a record)" if unpriced else "")
+                  + " at each point's price per device-hour (cost_of_run, docs/METRICS.md)")
 
 
 class _Progress:

@@ -9,6 +9,7 @@ they propagate unrecorded (exit code 2).
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ def execute(
     if os.environ.get(SWEEP_POINT_ENV):  # started by `dlscale sweep`: which point this run is
         rec.raw["sweep_point"] = os.environ[SWEEP_POINT_ENV]
     failure: BaseException | None = None
+    start = time.monotonic()
     try:
         out = body(rec)
         rec.metrics.update(out.metrics)
@@ -83,7 +85,8 @@ def execute(
         if price is not None:
             from dlscale import cost
 
-            c_metrics, c_units, c_raw = cost.figures(price, rec.metrics, rec.units, rec.config)
+            c_metrics, c_units, c_raw = cost.figures(price, rec.metrics, rec.units, rec.config,
+                                                     wall_s=time.monotonic() - start)
             rec.metrics.update(c_metrics)
             rec.units.update(c_units)
             rec.raw.update(c_raw)

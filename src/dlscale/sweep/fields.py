@@ -46,6 +46,12 @@ LAYOUT = {  # dlscale.layout.Layout, for every command that runs ranks (cli/dist
     "threads_per_rank": Opt("layout", "threads_per_rank", "--threads-per-rank"),
 }
 
+COST = {  # every run command's price (cli/costopts.py) -> dlscale.cost.resolve
+    "price_per_hour": Opt("cost", "price_per_hour", "--price-per-hour"),
+    "systems_file": Opt("cost", "systems_file", "--systems-file"),
+    "system": Opt("cost", "system", "--system"),
+}
+
 TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig and the Layout
     "model": Opt("train", "model", form="arg"),
     "batch_size": Opt("train", "batch_size", "--batch-size"),
@@ -82,6 +88,7 @@ TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig an
     "profile_steps": Opt("train", "profile_steps", "--profile-steps"),
     "tag": Opt("train", "tag", "--tag"),
     **LAYOUT,
+    **COST,
 }
 
 MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, CollectiveOptions or LinkOptions (+ Layout)
@@ -105,6 +112,7 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, Colle
     "min_busbw": Opt("micro", "min_busbw", "--min-busbw"),
     "plant_wrong": Opt("micro", "plant_wrong", "--plant-wrong"),
     **LAYOUT,  # micro collectives and links only
+    **COST,
 }
 
 INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferConfig
@@ -133,6 +141,7 @@ INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferCon
     "prompt_len": Opt("infer", "prompt_len", "--prompt-len"),
     "output_len": Opt("infer", "output_len", "--output-len"),
     "tag": Opt("infer", "tag", "--tag"),
+    **COST,
 }
 
 COMMANDS = {"train": TRAIN, "micro": MICRO, "infer": INFER}
@@ -181,7 +190,8 @@ def _annotations() -> dict[str, dict[str, Any]]:
     return {"train": get_type_hints(TrainConfig), "layout": get_type_hints(Layout),
             "micro": {**get_type_hints(LinkOptions), **get_type_hints(CollectiveOptions),
                       **get_type_hints(MicroOptions)},
-            "infer": get_type_hints(InferConfig)}
+            "infer": get_type_hints(InferConfig),
+            "cost": {"price_per_hour": float, "systems_file": str, "system": str}}
 
 
 def field_type(opt: Opt) -> type:
@@ -196,8 +206,12 @@ def field_type(opt: Opt) -> type:
 
 
 def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> list[Any]:
-    """The typed configs ``dlscale COMMAND ARG`` builds from these config fields, by ``Opt.config``."""
+    """The typed configs ``dlscale COMMAND ARG`` builds from these config fields, by ``Opt.config``
+    (a price is checked as the command checks it: a number > 0, or a system of a readable file)."""
+    from dlscale import cost
     from dlscale.layout import Layout
+
+    cost.resolve(**fields.get("cost", {}))
 
     def layout() -> Layout:  # --nproc-per-node given at all runs through the launcher (cli/distopts.py)
         return Layout(**fields["layout"], force="nproc_per_node" in fields["layout"])
@@ -234,7 +248,8 @@ def micro_fields(kind: str) -> list[str]:
     if "iters" in reads:  # one sweep field, iters, for the kernels' reps and the collectives' iters
         reads.add("reps")
     return [k for k, opt in MICRO.items()
-            if opt.form == "arg" or (opt.field in reads if opt.config == "micro" else kind in RANKED)]
+            if opt.form == "arg" or opt.config == "cost"
+            or (opt.field in reads if opt.config == "micro" else kind in RANKED)]
 
 
 

@@ -14,6 +14,7 @@ point, so a ``kill -9`` of the sweep leaves no orphan that could record a point 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -42,6 +43,14 @@ class PointResult:
     throughput: float | None = None
     unit: str | None = None
     record: RunRecord | None = None  # the point's record, read back by api.sweep
+
+
+def sweep_cost(results: Sequence[PointResult]) -> tuple[float | None, int, int]:
+    """(the summed ``cost_of_run`` of the points' records, how many had one, how many had none):
+    what the sweep's runs cost at the price each point ran with (docs/METRICS.md, "Energy and cost")."""
+    costs = [r.record.metrics.get("cost_of_run") if r.record is not None else None for r in results]
+    priced = [c for c in costs if isinstance(c, (int, float))]
+    return (math.fsum(priced) if priced else None), len(priced), len(costs) - len(priced)
 
 
 def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:

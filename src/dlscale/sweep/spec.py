@@ -393,7 +393,7 @@ def check_point(command: str, options: dict[str, Any], origin: dict[str, tuple],
             if key not in reads:
                 raise lines.fail(origin.get(key, ()), f"micro {kind} does not read {key}; it reads "
                                                       f"{', '.join(k for k in reads if k != arg)}")
-    fields: dict[str, dict[str, Any]] = {"train": {}, "layout": {}, "micro": {}, "infer": {}}
+    fields: dict[str, dict[str, Any]] = {"train": {}, "layout": {}, "micro": {}, "infer": {}, "cost": {}}
     for key, value in options.items():
         opt = table[key]
         fields[opt.config][opt.field] = text(value) if opt.form == "list" or field_type(opt) is str else value
