@@ -149,6 +149,7 @@ def links(
     warmup: WarmupOpt = None, iters: ItersOpt = None,
     budget: Annotated[float, typer.Option("--budget", help="Seconds per (pair, size); fewer iterations where slow.")] = 0.5,
     device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+    price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None,
     nproc_per_node: dopt.NprocOpt = None, nnodes: dopt.NnodesOpt = 1, node_rank: dopt.NodeRankOpt = 0,
     master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
     backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
@@ -159,7 +160,8 @@ def links(
                          link_bandwidth, link_latency, timeout, threads_per_rank,
                          node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
     options = dict(sizes=sizes, warmup=warmup, iters=iters, budget=budget, device=device, tag=tag)
-    _run("links", {k: v for k, v in options.items() if v is not None}, layout, db, fmt)
+    _run("links", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
+         copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
