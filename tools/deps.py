@@ -9,7 +9,7 @@ this script is how a developer finds out what those ranges let in:
     .venv/bin/python tools/deps.py check              # the lock pins every dependency inside its range
     .venv/bin/python tools/deps.py drift              # fresh venv at the newest allowed releases: diff + suite
     .venv/bin/python tools/deps.py drift -- -m isa    # ... with pytest arguments after --
-    .venv/bin/python tools/deps.py lowest             # fresh venv at every direct dependency's lower bound: suite
+    .venv/bin/python tools/deps.py lowest             # fresh venv at each direct dependency's oldest allowed release
     .venv/bin/python tools/deps.py lock               # fresh venv at the newest allowed releases -> requirements.lock
 
 ``drift`` and ``lowest`` exit with the suite's exit code (after printing what moved), so a
@@ -85,16 +85,30 @@ def check(lock: Path = LOCK, pyproject: Path = ROOT / "pyproject.toml") -> list[
     return problems
 
 
-def lower_bounds() -> list[str]:
-    """``name==X`` for every direct dependency declared ``>=X``: the oldest releases dlscale claims to run on."""
+def lower_bounds(py: str = sys.executable) -> list[str]:
+    """``name==V`` for every direct dependency with a lower bound: V the oldest release the index has
+    for this Python that the declared range admits (``>=12`` is no release of its own; pip has no
+    oldest-first resolution, so each is looked up with ``pip index versions``)."""
     from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
 
     pins = []
     for text in declared():
         req = Requirement(text)
-        low = [s.version for s in req.specifier if s.operator in (">=", "==")]
-        if low:
-            pins.append(f"{req.name}=={low[0]}")
+        if not any(s.operator in (">=", ">", "~=", "==") for s in req.specifier):
+            continue
+        out = subprocess.run([py, "-m", "pip", "index", "versions", req.name], capture_output=True, text=True).stdout
+        m = re.search(r"Available versions: (.+)", out)
+        versions = []
+        for v in (m.group(1).split(", ") if m else []):
+            try:
+                versions.append(Version(v))
+            except InvalidVersion:
+                continue
+        allowed = sorted(v for v in versions if req.specifier.contains(v))
+        if not allowed:
+            raise SystemExit(f"deps: the index has no release of {req.name} inside {req.specifier}")
+        pins.append(f"{req.name}=={allowed[0]}")
     return pins
 
 
