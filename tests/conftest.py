@@ -110,6 +110,23 @@ def need_system(what: str, missing: str | None, env_var: str) -> None:
     pytest.skip(missing)
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node Slurm (munged, slurmctld, slurmd on this machine; tests/slurmcluster.py) for the
+    session, shared by the Slurm executor's tests; every process ended after."""
+    from slurmcluster import REQUIRE_ENV, SlurmCluster, missing
+
+    need_system("a single-node Slurm (slurm-wlm, munge)", missing(), REQUIRE_ENV)
+    cluster = SlurmCluster(cpus=2)
+    try:
+        cluster.start()
+    except RuntimeError as e:
+        cluster.stop()
+        need_system("a single-node Slurm (slurm-wlm, munge)", f"Slurm would not start here: {e}", REQUIRE_ENV)
+    yield cluster
+    cluster.stop()
+
+
 class FakeNodes:
     """Stands in for ``netns.EmulatedNodes`` where a test looks only at the launcher's commands."""
 

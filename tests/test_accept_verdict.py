@@ -220,3 +220,26 @@ def test_a_system_verdict_lists_its_parts():
     v = next(v for v in vs if v.check == "train" and v.status == FAIL)
     assert v.related == ["training alone throughput on GPU 3 is 11% below its peers"]
     assert explain.phrase(v) == "training on all devices throughput is 23% below the baseline"
+
+
+def test_on_two_hosts_every_per_node_verdict_names_its_host_and_the_slow_gpu_is_explained():
+    # a Slurm acceptance of two 8-GPU nodes: health and GEMM on each, the short test on all 16 GPUs alone;
+    # gpu-b's GPU 3 is hot, 12% slow in GEMM and 11% slow in training (rank 11 = node 1, local rank 3)
+    def on(host, r):
+        r.system = ar.system(host=host)
+        return r
+
+    alone = ar.alone(n=16, nodes=2, slow_gpu=11)
+    for ident in alone.raw["rank_devices"]:
+        ident["host"] = ("gpu-a", "gpu-b")[ident["node"]]
+    vs = judge([on("gpu-a", ar.health()), on("gpu-a", ar.gemm()), on("gpu-b", ar.health(thermal=3)),
+                on("gpu-b", ar.gemm(slow_gpu=3, slow=0.12)), alone])
+    assert {(v.check, v.subject) for v in vs if v.status == FAIL} == {
+        ("health", "gpu-b GPU 3"), ("gemm", "gpu-b GPU 3"), ("train_alone", "gpu-b GPU 3")}
+    assert len({v.subject for v in vs if v.check == "gemm"}) == 16  # gpu-a's GPU 3 is not gpu-b's
+    assert next(v for v in vs if v.check == "gemm" and v.subject == "gpu-a GPU 3").status == PASS
+    train = next(v for v in vs if v.check == "train_alone" and v.subject == "gpu-b GPU 3")
+    assert train.related == ["health: gpu-b GPU 3 reports hw_thermal_slowdown",
+                             "GEMM bf16 best rate on gpu-b GPU 3 is 12% below its peers"]
+    assert {v.key for v in vs if v.check == "gemm" and v.subject.endswith("GPU 3")} == {
+        "gemm|bf16 best rate|gpu-a cuda:3", "gemm|bf16 best rate|gpu-b cuda:3"}  # each node's own baseline

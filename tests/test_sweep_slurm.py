@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import need_system, wait_until
+from conftest import wait_until
 
 from dlscale.errors import UsageError
 from dlscale.store import Store
@@ -154,22 +154,6 @@ def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monke
 
 
 # -- a real single-node Slurm -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """munged, slurmctld and slurmd on this machine for the session; every process ended after."""
-    from slurmcluster import REQUIRE_ENV, SlurmCluster, missing
-
-    need_system("a single-node Slurm (slurm-wlm, munge)", missing(), REQUIRE_ENV)
-    cluster = SlurmCluster(cpus=2)
-    try:
-        cluster.start()
-    except RuntimeError as e:
-        cluster.stop()
-        need_system("a single-node Slurm (slurm-wlm, munge)", f"Slurm would not start here: {e}", REQUIRE_ENV)
-    yield cluster
-    cluster.stop()
 
 
 def _dlscale(cluster, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

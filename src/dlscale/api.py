@@ -280,20 +280,31 @@ __all__ += ["health"]
 
 
 def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
-           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None) -> Any:
+           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None, executor: str = "local",
+           partition: str | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
+           time: str | int | None = None) -> Any:
     """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
     built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
     acceptance id, judged against the datasheet, this system's baseline (``baseline``: a selector;
     default the last acceptance of the same system and suite where each figure passed), a
     ``reference`` selection and each device's peers. Returns an ``Acceptance`` (``.verdicts``,
     ``.outcome``, ``.exit_code``, ``.out_dir`` with the report, JUnit XML and manifest), None on a
-    rank other than 0 under a launcher."""
+    rank other than 0 under a launcher.
+
+    ``executor="slurm"`` runs the suite as one Slurm job (``accept.slurm``: ``nodes`` nodes of
+    ``partition`` with ``gpus_per_node`` GPUs each, ``time`` minutes or ``[D-]H:MM[:SS]``) into
+    ``db``, which the nodes must reach, waits for it and judges here."""
+    from dlscale.accept import slurm
     from dlscale.accept import spec as specs
     from dlscale.accept.run import accept as run_accept
 
+    opts = slurm.options(executor, partition, nodes, gpus_per_node, time)  # bad combinations before anything
     sp = specs.load(spec) if spec else specs.builtin(quick)
     if warn_fails is not None:
         sp.warn_fails = warn_fails
+    if opts is not None:
+        return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
+                                     db=db)
     return run_accept(sp, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir, db=db)
 
 

@@ -9,5 +9,6 @@ NO EXPECTATION with measured, expected, ratio, threshold, confidence interval an
 pure functions that can re-judge old records with new thresholds; ``explain.py`` links verdicts
 that explain each other. ``run.py`` runs the suite, judges it and records a run of kind
 ``accept``; ``outputs.py`` writes the verdicts as JSON, JUnit XML, an HTML report and a manifest
-of sha256 sums that ``verify`` checks. docs/METRICS.md ("Acceptance") derives every figure.
+of sha256 sums that ``verify`` checks; ``slurm.py`` runs the suite as one Slurm job and judges it
+where it was submitted. docs/METRICS.md ("Acceptance") derives every figure.
 """

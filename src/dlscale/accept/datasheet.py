@@ -115,9 +115,10 @@ def nvlinks(system: dict[str, Any], i: int, j: int) -> int:
 def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
     """The datasheet expectation of a figure (``figures.Figure``), or None where no rated figure applies."""
     ctx = fig.context
-    if fig.check == "gemm" and fig.subject is not None:
+    on_device = fig.subject is not None and fig.subject.kind == "device"
+    if fig.check == "gemm" and on_device:
         return _gemm(fig, ctx["precision"], system)
-    if fig.check == "memory" and fig.subject is not None:
+    if fig.check == "memory" and on_device:
         return _memory(fig, ctx["op"], ctx["device"], system)
     if fig.check == "p2p":
         n = nvlinks(system, ctx["src"], ctx["dst"])

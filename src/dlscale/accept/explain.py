@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlscale.accept.figures import device_subject
+from dlscale.accept.figures import device_subject, host_subject
 from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, Verdict
 from dlscale.record import RunRecord
 
@@ -49,17 +49,19 @@ def _exp_phrase(v: Verdict) -> str:
             "reference": "the reference"}.get(v.expectation or "", "its expectation")
 
 
-def health_verdicts(rec: RunRecord) -> list[Verdict]:
-    """One verdict per GPU of a health record: FAIL with its warnings, else PASS."""
+def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:
+    """One verdict per GPU of a health record: FAIL with its warnings, else PASS (``host``: the
+    record's node, named where the acceptance spans several)."""
     if rec.status != "ok":
-        return failed_run_verdicts([rec], {rec.run_id: "health"})
+        return failed_run_verdicts([rec], {rec.run_id: "health"}, {rec.run_id: host} if host else {})
     topo = ((rec.system or {}).get("accelerators") or {}).get("topology") or {}
     cuda_of = {g.get("nvml_index"): g.get("index") for g in topo.get("gpus") or [] if g.get("nvml_index") is not None}
     out = []
     for g in (rec.raw or {}).get("gpus") or []:
         idx = cuda_of.get(g.get("index"))
         subject = device_subject(f"cuda:{idx}") if idx is not None else None
-        label = subject.label if subject else f"GPU {g.get('index')} (NVML)"
+        subject = host_subject(subject, host) if host and subject else subject
+        label = subject.label if subject else f"{host + ' ' if host else ''}GPU {g.get('index')} (NVML)"
         found = health_findings(g)
         out.append(Verdict(check="health", figure="health", subject=label, status=FAIL if found else PASS,
                            measured=None, unit="", reason="; ".join(found) if found
@@ -78,11 +80,24 @@ def health_findings(gpu: dict) -> list[str]:
     return reasons + others if reasons or others else list(gpu.get("warnings") or [])
 
 
-def failed_run_verdicts(records: Sequence[RunRecord], check_of: dict[str, str]) -> list[Verdict]:
-    """A FAIL for every check run that failed: nothing was measured."""
-    return [Verdict(check=check_of.get(r.run_id, r.kind), figure="run", subject=None, status=FAIL, measured=None,
-                    unit="", reason=f"the run failed: {r.error}", run_ids=[r.run_id],
-                    key=f"{check_of.get(r.run_id, r.kind)}|run|") for r in records if r.status != "ok"]
+def failed_run_verdicts(records: Sequence[RunRecord], check_of: dict[str, str],
+                        hosts: dict[str, str] | None = None) -> list[Verdict]:
+    """A FAIL for every check run that failed: nothing was measured (``hosts``: run id -> its node,
+    where the acceptance spans several)."""
+    out = []
+    for r in records:
+        if r.status != "ok":
+            host, check = (hosts or {}).get(r.run_id), check_of.get(r.run_id, r.kind)
+            out.append(Verdict(check=check, figure="run", subject=host, status=FAIL, measured=None, unit="",
+                               reason=f"the run failed: {r.error}", run_ids=[r.run_id], key=f"{check}|run|{host or ''}"))
+    return out
+
+
+def missing_run_verdicts(missing: dict[str, str]) -> list[Verdict]:
+    """A FAIL for every check that was to run and did not finish (``missing``: check -> why, e.g. "no
+    run recorded: Slurm job 42 TIMEOUT: ...")."""
+    return [Verdict(check=check, figure="run", subject=None, status=FAIL, measured=None, unit="", reason=why,
+                    key=f"{check}|run|") for check, why in missing.items()]
 
 
 def explain(verdicts: Sequence[Verdict]) -> None:

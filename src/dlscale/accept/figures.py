@@ -7,12 +7,17 @@ or one device, rank, node or link (``Subject``). Figures of one check, name and 
 one run are peers (``peer_group``): the one slow GPU shows against their median. ``key`` names a
 figure across acceptances, so a baseline's figure is found by it. docs/METRICS.md ("Acceptance")
 says which figure each check reads and why.
+
+An acceptance of several hosts (``dlscale accept --executor slurm --nodes N``) runs every per-node
+check on each: those figures' subjects carry their host ("gpu07 GPU 3"; a figure about the whole
+node is about "gpu07"), and the ranks of a run across the hosts are named the same way, so a slow
+GPU's verdicts in training, GEMM and health meet in one explanation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlscale import stats
@@ -22,14 +27,15 @@ END_TO_END = ("train", "scale", "inference")  # checks whose figures are results
 ENERGY_KEYS = ("energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour",
                "cost_per_million_units")
 LARGE_SIZES = 8  # collectives: the sizes within 1/8 of the largest are "large" (the bandwidth regime)
+ACROSS_NODES = ("collectives_nodes", "links", "train_alone", "train")  # one run spans the nodes; the rest are per node
 
 
 @dataclass(frozen=True)
 class Subject:
     """What a figure is about below the system: a device, a rank, a link between nodes, a GPU pair."""
 
-    kind: str  # "device" | "rank" | "link" | "pair"
-    label: str  # "GPU 3", "node 1 rank 1", "link 0-2", "GPU 0->1"
+    kind: str  # "device" | "rank" | "link" | "pair" | "host" (a per-node figure of one node among several)
+    label: str  # "GPU 3", "node 1 rank 1", "link 0-2", "GPU 0->1", "gpu07"
     key: str  # stable across acceptances: "cuda:3", "rank 1", "link 0-2"
     nodes: tuple[int, ...] = ()  # the nodes it sits on (a link: both ends)
     devices: tuple[str, ...] = ()  # the devices it is ("cuda:3"; a GPU pair: both)
@@ -86,14 +92,36 @@ def scale_rungs(records: Iterable[RunRecord]) -> set[str]:
 
 
 def figures(records: Sequence[RunRecord]) -> list[Figure]:
-    """Every ok record's figures, in record order."""
+    """Every ok record's figures, in record order; on several hosts, each per-node figure names its host."""
     rungs = scale_rungs(records)
+    hosts = node_hosts(records)
     out: list[Figure] = []
     for rec in records:
         check = check_of(rec, rungs)
         if rec.status == "ok" and check in READERS:
-            out.extend(READERS[check](rec, check))
+            out.extend(on_host(f, hosts[rec.run_id]) if rec.run_id in hosts else f for f in READERS[check](rec, check))
     return out
+
+
+def node_hosts(records: Sequence[RunRecord]) -> dict[str, str]:
+    """Run id -> host of every per-node check's run (not one of ``ACROSS_NODES``), where those runs
+    come from more than one host (an acceptance of several nodes: every node runs them); else empty."""
+    rungs = scale_rungs(records)
+    hosts = {r.run_id: str((r.system or {}).get("hostname") or "?") for r in records
+             if r.kind != "accept" and check_of(r, rungs) not in ACROSS_NODES}
+    return hosts if len(set(hosts.values())) > 1 else {}
+
+
+def on_host(fig: Figure, host: str) -> Figure:
+    """The figure of one node among several: its subject (the host itself where it had none) named by host."""
+    return replace(fig, subject=host_subject(fig.subject, host))
+
+
+def host_subject(s: Subject | None, host: str) -> Subject:
+    """A subject on ``host`` ("gpu07 GPU 3", key "gpu07 cuda:3"); None: the host ("gpu07")."""
+    if s is None:
+        return Subject("host", host, host, (), (host,))
+    return Subject(s.kind, f"{host} {s.label}", f"{host} {s.key}", s.nodes, tuple(f"{host} {d}" for d in s.devices))
 
 
 # -- subjects ---------------------------------------------------------------------------------------
@@ -105,14 +133,20 @@ def device_subject(device: str, node: int | None = None, several_nodes: bool = F
                    (node,) if several_nodes and node is not None else (), (key,))
 
 
-def rank_subject(ident: dict[str, Any], several_nodes: bool) -> Subject:
-    """A rank of a multi-process run from its device identity: the GPU it owns, or the rank itself on CPUs."""
+def rank_subject(ident: dict[str, Any], several_nodes: bool, by_host: bool = False) -> Subject:
+    """A rank of a multi-process run from its device identity: the GPU it owns, or the rank itself on CPUs.
+    ``by_host``: the nodes are hosts of their own (not emulated on one), and the rank is named by its
+    host as the per-node figures of that host are (``host_subject``), so their verdicts explain each other."""
     dev, node = str(ident.get("device") or ""), int(ident.get("node") or 0)
+    host = str(ident.get("host") or "?") if by_host else ""
     if dev.startswith("cuda:"):
+        if host:
+            return replace(host_subject(device_subject(dev), host), nodes=(node,))
         return device_subject(dev, node, several_nodes)
     rank = int(ident.get("rank") or 0)
-    label = f"node {node} rank {rank}" if several_nodes else f"rank {rank}"
-    return Subject("rank", label, f"rank {rank}", (node,) if several_nodes else (), (f"rank {rank}",))
+    label = f"{host} rank {rank}" if host else f"node {node} rank {rank}" if several_nodes else f"rank {rank}"
+    return Subject("rank", label, f"rank {rank}", (node,) if several_nodes else (),
+                   (f"rank {rank}",) + ((host,) if host else ()))
 
 
 # -- the readers, one per check -----------------------------------------------------------------------
@@ -224,12 +258,13 @@ def alone_figures(rec: RunRecord, check: str) -> list[Figure]:
     times = raw.get("rank_step_times_s") or []
     batch = (m.get("samples_per_step") or 0) / max(1, m.get("world_size") or 1)
     several = len({(i.get("host"), i.get("node")) for i in idents}) > 1
+    by_host = len({i.get("host") for i in idents}) > 1
     unit = (rec.units or {}).get("rank_throughputs", "samples/s")
     out = []
     for k, thr in enumerate(per_rank):
         ident = idents[k] if k < len(idents) else {"rank": k, "device": rec.config.get("device")}
         steps = [t for rep in (times[k] if k < len(times) else []) for t in rep]
-        out.append(Figure(check, "throughput", thr, unit, rec.run_id, rank_subject(ident, several),
+        out.append(Figure(check, "throughput", thr, unit, rec.run_id, rank_subject(ident, several, by_host),
                           rates(batch, steps), ci95=_row_ci(batch, steps), model=ident.get("device_name"), peers=True,
                           context=_match(rec, world_size=1)))
     return out

@@ -49,15 +49,18 @@ class Acceptance:
 
 
 def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
-          refs: Sequence[RunRecord] = ()) -> list[Verdict]:
-    """Every verdict of an acceptance's records (pure): health, failed runs, then each figure against
-    its datasheet, baseline, reference and peers; then the explanations."""
+          refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None) -> list[Verdict]:
+    """Every verdict of an acceptance's records (pure): health, failed runs, the checks that recorded
+    nothing (``missing``: check -> why), then each figure against its datasheet, baseline, reference
+    and peers; then the explanations. On several nodes, a per-node check's verdicts name the node."""
     rungs = figures.scale_rungs(records)
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
+    hosts = figures.node_hosts(records)
     figs = figures.figures(records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs)
-    verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r)]
-    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of)
+    verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
+    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of, hosts)
+    verdicts += explain.missing_run_verdicts(missing or {})
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
     order = list(specs.CHECKS) + ["links"]
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
@@ -65,34 +68,64 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     return verdicts
 
 
+@dataclass
+class Against:
+    """What an acceptance is compared with, read from the store before anything runs."""
+
+    baseline: str | None = None  # the --baseline selector (None: this system's last accepted figures)
+    reference: str | None = None
+    chosen: Baseline | None = None
+    refs: list[RunRecord] = field(default_factory=list)
+
+
+def against(baseline: str | None, reference: str | None, db: str | None) -> Against:
+    """The chosen baseline and reference runs; an unwritable database or a bad selector is a UsageError."""
+    from dlscale.store import Store
+
+    with Store.open(db) as store:
+        return Against(baseline, reference, selected_baseline(store, baseline) if baseline else None,
+                       _reference(store, reference))
+
+
+def new_acceptance_id() -> str:
+    return f"accept-{new_run_id()}"
+
+
 def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
            out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
     """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
-    from dlscale.store import Store
     from dlscale.system import collect_cached
 
     plan = suite.plan(sp, quick)  # every check's options validated before anything runs
     if not plan.checks:
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
-    with Store.open(db) as store:  # an unwritable database, a bad selector: usage errors before any work
-        refs = _reference(store, reference)
-        chosen = selected_baseline(store, baseline) if baseline else None
-    acc_id = f"accept-{new_run_id()}"
+    vs = against(baseline, reference, db)
+    acc_id = new_acceptance_id()
     info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
     for check, why in plan.not_run:
         info(f"  not run: {check}: {why}")
     records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
     if not _rank_zero():
         return None
-    system = collect_cached().get("hostname") or "?"
+    return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db)
+
+
+def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,
+             out_dir: str | None, db: str | None, missing: dict[str, str] | None = None,
+             inventory: dict[str, Any] | None = None) -> Acceptance:
+    """Judge an acceptance's recorded runs, record the acceptance and write its outputs (``plan``: the
+    checks that ran, each with ``.check`` and ``.options``, and ``.not_run``; ``system``: what its
+    baseline is looked up by; ``inventory``: its record's system, default this machine's)."""
+    from dlscale.accept import outputs
+    from dlscale.store import Store
+
     suite_hash = config_hash({p.check: p.options for p in plan.checks})
     with Store.open(db) as store:
-        base = chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
-    verdicts = judge(records, sp, base, refs)
-    rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, baseline, reference, db)
+        base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
+    verdicts = judge(records, sp, base, vs.refs, missing)
+    rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
+                  inventory)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
-    from dlscale.accept import outputs
-
     acc.out_dir = Path(out_dir or acc_id)
     acc.files = outputs.write(acc, db)
     return acc
@@ -114,7 +147,7 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         base = (selected_baseline(store, baseline) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
                               {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
-    acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs),
+    acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs, (acc_rec.raw or {}).get("missing")),
                      [tuple(x) for x in (acc_rec.raw or {}).get("not_run") or []],
                      sp.warn_fails if warn_fails is None else warn_fails)
     if out_dir:
@@ -137,13 +170,9 @@ def _find_acceptance(store: Any, ident: str) -> RunRecord:
 
 def _spec_of(rec: RunRecord) -> specs.Spec:
     """The spec an acceptance was judged with, from its record."""
-    from dlscale.accept.verdict import Thresholds
-
-    s = rec.config.get("spec") or {}
-    return specs.Spec(name=s.get("name") or rec.workload, checks=s.get("checks") or {},
-                      thresholds=Thresholds(**(s.get("thresholds") or {})), peers=Thresholds(**(s.get("peers") or {})),
-                      per_check={k: Thresholds(**v) for k, v in (s.get("per_check") or {}).items()},
-                      warn_fails=bool(s.get("warn_fails")), source=s.get("source") or "")
+    sp = specs.Spec.from_dict(rec.config.get("spec") or {})
+    sp.name = sp.name or rec.workload
+    return sp
 
 
 def _reference(store: Any, selector: str | None) -> list[RunRecord]:
@@ -162,8 +191,9 @@ def _rank_zero() -> bool:
 
 
 def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], verdicts: list[Verdict], system: str,
-            suite_hash: str, baseline: str | None, reference: str | None, db: str | None) -> RunRecord:
-    """The acceptance's own record (kind ``accept``)."""
+            suite_hash: str, baseline: str | None, reference: str | None, db: str | None,
+            missing: dict[str, str] | None = None, inventory: dict[str, Any] | None = None) -> RunRecord:
+    """The acceptance's own record (kind ``accept``; ``missing``: the checks that recorded nothing, and why)."""
     from dlscale.harness.runner import Outcome, execute
     from dlscale.store import Store
 
@@ -177,7 +207,8 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
     units = {"verdicts": "verdicts", **{k.lower().replace(" ", "_"): "verdicts" for k in n}}
     config = {"spec": sp.to_dict(), "system": system, "suite_hash": suite_hash, "baseline": baseline,
               "reference": reference, "checks": {p.check: p.options for p in plan.checks}}
-    raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run}
+    raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run,
+           **({"missing": missing} if missing else {})}
     with Store.open(db) as store:
-        return execute(kind="accept", workload=sp.name, config=config, tag=acc_id, store=store,
+        return execute(kind="accept", workload=sp.name, config=config, tag=acc_id, store=store, system=inventory,
                        body=lambda _rec: Outcome(metrics=metrics, units=units, raw=raw))

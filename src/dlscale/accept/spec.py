@@ -29,7 +29,8 @@ memory): those are refused in a spec.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ class Spec:
         return {"name": self.name, "checks": self.checks, "thresholds": vars(self.thresholds),
                 "peers": vars(self.peers), "per_check": {k: vars(v) for k, v in self.per_check.items()},
                 "warn_fails": self.warn_fails, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Spec":
+        """A spec from ``to_dict``'s document (an acceptance's record; the job of a Slurm acceptance)."""
+        return cls(name=d.get("name") or "", checks=d.get("checks") or {},
+                   thresholds=Thresholds(**(d.get("thresholds") or {})), peers=Thresholds(**(d.get("peers") or {})),
+                   per_check={k: Thresholds(**v) for k, v in (d.get("per_check") or {}).items()},
+                   warn_fails=bool(d.get("warn_fails")), source=d.get("source") or "")
+
+    def only(self, names: Iterable[str]) -> "Spec":
+        """The spec with only the checks of ``names`` (in the spec's order)."""
+        keep = set(names)
+        return replace(self, checks={c: o for c, o in self.checks.items() if c in keep})
 
 
 def builtin(quick: bool) -> Spec:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale.accept import spec as specs
+from dlscale.accept.figures import ACROSS_NODES as ACROSS
 from dlscale.errors import RunFailure
 from dlscale.log import info
 
-DISTRIBUTED = ("collectives", "collectives_nodes", "train_alone", "train", "scale")
+ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # the checks a launcher's ranks run in place
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _cpu_defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
 
 def why_not(check: str, m: Machine) -> str | None:
     """Why a check cannot run on this machine (None: it can)."""
-    if m.launcher and check not in ("collectives_nodes", "train_alone", "train"):
+    if m.launcher and check not in ACROSS_NODES:
         return (f"under {m.launcher} only the checks across every rank run; run `dlscale accept` on each node "
                 "without a launcher for the per-node checks")
     if check == "health" and not m.gpus:

@@ -26,7 +26,12 @@ Prints the verdict table, writes the HTML report, JUnit XML, every record and a 
 into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed, 1 on a FAIL (or a WARN with
 --warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
 `dlscale accept judge ID` judges a recorded acceptance again (other thresholds or baseline) without
-running anything."""
+running anything.
+
+--executor slurm submits the whole suite as one Slurm job (whole nodes; with --nodes 2 or more the
+checks across nodes span the job's nodes and every node runs the per-node checks), records every
+run into --db (which the nodes must reach), waits with its progress on stderr, then judges here and
+writes the same outputs with the same exit code (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n
   dlscale accept --quick\n\n
@@ -34,6 +39,7 @@ EPILOG = """Examples:\n\n
   dlscale accept --baseline tag:accept-20261125T101500-1a2b3c4d --warn-fails\n\n
   dlscale accept --reference ref:seed001-table5,system:SN-8xV100-16GB-SXM2\n\n
   srun --nodes 2 --ntasks-per-node 8 dlscale accept     # across nodes: collectives, every GPU alone, all GPUs\n\n
+  dlscale accept --executor slurm --partition gpu --nodes 2 --gpus-per-node 8 --db postgresql://db.lab/dlscale\n\n
   dlscale accept verify accept-20261125T101500-1a2b3c4d/\n\n
   dlscale accept judge accept-20261125T101500-1a2b3c4d --spec stricter.yaml"""
 
@@ -62,12 +68,26 @@ def accept(
     warn_fails: Annotated[Optional[bool], typer.Option("--warn-fails/--warn-passes", help="Whether a WARN exits 1 like "
                                                        "a FAIL (default: the spec's warn_fails, else no).",
                                                        show_default=False)] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local: run the suite on this machine; slurm: submit "
+                                                            "it as one Slurm job, wait, judge here.")] = "local",
+    partition: Annotated[Optional[str], typer.Option("--partition", help="Slurm: the partition (default: the "
+                                                     "cluster's).", show_default=False)] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Slurm: nodes in the job; the checks across nodes "
+                                                 "span them (default 1).", show_default=False)] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="Slurm: GPUs per node to ask for "
+                                                         "(default none: a CPU node).", show_default=False)] = None,
+    time: Annotated[Optional[str], typer.Option("--time", help="Slurm: the job's time limit, minutes or "
+                                                "[D-]H:MM[:SS] (default 30 with --quick, else 180).",
+                                                show_default=False)] = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale import api
     from dlscale.errors import UsageError
 
+    if action is not None and (executor != "local" or {partition, nodes, gpus_per_node, time} != {None}):
+        raise UsageError(f"--executor and its Slurm options are for running the suite; `dlscale accept {action}` "
+                         "reads the store here")
     if action is not None and action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}: `dlscale accept` runs the suite; `dlscale accept verify DIR` "
                          "or `dlscale accept judge ID`")
@@ -82,7 +102,8 @@ def accept(
                                out_dir=out_dir, db=db)
     else:
         acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
-                         out_dir=out_dir, db=db)
+                         out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
+                         gpus_per_node=gpus_per_node, time=time)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
         return
     show(acc, fmt)

@@ -142,11 +142,11 @@ def run_point(point: Point, store: Store, sweep_name: str, launcher: Sequence[st
     elif proc.returncode < 0:
         error = f"crashed: killed by {signal.Signals(-proc.returncode).name}"
     elif proc.returncode == 0:
-        error = f"finished without recording a run: {_last_line(stderr)}"
+        error = f"finished without recording a run: {last_line(stderr)}"
     elif proc.returncode == 2:
-        error = f"rejected: {_last_line(stderr)}"
+        error = f"rejected: {last_line(stderr)}"
     else:
-        error = f"crashed with exit code {proc.returncode}: {_last_line(stderr)}"
+        error = f"crashed with exit code {proc.returncode}: {last_line(stderr)}"
     failed = record_failure(point, store, sweep_name, error, stderr)
     return PointResult(point, "failed", run_id=failed.run_id, error=error, seconds=seconds)
 
@@ -207,7 +207,7 @@ def _record_from_stdout(stdout: str | None) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _last_line(text: str | None) -> str:
+def last_line(text: str | None) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     if not lines:
         return "(no output)"

@@ -19,6 +19,9 @@ Job states come from ``scontrol show job`` (the controller's memory, ``MinJobAge
 ``sacct`` (the accounting database, where there is one). A controller that does not answer (down,
 restarting) is not a job Slurm has forgotten: the submitter says so once and waits for it, and
 ``--resume`` does not submit again a job it cannot ask about. No torch at import time.
+
+``dlscale accept --executor slurm`` (``accept.slurm``) submits its one job through the same
+pieces: ``resources``, ``submit``, ``torchrun_on_node``, ``wait_for_jobs`` and the job states.
 """
 
 from __future__ import annotations
@@ -64,12 +67,15 @@ def nodes_of(point: Point, opts: SlurmOptions) -> int:
 def job_parameters(point: Point, opts: SlurmOptions) -> dict[str, Any]:
     """submitit ``SlurmExecutor.update_parameters`` for the point: one task per node, the block's resources."""
     ranks = int(point.options.get("nproc_per_node") or 1)
-    gpus = ranks if opts.gpus_per_node == "auto" else opts.gpus_per_node
-    params: dict[str, Any] = {
-        "job_name": JOB_PREFIX + point.hash, "nodes": nodes_of(point, opts), "ntasks_per_node": 1,
-        # the block's time, else the point's own timeout plus a minute: the point's timeout fires first
-        "time": opts.time_min or math.ceil(point.timeout_s / 60) + 1,
-    }
+    # the block's time, else the point's own timeout plus a minute: the point's timeout fires first
+    return resources(JOB_PREFIX + point.hash, nodes_of(point, opts), opts.time_min or math.ceil(point.timeout_s / 60) + 1,
+                     opts, gpus=ranks if opts.gpus_per_node == "auto" else opts.gpus_per_node)
+
+
+def resources(name: str, nodes: int, time_min: int, opts: SlurmOptions, gpus: int | str | None) -> dict[str, Any]:
+    """A dlscale job's submitit parameters: named ``name``, one task per node (which starts that node's
+    ranks itself), ``time_min`` minutes, ``gpus`` per node, and the rest of ``opts`` as given."""
+    params: dict[str, Any] = {"job_name": name, "nodes": nodes, "ntasks_per_node": 1, "time": time_min}
     for key in ("partition", "cpus_per_task", "account", "constraint", "qos", "mem"):
         if getattr(opts, key) is not None:
             params[key] = getattr(opts, key)
@@ -89,16 +95,21 @@ def point_argv(point: Point, nodes: int) -> list[str]:
 
 
 def torchrun_prefix(point: Point, nodes: int, environ: dict[str, str]) -> list[str]:
-    """torchrun on this node of a multi-node job: c10d rendezvous on the job's first node, the
-    job id as rendezvous id, a port of its own (the point's ``master_port``, else one from the job id)."""
+    """torchrun on this node of a multi-node point's job, running ``dlscale`` on each rank."""
+    return [*torchrun_on_node(nodes, int(point.options.get("nproc_per_node") or 1), environ,
+                              point.options.get("master_port")), "-m", "dlscale.cli.app"]
+
+
+def torchrun_on_node(nodes: int, nproc: int, environ: dict[str, str], port: int | None = None) -> list[str]:
+    """torchrun on this node of a multi-node job (its module and arguments follow): c10d rendezvous on
+    the job's first node, the job id as rendezvous id, a port of its own (``port``, else one from the job id)."""
     from dlscale.distributed.env import expand_hostlist
 
     job_id = environ.get("SLURM_JOB_ID", "0")
     head = expand_hostlist(environ.get("SLURM_JOB_NODELIST", "localhost"))[0]
-    port = int(point.options.get("master_port") or RDZV_PORT_BASE + 1 + int(job_id) % 20000)
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-            "--nproc-per-node", str(point.options.get("nproc_per_node") or 1), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", f"dlscale-{job_id}", "-m", "dlscale.cli.app"]
+    port = int(port or RDZV_PORT_BASE + 1 + int(job_id) % 20000)
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", f"dlscale-{job_id}"]
 
 
 @dataclass
@@ -130,12 +141,13 @@ class PointJob:
 
 # -- the state file --------------------------------------------------------------------------------------
 
-def default_state_dir(store: Store) -> Path:
-    """Beside a file store (``<its dir>/sweeps``); for a server store, the user's data directory."""
+def default_state_dir(store: Store, what: str = "sweeps") -> Path:
+    """Beside a file store (``<its dir>/sweeps``); for a server store, the user's data directory
+    (``what``: the folder's name, ``acceptances`` for ``dlscale accept --executor slurm``)."""
     path = str(store.path)
     if "://" not in path:
-        return Path(path).expanduser().resolve().parent / "sweeps"
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "dlscale" / "sweeps"
+        return Path(path).expanduser().resolve().parent / what
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "dlscale" / what
 
 
 def state_name(tag: str) -> str:
@@ -280,19 +292,26 @@ def make_executor(folder: Path, params: dict[str, Any]) -> Any:
     return ex
 
 
+def submit(folder: Path, params: dict[str, Any], fn: Callable[[], Any], what: str) -> str:
+    """Submit ``fn`` as one job (scripts and logs under ``folder``); its job id. sbatch refusing it
+    (a bad partition, account, ...) is one UsageError naming ``what``."""
+    ex = make_executor(folder, params)
+    try:
+        return str(ex.submit(fn).job_id)
+    except Exception as e:  # noqa: BLE001 - sbatch refused (bad partition, account, ...): one line
+        msg = " ".join(str(e).split())[-400:]
+        raise UsageError(f"sbatch refused {what}: {msg}") from None
+
+
 def submit_point(point: Point, sweep: Sweep, db: str, st: SweepState) -> str:
     """Submit the point's job; its id goes into the state file at once."""
     opts = sweep.slurm or SlurmOptions()
     folder = st.path.parent / st.path.stem / "%j"
-    ex = make_executor(folder, job_parameters(point, opts))
-    try:
-        job = ex.submit(PointJob(point, db, sweep.name, nodes_of(point, opts)))
-    except Exception as e:  # noqa: BLE001 - sbatch refused (bad partition, account, ...): one line
-        msg = " ".join(str(e).split())[-400:]
-        raise UsageError(f"sbatch refused point {point.index + 1} ({point.label}): {msg}") from None
-    st.points[point.hash].update(job_id=str(job.job_id), submitted_at=utc_now(), folder=str(folder))
+    job_id = submit(folder, job_parameters(point, opts), PointJob(point, db, sweep.name, nodes_of(point, opts)),
+                    f"point {point.index + 1} ({point.label})")
+    st.points[point.hash].update(job_id=job_id, submitted_at=utc_now(), folder=str(folder))
     st.save()
-    return str(job.job_id)
+    return job_id
 
 
 def settle(point: Point, js: JobState, store: Store, sweep_name: str, st: SweepState) -> PointResult:
@@ -321,10 +340,14 @@ def _result(point: Point, rec: RunRecord) -> PointResult:
 
 
 def _log_tail(entry: dict[str, Any], job_id: str) -> str:
-    """The end of the job's stderr log (submitit's ``<job id>_0_log.err``), for a failure's record."""
-    folder = str(entry.get("folder") or "").replace("%j", job_id)
+    return log_tail(str(entry.get("folder") or ""), job_id)
+
+
+def log_tail(folder: str, job_id: str, task: int = 0) -> str:
+    """The end of a task's stderr log (submitit's ``<job id>_<task>_log.err`` in ``folder``), for a failure's record."""
     try:
-        return "\n".join((Path(folder) / f"{job_id}_0_log.err").read_text(errors="replace").splitlines()[-20:])
+        path = Path(folder.replace("%j", job_id)) / f"{job_id}_{task}_log.err"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-20:])
     except OSError:
         return ""
 
@@ -397,14 +420,32 @@ def _reattach(sweep: Sweep, st: SweepState, results: dict[str, PointResult]) -> 
 def _wait(sweep: Sweep, waiting: dict[str, str], store: Store, st: SweepState, results: dict[str, PointResult],
           on_done: Callable[[PointResult], None] | None) -> None:
     """Poll Slurm until every job has ended; record each outcome as it ends."""
-    poll = float(os.environ.get(POLL_ENV, "10"))
     points = {p.hash: p for p in sweep.points}
+
+    def ended(h: str, js: JobState) -> None:
+        results[h] = settle(points[h], js, store, sweep.name, st)
+        if on_done:
+            on_done(results[h])
+
+    wait_for_jobs(waiting, ended)
+
+
+def wait_for_jobs(waiting: dict[str, str], on_end: Callable[[str, JobState], None],
+                  on_poll: Callable[[dict[str, JobState]], None] | None = None) -> None:
+    """Poll Slurm (every ``DLSCALE_SLURM_POLL_S``) until every job of ``waiting`` (key -> job id) has
+    ended, calling ``on_end(key, its last state)`` as each ends and ``on_poll(states)`` after each look.
+    A controller that does not answer is waited for, said once when it stops and once when it answers
+    again; a job that neither the controller nor accounting knows any more ends as UNKNOWN after three looks."""
+    poll = float(os.environ.get(POLL_ENV, "10"))
+    waiting = dict(waiting)
     unknown: dict[str, int] = {}
     outage = ""
     while waiting:
         states = job_states(list(waiting.values()))
         outage = _outage(outage, states)
-        for h, jid in list(waiting.items()):
+        if on_poll:
+            on_poll(states)
+        for key, jid in list(waiting.items()):
             js = states.get(jid)
             if js is not None and js.phase == "unreachable":
                 continue  # not known to have ended, nor to be gone: wait for Slurm to answer again
@@ -413,11 +454,8 @@ def _wait(sweep: Sweep, waiting: dict[str, str], store: Store, st: SweepState, r
                 js = JobState(jid, "UNKNOWN", "Slurm has no record of the job (MinJobAge passed, no sacct)")
             if js is None or js.phase != "ended":
                 continue
-            res = settle(points[h], js, store, sweep.name, st)
-            results[h] = res
-            del waiting[h]
-            if on_done:
-                on_done(res)
+            del waiting[key]
+            on_end(key, js)
         if waiting:
             time.sleep(poll)
 

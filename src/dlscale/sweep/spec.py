@@ -453,14 +453,24 @@ def check_slurm(block: Any, lines: _Lines) -> SlurmOptions | None:
 
 
 def _minutes(value: Any, lines: _Lines, path: tuple) -> int:
-    """A Slurm time limit in whole minutes: a number of minutes, or ``[D-]H:MM[:SS]`` (seconds round up)."""
+    try:
+        return minutes(value)
+    except ValueError as e:
+        raise lines.fail(path, str(e)) from None
+
+
+def minutes(value: Any) -> int:
+    """A Slurm time limit in whole minutes: a number of minutes, or ``[D-]H:MM[:SS]`` (seconds round
+    up); anything else is a ValueError saying so."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?", str(value).strip()) if isinstance(value, str) else None
     if m is None:
-        raise lines.fail(path, f"must be minutes (an integer >= 1) or [D-]H:MM[:SS], got {value!r}")
+        raise ValueError(f"must be minutes (an integer >= 1) or [D-]H:MM[:SS], got {value!r}")
     days, hours, mins, secs = (int(g or 0) for g in m.groups())
     total = days * 1440 + hours * 60 + mins + math.ceil(secs / 60)
     if total < 1:
-        raise lines.fail(path, f"must be at least one minute, got {value!r}")
+        raise ValueError(f"must be at least one minute, got {value!r}")
     return total
