@@ -2,7 +2,9 @@
 
 The acceptance is a run of kind ``accept`` tagged with the acceptance id (as every run of its
 checks is): its config names the spec, the system and ``suite_hash`` (what was measured, so an
-acceptance finds its baseline among those of the same system and suite), and its raw holds every
+acceptance finds its baseline among those of the same system and suite; an emulated node's own
+link rate or CPU quota is the emulated machine's state, like a fault on a real one, and is left
+out of it, so a node set apart is judged against the healthy acceptances), and its raw holds every
 verdict, the checks' run ids and the checks that did not run here. ``judge`` recomputes the
 verdicts of any acceptance from the store, with the thresholds given (``dlscale accept judge``).
 """
@@ -65,13 +67,13 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     return verdicts
 
 
-def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
-           out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
+def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = None, baseline: str | None = None,
+           reference: str | None = None, out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
     """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
     from dlscale.store import Store
     from dlscale.system import collect_cached
 
-    plan = suite.plan(sp, quick)  # every check's options validated before anything runs
+    plan = suite.plan(sp, quick, nodes=nodes)  # every check's options validated before anything runs
     if not plan.checks:
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     with Store.open(db) as store:  # an unwritable database, a bad selector: usage errors before any work
@@ -85,7 +87,7 @@ def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, 
     if not _rank_zero():
         return None
     system = collect_cached().get("hostname") or "?"
-    suite_hash = config_hash({p.check: p.options for p in plan.checks})
+    suite_hash = hash_of(plan.checks)
     with Store.open(db) as store:
         base = chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
     verdicts = judge(records, sp, base, refs)
@@ -96,6 +98,12 @@ def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, 
     acc.out_dir = Path(out_dir or acc_id)
     acc.files = outputs.write(acc, db)
     return acc
+
+
+def hash_of(checks: Sequence[suite.Planned]) -> str:
+    """What an acceptance measured, to find its baseline by: every check's options, less the faults
+    set into emulated nodes (a node's own link rate or CPU quota)."""
+    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks})
 
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
