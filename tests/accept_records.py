@@ -127,11 +127,15 @@ def train(step: float = 0.11, n: int = 8, batch: int = 128, steps: int = 30, ene
                metrics, {"step_times_s": [t]}, units, tag=tag)
 
 
-def links(slow_node: int | None = None, nodes: int = 3, busbw: float = 0.11, slow: float = 0.1) -> RunRecord:
-    """Per-link figures between emulated nodes (raw["links"], as the links measurement records them)."""
-    out = []
-    for a in range(nodes):
-        for b in range(a + 1, nodes):
-            v = busbw * (slow if slow_node in (a, b) else 1)
-            out.append({"src_node": a, "dst_node": b, "algbw_gbps": v, "busbw_gbps": v, "samples": spread(v, 8)})
-    return rec("micro", "links", {"nodes": nodes, "emulated_nodes": True}, {}, {"links": out})
+def links(slow_node: int | None = None, nodes: int = 3, busbw: float = 0.11, slow: float = 0.1,
+          size: int = 2**21) -> RunRecord:
+    """A ``dlscale micro links`` record between emulated nodes: every pair measured (a pair runs at
+    its slower link), each node's link its fastest pair (micro/links.py builds raw["links"])."""
+    from dlscale.micro.links import all_pairs, node_links, pair_row
+
+    rows = []
+    for a, b in all_pairs(nodes):
+        rate = busbw * (slow if slow_node in (a, b) else 1)  # GB/s
+        rows.append(pair_row(a, b, size, spread(size / (rate * 1e9), 8)))
+    return rec("micro", "links", {"nodes": nodes, "emulated_nodes": True}, {},
+               {"rows": rows, "links": node_links(rows, nodes)})

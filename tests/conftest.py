@@ -239,3 +239,23 @@ def survivors_of_kill_9(cmd: list[str], started, env: dict[str, str] | None = No
         end_marked(marker)
         if cleanup is not None:
             cleanup(proc.pid)
+
+
+CPU_PROBE = """
+import json, time
+wall, cpu = time.perf_counter(), time.process_time()
+while time.process_time() - cpu < {work}:
+    pass
+print(json.dumps({{"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}}))
+"""
+
+
+def cpu_share(procs: int = 1, work: float = 0.3) -> float:
+    """The CPU the machine gives ``procs`` CPU-bound processes started together now, in cores: the sum
+    of each one's CPU time over its wall time (a shared machine gives less than its core count)."""
+    import json
+
+    ps = [subprocess.Popen([sys.executable, "-c", CPU_PROBE.format(work=work)], stdout=subprocess.PIPE, text=True)
+          for _ in range(procs)]
+    runs = [json.loads(p.communicate(timeout=120)[0]) for p in ps]
+    return sum(r["cpu"] / r["wall"] for r in runs)

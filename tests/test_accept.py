@@ -1,56 +1,89 @@
 """`dlscale accept` end to end on this CPU machine with a very small spec: the healthy path (a first
-acceptance with no expectation, then a second one against it as baseline: all PASS), a check whose run
-fails, and the suite under torchrun. The thresholds of the healthy path are wide (50%) because the CI
-machine is shared by other jobs: the false-alarm count at the default thresholds is the benchmark's
-(benchmarks/accept_faults.py), not a unit test's."""
+acceptance with no expectation, then a second one against it as baseline: nothing FAILs at the default
+thresholds, and the same figures at half the rate would), a check whose run fails, and the suite under
+torchrun. Every process runs one thread (OMP_NUM_THREADS=1, one thread per rank): two threads of one
+GEMM on a shared 2-core machine stall each other's barriers and swing the rate 3x between runs. The
+injected faults are tests/test_accept_faults.py; the false-alarm count of many healthy repeats is
+benchmarks/accept_faults.py's."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
-from conftest import torchrun
+from conftest import cpu_share, torchrun
 from dlscale.store import Store
 
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # No memory check: small STREAM arrays sit in this VM's 480 MiB L3, shared with other tenants' jobs, and
-# swing by 4x between runs; GEMM's 2048^3 probe and the short test are compute-bound.
+# swing by 4x between runs; GEMM and the short test are compute-bound.
 TINY = """name: tiny
 checks:
-  gemm: {{shapes: {shapes}, precision: [fp32], iters: 5}}
-  train_alone: {{model: tinycnn, image_size: 16, batch_size: 8, steps: 8, warmup_steps: 2, breakdown_steps: 0,
+  gemm: {{shapes: {shapes}, precision: [fp32], iters: 10}}
+  train_alone: {{model: tinycnn, image_size: 16, batch_size: 8, steps: 12, warmup_steps: 2, breakdown_steps: 0,
                 monitor_interval: 0, timeout: 120}}
-thresholds: {{warn: 0.5, fail: 0.9}}
-peers: {{warn: 0.5, fail: 0.9}}
 """
 
 
-@pytest.fixture
-def tiny(tmp_path):
-    shapes = tmp_path / "g.csv"
-    shapes.write_text("m,n,k,a_t,b_t\n64,64,64,0,0\n")
-    p = tmp_path / "tiny.yaml"
+def tiny_spec(folder):
+    """The tiny spec (GEMM and the short test alone) written into ``folder``; its path."""
+    shapes = folder / "g.csv"
+    shapes.write_text("m,n,k,a_t,b_t\n128,128,128,0,0\n")
+    p = folder / "tiny.yaml"
     p.write_text(TINY.format(shapes=shapes))
     return p
 
 
+@pytest.fixture
+def tiny(tmp_path):
+    return tiny_spec(tmp_path)
+
+
+def steady(shares: list[float]) -> None:
+    """Skip, saying so, where the machine's CPU share moved by more than a third between the runs: two
+    runs on a different machine are no healthy pair (what a FAIL means then is the machine's)."""
+    if min(shares) < 0.67 * max(shares):
+        pytest.skip(f"the machine's CPU share moved between the runs ({', '.join(f'{s:.2f}' for s in shares)} cores "
+                    "for two CPU-bound processes): not the same machine twice")
+
+
 @pytest.mark.slow
 def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, tmp_path, tiny):
-    first = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a1"), "--format", "json")
+    from dlscale.accept import expect, figures, verdict
+
+    shares = [cpu_share(2)]
+    first = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a1"), "--format", "json",
+                           env=ONE_THREAD)
     assert first.code == 0, first.stderr[-3000:]
     doc1 = json.loads(first.stdout)
-    assert doc1["outcome"] == "PASS" and doc1["counts"]["FAIL"] == 0
-    assert {v["status"] for v in doc1["verdicts"] if v["check"] != "train_alone"} == {"NO EXPECTATION"}
-    second = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a2"), "--format", "json")
-    assert second.code == 0, second.stderr[-3000:]
-    doc2 = json.loads(second.stdout)
-    assert {v["status"] for v in doc2["verdicts"]} == {"PASS"}, [(v["figure"], v["subject"], v["reason"]) for v in doc2["verdicts"] if v["status"] != "PASS"]
+    assert {v["status"] for v in doc1["verdicts"]} == {"NO EXPECTATION"}  # one CPU: no peers, no baseline yet
+    assert [v["subject"] for v in doc1["verdicts"] if v["check"] == "train_alone"] == ["cpu"]  # 2 ranks, 1 device
+    shares.append(cpu_share(2))
+    second = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a2"), "--format", "json",
+                            env=ONE_THREAD)
+    shares.append(cpu_share(2))
+    doc2 = json.loads(second.stdout) if second.stdout else {}
+    failed = [(v["figure"], v["reason"]) for v in doc2.get("verdicts", []) if v["status"] == "FAIL"]
+    if failed:
+        steady(shares)
+    assert second.code == 0 and not failed, (failed, second.stderr[-3000:])
+    assert {v["status"] for v in doc2["verdicts"]} <= {"PASS", "WARN"}
     base = [v for v in doc2["verdicts"] if v["expectation"] == "baseline"]
     assert {v["key"] for v in base} == {v["key"] for v in doc1["verdicts"]}  # every figure met its baseline
-    assert all(doc1["acceptance_id"] in v["source"] for v in base)
+    assert all(doc1["acceptance_id"] in v["source"] and v["test"]["runs"] == 1 for v in base)
     with Store.open(db_path) as s:
         runs = s.query(tag=doc2["acceptance_id"])
+        # the baseline's own figures at half their rate, against it: a 2x slowdown, and every figure FAILs
+        recs = [r for r in s.query(tag=doc1["acceptance_id"]) if r.kind != "accept"]
+        figs = [replace(f, value=f.value / 2, samples=[x / 2 for x in f.samples]) for f in figures.figures(recs)]
+        acc = next(r for r in runs if r.kind == "accept")
+        b = expect.find_baseline(s, acc.config["system"], acc.config["suite_hash"], {f.key for f in figs},
+                                 exclude=acc.tag)
+    halved = verdict.judge(figs, expect.expectations(figs, {}, b, []), verdict.Thresholds())
+    assert [v.status for v in halved] == ["FAIL"] * len(base), [(v.figure, v.reason) for v in halved]
     assert sorted(r.kind for r in runs) == ["accept", "micro", "train"]
     assert next(r for r in runs if r.kind == "train").config["parallel"] == "none"
     verify = cli_subprocess("accept", "verify", str(tmp_path / "a2"))
@@ -79,8 +112,45 @@ def test_under_torchrun_the_checks_across_ranks_run_in_place(db_path, tmp_path):
     assert code == 0, stderr[-3000:]
     doc = json.loads(stdout)  # rank 0 alone prints
     assert {v["check"] for v in doc["verdicts"]} == {"train_alone", "train"}
-    assert [v["subject"] for v in doc["verdicts"] if v["check"] == "train_alone"] == ["rank 0", "rank 1"]
+    assert [v["subject"] for v in doc["verdicts"] if v["check"] == "train_alone"] == ["cpu"]  # one CPU, 2 ranks
     assert "per-node checks" in next(n["why"] for n in doc["not_run"] if n["check"] == "gemm")
     with Store.open(db_path) as s:
         assert sorted(x.kind for x in s.query(tag=doc["acceptance_id"])) == ["accept", "train", "train"]
 
+
+
+@pytest.mark.slow
+def test_under_a_launcher_across_two_nodes_what_crosses_them_runs_in_place(db_path, tmp_path):
+    """Two torchrun "nodes" on this machine (--nnodes 2, a rank each, a static rendezvous on loopback):
+    the collectives across them and every node's link run as ranks of the launcher's job, and each
+    node's CPU is a device of its own, a peer of the other's."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    p = tmp_path / "nodes.yaml"
+    p.write_text("checks:\n  collectives_nodes: {sizes: 256K, iters: 3}\n  links: {sizes: 256K, iters: 3}\n"
+                 "  train_alone: {model: tinycnn, image_size: 16, batch_size: 8, steps: 6, warmup_steps: 1,"
+                 " breakdown_steps: 0, monitor_interval: 0}\n")
+    env = {**os.environ, "DLSCALE_DB": str(db_path), **ONE_THREAD}
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
+                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+                               "-m", "dlscale.cli.app", "accept", "--spec", str(p), "--out", str(tmp_path / "out"),
+                               "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True) for k in (0, 1)]
+    try:
+        outs = [q.communicate(timeout=300) for q in procs]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+    assert [q.returncode for q in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    doc = json.loads(outs[0][0])  # node 0's rank 0 prints; node 1 prints nothing
+    assert outs[1][0].strip() == ""
+    checks = {(v["check"], v["subject"]) for v in doc["verdicts"]}
+    assert {("collectives_nodes", None), ("links", "node 0's link"), ("links", "node 1's link"),
+            ("train_alone", "node 0"), ("train_alone", "node 1")} <= checks
+    assert [v["expectation"] for v in doc["verdicts"] if v["subject"] == "node 1"] == ["peers"]

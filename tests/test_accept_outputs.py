@@ -128,14 +128,17 @@ def test_the_next_acceptance_takes_the_last_passed_figures_as_its_baseline(db_pa
     assert first.verdicts[0].status == "NO EXPECTATION"
     second = recorded(db_path, [ar.train(step=0.101)], when="2026-11-02T10:00:00.000+00:00")
     assert second.verdicts[0].status == "PASS" and first.id in second.verdicts[0].source
-    third = recorded(db_path, [ar.train(step=0.125)], when="2026-11-03T10:00:00.000+00:00")  # 20% slower: FAIL
+    # 40% slower than the two accepted runs (their spread is below the floor, 0.10): FAIL
+    third = recorded(db_path, [ar.train(step=0.170)], when="2026-11-03T10:00:00.000+00:00")
     assert third.verdicts[0].status == "FAIL" and second.id in third.verdicts[0].source
+    assert first.id in third.verdicts[0].source and third.verdicts[0].test["runs"] == 2
     fourth = recorded(db_path, [ar.train(step=0.102)], when="2026-11-04T10:00:00.000+00:00")
     assert second.id in fourth.verdicts[0].source  # a FAIL never becomes the baseline
+    assert third.id not in fourth.verdicts[0].source and fourth.verdicts[0].test["runs"] == 2
 
 
 def test_results_history_shows_each_figure_over_the_acceptances(db_path, cli):
-    for day, step in ((1, 0.100), (2, 0.101), (3, 0.125)):
+    for day, step in ((1, 0.100), (2, 0.101), (3, 0.170)):
         recorded(db_path, [ar.train(step=step)], when=f"2026-11-0{day}T10:00:00.000+00:00")
     r = cli("results", "history", "kind:accept", "--format", "json")
     (s,) = json.loads(r.stdout)
@@ -145,3 +148,20 @@ def test_results_history_shows_each_figure_over_the_acceptances(db_path, cli):
     r = cli("results", "history", "kind:accept")
     assert r.code == 0 and "throughput" in r.stdout and " F" in r.stdout
     assert cli("results", "history", "kind:train").code == 2
+
+
+def test_a_warn_inside_the_noise_joins_the_baseline_and_a_proven_shortfall_does_not(db_path):
+    first = recorded(db_path, [ar.alone(n=4), ar.train(step=0.100)], when="2026-11-01T10:00:00.000+00:00")
+    second = recorded(db_path, [ar.alone(n=4, slow_gpu=1, slow=0.07), ar.train(step=0.120)],
+                      when="2026-11-02T10:00:00.000+00:00")
+    # training on all: 16.7% below one run, inside the between-run noise (p = 0.1): a WARN not proven
+    t2 = next(v for v in second.verdicts if v.check == "train")
+    assert t2.status == "WARN" and not t2.significant
+    # GPU 1 alone: 7% below its peers in the same run, steps 1% apart: a proven (significant) WARN
+    g1 = next(v for v in second.verdicts if v.subject == "GPU 1" and v.expectation == "peers")
+    assert g1.status == "WARN" and g1.significant
+    third = recorded(db_path, [ar.alone(n=4), ar.train(step=0.110)], when="2026-11-03T10:00:00.000+00:00")
+    t3 = next(v for v in third.verdicts if v.check == "train")
+    assert t3.test["runs"] == 2 and second.id in t3.source and first.id in t3.source
+    gpu1 = next(v for v in third.verdicts if v.subject == "GPU 1" and v.expectation == "baseline")
+    assert gpu1.test["runs"] == 1 and first.id in gpu1.source and second.id not in gpu1.source

@@ -77,7 +77,13 @@ def test_the_builtin_spec_plans_on_an_8_gpu_server():
 
 def test_under_a_launcher_only_the_checks_across_ranks_run():
     plan = suite.plan(spec.builtin(False), quick=False, m=SRUN)
-    assert [p.check for p in plan.checks] == ["collectives_nodes", "train_alone", "train"]
+    assert [p.check for p in plan.checks] == ["collectives_nodes", "links", "train_alone", "train"]
+    quick = suite.plan(spec.builtin(True), quick=True, m=SRUN)  # across nodes, quick runs what crosses them too
+    assert [p.check for p in quick.checks] == ["collectives_nodes", "links", "train_alone", "train"]
+    one = suite.Machine(gpus=8, capability=(9, 0), launcher="torchrun", world_size=8, nodes=1)
+    assert dict(suite.plan(spec.builtin(False), quick=False, m=one).not_run)["links"] == \
+        "torchrun started one node: nothing crosses a node"
+    assert "links" not in {c for c, _ in suite.plan(spec.builtin(True), quick=True, m=one).not_run}
     lay = next(p for p in plan.checks if p.check == "train").configs[1]
     assert not lay.force and lay.nproc_per_node == 1  # the launcher's world, not one of dlscale's
     assert "per-node checks" in dict(plan.not_run)["gemm"]
@@ -87,3 +93,76 @@ def test_no_emulation_leaves_the_cross_node_collectives_out_with_the_reason():
     m = suite.Machine(gpus=0, no_emulation="emulated nodes need root")
     plan = suite.plan(spec.builtin(False), quick=False, m=m)
     assert dict(plan.not_run)["collectives_nodes"] == "emulated nodes unavailable here: emulated nodes need root"
+
+
+NODES = suite.Nodes(3, "1gbit", node_link_bandwidth="2=100mbit", node_cpu_quota=["1=0.5"])
+
+
+def test_emulated_nodes_lay_out_every_check_on_nodes():
+    plan = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=NODES)
+    by = {p.check: p for p in plan.checks}
+    assert list(by) == ["memory", "gemm", "collectives", "collectives_nodes", "links", "train_alone", "train",
+                        "inference"]
+    for check in ("collectives_nodes", "links", "train_alone", "train"):
+        lay = by[check].configs[-1]
+        assert (lay.emulate_nodes, lay.link_bandwidth, lay.nproc_per_node) == (3, "1gbit", 1), check
+        assert lay.node_link_bandwidth == ((2, "100mbit"),) and lay.node_cpu_quota == ((1, 0.5),), check
+    assert by["collectives"].configs[1].emulate_nodes is None  # in the node: one node
+    assert by["train_alone"].configs[0].parallel == "none"
+    full = {p.check: p for p in suite.plan(spec.builtin(False), quick=False, m=CPU, nodes=NODES).checks}
+    assert full["scale"].options["layouts"] == ["2x1", "3x1"] and full["scale"].options["node_cpu_quota"] == "1=0.5"
+    # the spec's own options over the machine's defaults, the command line's nodes over both
+    p = spec.Spec("s", {"train": {"model": "tinycnn", "nproc_per_node": 2, "emulate_nodes": 2}})
+    (train,) = suite.plan(p, quick=True, m=CPU, nodes=NODES).checks
+    assert (train.configs[1].nproc_per_node, train.configs[1].emulate_nodes) == (2, 3)
+
+
+def test_a_node_set_apart_is_the_machines_state_not_the_suite():
+    from dlscale.accept.run import hash_of
+
+    healthy = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.Nodes(3, "1gbit"))
+    faulty = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=NODES)
+    other = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.Nodes(3, "10gbit"))
+    assert hash_of(healthy.checks) == hash_of(faulty.checks) != hash_of(other.checks)
+
+
+@pytest.mark.parametrize("nodes, m, words", [
+    (dict(node_cpu_quota="1=0.5"), CPU, "add --emulate-nodes K"),
+    (dict(emulate_nodes=2, node_link_bandwidth="3=1gbit"), CPU, "names node 3, but --emulate-nodes 2 has nodes 0..1"),
+    (dict(emulate_nodes=1), CPU, "need at least 2 nodes"),
+    (dict(emulate_nodes=2, link_bandwidth="fast"), CPU, "fast"),
+    (dict(emulate_nodes=2), SRUN, "under srun the nodes are the launcher's"),
+    (dict(emulate_nodes=2), suite.Machine(no_emulation="network namespaces need root"), "need root"),
+    (dict(emulate_nodes=2, node_cpu_quota="1=0.5"), suite.Machine(no_quota="CPU quotas need root"), "quotas need root"),
+])
+def test_bad_nodes_are_refused_before_anything_runs(nodes, m, words):
+    with pytest.raises(UsageError, match=words):
+        suite.plan(spec.builtin(True), quick=True, m=m, nodes=suite.Nodes(**nodes))
+
+
+def test_nodes_with_no_check_on_nodes_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="has no check that runs on nodes"):
+        suite.plan(spec.load(write(tmp_path, "checks:\n  gemm: {}\n")), quick=True, m=CPU, nodes=suite.Nodes(2))
+
+
+def test_cli_refuses_bad_nodes_with_one_line(cli, db_path):
+    r = cli("accept", "--quick", "--emulate-nodes", "2", "--node-cpu-quota", "5=0.5")
+    assert r.code == 2 and "--node-cpu-quota names node 5" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("accept", "verify", "x", "--emulate-nodes", "2")
+    assert r.code == 2 and "runs nothing" in r.stderr
+
+
+def test_every_check_on_nodes_is_called_with_the_nodes(monkeypatch):
+    from dlscale import api
+
+    calls = {}
+    monkeypatch.setattr(api, "scale", lambda model, **kw: calls.setdefault("scale", kw) and [])
+    monkeypatch.setattr(api, "micro", lambda kind, **kw: calls.setdefault(kind, kw) and [])
+    monkeypatch.setattr(api, "train", lambda **kw: calls.setdefault(kw["config"].parallel, kw["layout"]) and [])
+    plan = {p.check: p for p in suite.plan(spec.builtin(False), quick=False, m=CPU, nodes=NODES).checks}
+    for check in ("collectives_nodes", "links", "train_alone", "train", "scale"):
+        suite.run_check(plan[check], "acc", None)
+    assert calls["scale"]["layouts"] == [(2, 1), (3, 1)] and calls["scale"]["emulate_nodes"] == 3
+    assert calls["scale"]["node_cpu_quota"] == ((1, 0.5),) and calls["scale"]["node_link_bandwidth"] == ((2, "100mbit"),)
+    for lay in (calls["collectives"]["layout"], calls["links"]["layout"], calls["none"], calls["ddp"]):
+        assert (lay.emulate_nodes, lay.node_cpu_quota, lay.node_link_bandwidth) == (3, ((1, 0.5),), ((2, "100mbit"),))

@@ -82,3 +82,16 @@ def test_under_an_external_launcher_collectives_take_its_world(monkeypatch):
     for k, v in {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}.items():
         monkeypatch.setenv(k, v)
     assert default_collectives_layout(Layout()) == Layout()  # srun started the ranks: run in place, its world
+
+
+def test_the_launch_line_counts_ranks_and_nodes_in_words(monkeypatch, capsys):
+    from dlscale.distributed import job
+
+    monkeypatch.delenv("DLSCALE_QUIET", raising=False)
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: None)  # the line only: nothing is launched
+    api.train("tinycnn", layout=Layout(nproc_per_node=2), parallel="none")
+    assert "every rank alone (no DDP) over 2 ranks (2 per node, 1 node)" in capsys.readouterr().err
+    api.train("tinycnn", layout=Layout(nproc_per_node=1, emulate_nodes=3, link_bandwidth="1gbit"))
+    assert "DDP over 3 ranks (1 per node, 3 emulated nodes at 1gbit)" in capsys.readouterr().err
+    api.train("tinycnn", layout=Layout(nproc_per_node=1, force=True))
+    assert "DDP over 1 rank (1 per node, 1 node)" in capsys.readouterr().err

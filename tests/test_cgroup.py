@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import need_system
+from conftest import CPU_PROBE, need_system
 from dlscale.distributed import cgroup
 from dlscale.errors import UsageError
 
@@ -118,19 +118,10 @@ def test_stale_groups_of_a_dead_process_are_removed(tmp_path, fake_fs):
     assert not os.path.exists(dead) and os.path.exists(mine)
 
 
-PROBE = """
-import json, time
-wall, cpu = time.perf_counter(), time.process_time()
-while time.process_time() - cpu < {work}:
-    pass
-print(json.dumps({{"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}}))
-"""
-
-
 def _probe(work: float, cores: float | None) -> dict:
     import json
 
-    cmd = [sys.executable, "-c", PROBE.format(work=work)]
+    cmd = [sys.executable, "-c", CPU_PROBE.format(work=work)]
     r = cgroup.run_in_quota(cmd, cores, capture_output=True, text=True) if cores else \
         subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

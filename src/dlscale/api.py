@@ -28,6 +28,7 @@ from typing import Any
 
 from dlscale.cost import as_price
 from dlscale.errors import RunFailure, UsageError
+from dlscale.format import fmt_count
 from dlscale.layout import Layout
 from dlscale.log import info
 
@@ -63,16 +64,18 @@ def train(model: str | None = None, *, config: Any = None, layout: Layout | None
 
         if not _launched():
             how = "every rank alone (no DDP)" if cfg.parallel == "none" else cfg.parallel.upper()
-            info(f"dlscale train {cfg.model}: {how} over {layout.world_size} rank(s) ({layout.nproc_per_node} per node, "
-                 f"{_where(layout)}){', ' + batch_words(cfg).rstrip(', ') + ' per rank' if batch_words(cfg) else ''}")
+            per_rank = f", {batch_words(cfg).rstrip(', ')} per rank" if batch_words(cfg) else ""
+            info(f"dlscale train {cfg.model}: {how} over {fmt_count(layout.world_size, 'rank')} "
+                 f"({layout.nproc_per_node} per node, {_where(layout)}){per_rank}")
         return run_job("train", cfg.to_dict(), layout, db, price)
     return _train_here(cfg, db, on_step, price)
 
 
 def _where(layout: Layout) -> str:
     if layout.emulate_nodes:
-        return f"{layout.emulate_nodes} emulated nodes" + (f" at {layout.link_bandwidth}" if layout.link_bandwidth else "")
-    return f"{layout.nnodes} node(s)"
+        rate = f" at {layout.link_bandwidth}" if layout.link_bandwidth else ""
+        return fmt_count(layout.emulate_nodes, "emulated node") + rate
+    return fmt_count(layout.nnodes, "node")
 
 
 def _train_here(cfg: Any, db: str | None, on_step: Any, price: Any) -> Any:
@@ -280,16 +283,20 @@ __all__ += ["health"]
 
 
 def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
-           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None, executor: str = "local",
+           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None,
+           emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
+           node_link_bandwidth: Any = (), node_cpu_quota: Any = (), executor: str = "local",
            partition: str | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
            time: str | int | None = None) -> Any:
     """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
     built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
     acceptance id, judged against the datasheet, this system's baseline (``baseline``: a selector;
-    default the last acceptance of the same system and suite where each figure passed), a
-    ``reference`` selection and each device's peers. Returns an ``Acceptance`` (``.verdicts``,
-    ``.outcome``, ``.exit_code``, ``.out_dir`` with the report, JUnit XML and manifest), None on a
-    rank other than 0 under a launcher.
+    default the accepted runs of the same system and suite where each figure passed), a
+    ``reference`` selection and each device's peers. ``emulate_nodes`` (with the link rate and
+    latency, and a node's own link rate or CPU quota as in ``Layout``) runs every check on nodes
+    across that many emulated nodes, and the built-in suites add the collectives across them and
+    every node's link. Returns an ``Acceptance`` (``.verdicts``, ``.outcome``, ``.exit_code``,
+    ``.out_dir`` with the report, JUnit XML and manifest), None on a rank other than 0 under a launcher.
 
     ``executor="slurm"`` runs the suite as one Slurm job (``accept.slurm``: ``nodes`` nodes of
     ``partition`` with ``gpus_per_node`` GPUs each, ``time`` minutes or ``[D-]H:MM[:SS]``) into
@@ -297,15 +304,20 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
     from dlscale.accept import slurm
     from dlscale.accept import spec as specs
     from dlscale.accept.run import accept as run_accept
+    from dlscale.accept.suite import Nodes
 
     opts = slurm.options(executor, partition, nodes, gpus_per_node, time)  # bad combinations before anything
+    emulated = Nodes(emulate_nodes, link_bandwidth, link_latency, node_link_bandwidth, node_cpu_quota)
+    if opts is not None and emulated.emulate_nodes:
+        raise UsageError("--executor slurm runs on the allocation's real nodes: leave out --emulate-nodes and the "
+                         "emulated link and node options")
     sp = specs.load(spec) if spec else specs.builtin(quick)
     if warn_fails is not None:
         sp.warn_fails = warn_fails
     if opts is not None:
         return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
                                      db=db)
-    return run_accept(sp, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir, db=db)
+    return run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db)
 
 
 def accept_judge(acceptance: str, *, spec: str | None = None, baseline: str | None = None,

@@ -1,10 +1,14 @@
 """Where each figure's expectation comes from: the datasheet, the system's own baseline, a reference.
 
 - datasheet: rated figure x typical fraction (``datasheet.expectation``), GPU figures only;
-- baseline: the same figure (by ``Figure.key``) in an earlier acceptance of the same system and
-  suite: by default, for each figure, the newest acceptance in which that figure PASSed or had no
-  expectation (a WARN or FAIL never becomes a baseline, so a slow drift cannot walk the baseline
-  down); or the runs a ``--baseline`` selector names;
+- baseline: the same figure (by ``Figure.key``) in earlier acceptances of the same system and
+  suite: by default, for each figure, the newest ``RUNS`` acceptances in which no verdict of that
+  figure proved a shortfall (no FAIL, no WARN with a significant shortfall: a proven slowdown
+  never becomes a baseline, so a drift cannot walk the baseline down in steps it can see, while
+  the WARNs inside the noise stay, or the runs kept would be the lucky ones and understate the
+  noise); or the runs a ``--baseline`` selector names. The expected value is the geometric mean
+  of those runs' values, and their spread is the noise a regression is tested against
+  (``signif.vs_runs``);
 - reference: published or imported figures (``--reference ref:seed001-table5,system:...``) of the
   same model, device count, per-device batch and precision, and the scaling efficiency a reference
   ladder reached at the same layout.
@@ -25,20 +29,30 @@ from dlscale.accept.verdict import FAIL, WARN, Expectation
 from dlscale.record import RunRecord
 
 MAX_HISTORY = 50  # acceptances searched for a figure's baseline
+RUNS = 10  # accepted runs of a figure that make its baseline (their spread is its noise between runs)
 
 
 @dataclass
 class Baseline:
-    """Baseline figures by key, each with the acceptance (or selection) it came from."""
+    """Baseline figures by key, newest first (at most ``RUNS``), each with the acceptance (or
+    selection) it came from."""
 
-    figures: dict[str, Figure] = field(default_factory=dict)
-    origin: dict[str, str] = field(default_factory=dict)  # figure key -> "acceptance ID (date)"
+    figures: dict[str, list[Figure]] = field(default_factory=dict)
+    origin: dict[str, list[str]] = field(default_factory=dict)  # figure key -> ["acceptance ID (date)", ...]
 
     def add(self, figs: Iterable[Figure], origin: str, keys: set[str] | None = None) -> None:
+        """One more run of each figure (the first of a key in ``figs``), up to ``RUNS`` runs per key."""
+        seen: set[str] = set()
         for f in figs:
-            if f.key not in self.figures and (keys is None or f.key in keys):
-                self.figures[f.key] = f
-                self.origin[f.key] = origin
+            if f.key in seen or (keys is not None and f.key not in keys) or len(self.figures.get(f.key, ())) >= RUNS:
+                continue
+            seen.add(f.key)
+            self.figures.setdefault(f.key, []).append(f)
+            self.origin.setdefault(f.key, []).append(origin)
+
+    def complete(self) -> set[str]:
+        """The keys that have their ``RUNS`` runs."""
+        return {k for k, v in self.figures.items() if len(v) >= RUNS}
 
 
 def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]]) -> dict[int, Expectation]:
@@ -52,12 +66,19 @@ def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, 
 
 
 def baseline_expectations(figs: Sequence[Figure], base: Baseline) -> dict[int, Expectation]:
+    """Each figure's baseline: the geometric mean of its accepted runs' values, and those values."""
+    import math
+
     out = {}
     for i, f in enumerate(figs):
-        b = base.figures.get(f.key)
-        if b is not None and b.value > 0:
-            out[i] = Expectation("baseline", b.value, f"{base.origin[f.key]}, run {b.run_id}", tuple(b.samples),
-                                 tuple(b.cells.items()), run_id=b.run_id)
+        runs = [(b, o) for b, o in zip(base.figures.get(f.key, ()), base.origin.get(f.key, ())) if b.value > 0]
+        if not runs:
+            continue
+        (newest, origin), n = runs[0], len(runs)
+        value = math.exp(sum(math.log(b.value) for b, _ in runs) / n)
+        src = (f"{origin}, run {newest.run_id}" if n == 1 else
+               f"geometric mean of {n} accepted runs: {origin}, run {newest.run_id} (newest) to {runs[-1][1]}")
+        out[i] = Expectation("baseline", value, src, runs=tuple(b.value for b, _ in runs), run_id=newest.run_id)
     return out
 
 
@@ -121,14 +142,17 @@ def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], bas
 
 # -- the baseline in the store --------------------------------------------------------------------------
 def settled_keys(accept_rec: RunRecord) -> set[str]:
-    """The figure keys an acceptance can serve as baseline for: judged, and never WARN or FAIL there."""
+    """The figure keys an acceptance can serve as baseline for: judged, and no shortfall proven there
+    (no FAIL; no WARN whose shortfall was significant; a record from before ``significant`` was
+    recorded counts every WARN as proven)."""
     rows = (accept_rec.raw or {}).get("verdicts") or []
-    bad = {r["key"] for r in rows if r.get("status") in (WARN, FAIL)}
+    bad = {r["key"] for r in rows if r.get("status") == FAIL or r.get("status") == WARN and r.get("significant", True)}
     return {r["key"] for r in rows if r.get("key")} - bad
 
 
 def find_baseline(store: Any, system: str, suite_hash: str, keys: set[str], exclude: str | None = None) -> Baseline:
-    """For each key, the figure of the newest acceptance of ``system`` and ``suite_hash`` that settled it."""
+    """For each key, the figures of the newest ``RUNS`` acceptances of ``system`` and ``suite_hash``
+    that settled it (among the newest ``MAX_HISTORY``)."""
     base = Baseline()
     todo = set(keys)
     seen = 0
@@ -143,7 +167,7 @@ def find_baseline(store: Any, system: str, suite_hash: str, keys: set[str], excl
         if not usable:
             continue
         base.add(figures(store.query(tag=acc.tag, status="ok")), f"acceptance {acc.tag} ({acc.created_at[:10]})", usable)
-        todo -= set(base.figures)
+        todo -= base.complete()
     return base
 
 

@@ -6,10 +6,11 @@ A verdict that is not PASS is explained by the other non-PASS verdicts about the
   or node, and the health check's findings on that GPU ("training alone throughput on GPU 3 is 11%
   below its peers; GEMM bf16 best rate on GPU 3 is 10% below its peers; health: GPU 3 reports
   hw_thermal_slowdown");
-- a link between nodes: the node common to every slow link is named ("node 2's link: link 0-2 and
-  link 1-2 are below their peers, link 0-1 is not");
+- a node's link: the slow node is named when its link alone is below ("node 2's link is below
+  expectation, the other nodes' links are not"), and its other non-PASS verdicts;
 - the system (an end-to-end check such as the short test on all devices, or a collective): the
-  non-PASS verdicts of its parts, devices and links first.
+  non-PASS verdicts of its parts, devices and links first; where it crosses the nodes (the
+  collectives across them, training on all, the ladder) the slow node's link leads.
 
 Pure functions over verdicts and records (docs/METRICS.md, "Acceptance: explanations").
 """
@@ -29,6 +30,7 @@ CHECKS = {  # check -> what it is called in sentences and tables
     "scale": "scaling", "inference": "inference",
 }
 PARTS = ("health", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone")
+ACROSS = ("collectives_nodes", "train", "scale")  # system figures whose traffic crosses the nodes' links
 MAX_RELATED = 6
 
 
@@ -112,7 +114,7 @@ def explain(verdicts: Sequence[Verdict]) -> None:
                    and (w.subject_key is not None or (w.check in PARTS and w.check != v.check))]
             rel.sort(key=lambda w: (w.subject_key is None, PARTS.index(w.check) if w.check in PARTS else 99))
         phrases = list(dict.fromkeys(phrase(w) for w in rel))
-        if v.check == "links" or (v.subject_key is None and v.check == "collectives_nodes"):
+        if v.check == "links" or (v.subject_key is None and v.check in ACROSS):
             phrases = links + phrases
         v.related = phrases[:MAX_RELATED]
 
@@ -129,17 +131,15 @@ def _same_part(v: Verdict, w: Verdict, culprit: int | None) -> bool:
 
 
 def link_culprits(bad: Sequence[Verdict]) -> tuple[list[str], int | None]:
-    """('node 2's link: link 0-2, link 1-2 are below expectation, the other links are not', 2) where one
-    node is an end of every non-PASS link verdict; else the slow links by name and None."""
+    """("node 2's link is below expectation, the other nodes' links are not", 2) where one node's link
+    is the slow one (a link verdict is about one node's link: ``figures.links_figures``), judged by
+    the worst verdicts: one node's link FAILing names that node, whatever WARNs beside it; else the
+    slow links by name and None."""
     slow = [v for v in bad if v.check == "links" and v.nodes]
-    if not slow:
+    worst = [v for v in slow if v.status == FAIL] or slow
+    nodes = sorted({n for v in worst for n in v.nodes})
+    if not nodes:
         return [], None
-    common = set(slow[0].nodes)
-    for v in slow[1:]:
-        common &= set(v.nodes)
-    names = sorted({v.subject for v in slow if v.subject})
-    if len(common) != 1:  # one slow link (both its ends in common) or slow links without a shared node
-        return [f"slow link{'s' if len(names) > 1 else ''}: {', '.join(names)}"], None
-    node = common.pop()
-    return [f"node {node}'s link: {', '.join(names)} {'is' if len(names) == 1 else 'are'} below expectation, "
-            "the other links are not"], node
+    if len(nodes) > 1:
+        return [f"slow links: {', '.join(f'node {n}' for n in nodes)}"], None
+    return [f"node {nodes[0]}'s link is below expectation, the other nodes' links are not"], nodes[0]

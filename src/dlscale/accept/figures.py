@@ -35,9 +35,9 @@ class Subject:
     """What a figure is about below the system: a device, a rank, a link between nodes, a GPU pair."""
 
     kind: str  # "device" | "rank" | "link" | "pair" | "host" (a per-node figure of one node among several)
-    label: str  # "GPU 3", "node 1 rank 1", "link 0-2", "GPU 0->1", "gpu07"
-    key: str  # stable across acceptances: "cuda:3", "rank 1", "link 0-2"
-    nodes: tuple[int, ...] = ()  # the nodes it sits on (a link: both ends)
+    label: str  # "GPU 3", "node 1" (its CPU), "cpu", "node 2's link", "GPU 0->1", "gpu07"
+    key: str  # stable across acceptances: "cuda:3", "node 1 cpu", "link node 2", "gpu07 cuda:3"
+    nodes: tuple[int, ...] = ()  # the nodes it sits on
     devices: tuple[str, ...] = ()  # the devices it is ("cuda:3"; a GPU pair: both)
 
 
@@ -50,10 +50,10 @@ class Figure:
     run_id: str
     subject: Subject | None = None
     samples: list[float] = field(default_factory=list)  # repeated measurements of the same rate
-    cells: dict[str, float] = field(default_factory=dict)  # paired cells (collectives: size:mode -> busbw)
     ci95: tuple[float, float] | None = None
     model: str | None = None  # the device model: peers share it
     peers: bool = False  # judged against the median of its peers in the same run
+    peer_noise: str = "samples"  # "values": the peers' spread is between them, not in their samples (a node's CPU)
     context: dict[str, Any] = field(default_factory=dict)  # match keys, energy/cost, datasheet hints
 
     @property
@@ -134,19 +134,33 @@ def device_subject(device: str, node: int | None = None, several_nodes: bool = F
 
 
 def rank_subject(ident: dict[str, Any], several_nodes: bool, by_host: bool = False) -> Subject:
-    """A rank of a multi-process run from its device identity: the GPU it owns, or the rank itself on CPUs.
-    ``by_host``: the nodes are hosts of their own (not emulated on one), and the rank is named by its
-    host as the per-node figures of that host are (``host_subject``), so their verdicts explain each other."""
+    """The device a rank of a multi-process run ran on, from its identity: the GPU it owns, else its
+    node's CPU, which every rank on that node shares ("cpu", or "node 1" among several nodes).
+    ``by_host``: the nodes are hosts of their own (not emulated on one), and the subject is named by
+    its host as the per-node figures of that host are (``host_subject``), so their verdicts explain
+    each other."""
     dev, node = str(ident.get("device") or ""), int(ident.get("node") or 0)
     host = str(ident.get("host") or "?") if by_host else ""
     if dev.startswith("cuda:"):
         if host:
             return replace(host_subject(device_subject(dev), host), nodes=(node,))
         return device_subject(dev, node, several_nodes)
-    rank = int(ident.get("rank") or 0)
-    label = f"{host} rank {rank}" if host else f"node {node} rank {rank}" if several_nodes else f"rank {rank}"
-    return Subject("rank", label, f"rank {rank}", (node,) if several_nodes else (),
-                   (f"rank {rank}",) + ((host,) if host else ()))
+    if not dev:  # an identity without its device: the rank itself
+        rank = int(ident.get("rank") or 0)
+        label = f"{host} rank {rank}" if host else f"node {node} rank {rank}" if several_nodes else f"rank {rank}"
+        return Subject("rank", label, f"rank {rank}", (node,) if several_nodes else (),
+                       (f"rank {rank}",) + ((host,) if host else ()))
+    if host:  # a host's CPU, one host among several
+        return replace(host_subject(Subject("device", dev, dev, (), (dev,)), host), nodes=(node,))
+    key = f"node {node} {dev}" if several_nodes else dev
+    return Subject("device", f"node {node}" if several_nodes else dev, key, (node,) if several_nodes else (), (key,))
+
+
+def device_of(ident: dict[str, Any]) -> tuple[str, int, str]:
+    """(host, node, device) of a rank: ranks with the same are on the same device (a node's CPU, or a
+    GPU two ranks were given)."""
+    device = str(ident.get("device") or f"rank {ident.get('rank')}")
+    return str(ident.get("host") or ""), int(ident.get("node") or 0), device
 
 
 # -- the readers, one per check -----------------------------------------------------------------------
@@ -218,41 +232,48 @@ def p2p_figures(rec: RunRecord, check: str) -> list[Figure]:
 
 def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
     """Per collective the busbw at the large sizes (within 1/LARGE_SIZES of the largest): the geometric
-    mean of its (size, mode) cells, each cell a sample; cells pair with a baseline's of the same size and mode."""
+    mean of its (size, mode) cells, each cell a sample."""
     rows = (rec.raw or {}).get("rows") or []
     out = []
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = [r for r in rows if r["op"] == op]
         top = max(r["size"] for r in mine)
-        cells = {f"{r['size']}:{m}": r[m]["busbw"] for r in mine if r["size"] * LARGE_SIZES >= top
-                 for m in ("out-of-place", "in-place") if r.get(m)}
-        if not cells:
+        vals = [r[m]["busbw"] for r in mine if r["size"] * LARGE_SIZES >= top for m in ("out-of-place", "in-place")
+                if r.get(m)]
+        if not vals:
             continue
-        vals = list(cells.values())
         value, ci = geometric_mean_ci95(vals)
-        out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, cells, ci95=ci,
+        out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, ci95=ci,
                           context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
                                    "link_bandwidth": rec.config.get("link_bandwidth")}))
     return out
 
 
 def links_figures(rec: RunRecord, check: str) -> list[Figure]:
-    """Per-link figures between nodes: ``raw["links"] = [{src_node, dst_node, algbw_gbps, busbw_gbps,
-    samples}]`` (samples: the link's repeated busbw in GB/s); every link of the run is a peer of the others."""
+    """Each node's link between nodes, as ``dlscale micro links`` records it: ``raw["links"]`` has one
+    entry per node, ``{src_node: the node, dst_node: its fastest partner, busbw_gbps, samples}``
+    (micro/links.py: a node's fastest pair runs at its own link's rate); the samples are the pair's
+    repeated busbw (GB/s). Every node's link of the run is a peer of the others."""
     out = []
     for link in (rec.raw or {}).get("links") or []:
-        a, b = int(link["src_node"]), int(link["dst_node"])
+        k, partner = int(link["src_node"]), int(link["dst_node"])
         samples = [float(x) for x in link.get("samples") or []]
         ci = stats.mean_ci95(samples) if len(samples) >= 2 else None
         out.append(Figure(check, "busbw", float(link["busbw_gbps"]), "GB/s", rec.run_id,
-                          Subject("link", f"link {a}-{b}", f"link {a}-{b}", (a, b)), samples,
+                          Subject("link", f"node {k}'s link", f"link node {k}", (k,)), samples,
                           ci95=tuple(ci) if ci else None, model="link", peers=True,
-                          context={"algbw_gbps": link.get("algbw_gbps")}))
+                          context={"algbw_gbps": link.get("algbw_gbps"), "pair": f"{k}-{partner}",
+                                   "shaped_gbps": link.get("shaped_gbps")}))
     return out
 
 
 def alone_figures(rec: RunRecord, check: str) -> list[Figure]:
-    """The short test on every device alone: each rank's throughput (its own steps are the samples)."""
+    """The short test on every device alone, all at once: each device's throughput, its steps the
+    samples. A GPU is one rank's; the ranks on one node's CPU share it, so they are one device
+    whose rate is the sum of theirs, step by step (docs/METRICS.md: two ranks on one CPU are not
+    two devices, and a scheduler's preference between them is not a slow part). Nodes' CPUs differ
+    by their host's scheduling for a whole run, as runs do: their peers' noise is between their
+    values (``peer_noise``), not in their steps."""
     m, raw = rec.metrics, rec.raw or {}
     per_rank, idents = m.get("rank_throughputs") or [], raw.get("rank_devices") or []
     times = raw.get("rank_step_times_s") or []
@@ -260,14 +281,30 @@ def alone_figures(rec: RunRecord, check: str) -> list[Figure]:
     several = len({(i.get("host"), i.get("node")) for i in idents}) > 1
     by_host = len({i.get("host") for i in idents}) > 1
     unit = (rec.units or {}).get("rank_throughputs", "samples/s")
+    ranks: dict[tuple[str, int, str], list[int]] = {}
+    for k in range(len(per_rank)):
+        ranks.setdefault(device_of(_ident(rec, idents, k)), []).append(k)
     out = []
-    for k, thr in enumerate(per_rank):
-        ident = idents[k] if k < len(idents) else {"rank": k, "device": rec.config.get("device")}
-        steps = [t for rep in (times[k] if k < len(times) else []) for t in rep]
-        out.append(Figure(check, "throughput", thr, unit, rec.run_id, rank_subject(ident, several, by_host),
-                          rates(batch, steps), ci95=_row_ci(batch, steps), model=ident.get("device_name"), peers=True,
-                          context=_match(rec, world_size=1)))
+    for mine in ranks.values():
+        ident = _ident(rec, idents, mine[0])
+        steps = [[t for rep in (times[k] if k < len(times) else []) for t in rep] for k in mine]
+        if len(mine) == 1:
+            samples, ci = rates(batch, steps[0]), _row_ci(batch, steps[0])
+        else:
+            n = min(len(s) for s in steps)
+            samples = [sum(batch / s[i] for s in steps) for i in range(n) if all(s[i] > 0 for s in steps)]
+            got = stats.mean_ci95(samples) if len(samples) >= 2 else None
+            ci = tuple(got) if got else None
+        cpu = not str(ident.get("device") or "").startswith("cuda")
+        out.append(Figure(check, "throughput", sum(per_rank[k] for k in mine), unit, rec.run_id,
+                          rank_subject(ident, several, by_host), samples, ci95=ci, model=ident.get("device_name"),
+                          peers=True, peer_noise="values" if cpu else "samples",
+                          context={**_match(rec, world_size=1), "ranks": len(mine)}))
     return out
+
+
+def _ident(rec: RunRecord, idents: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    return idents[k] if k < len(idents) else {"rank": k, "device": rec.config.get("device")}
 
 
 def throughput_figures(rec: RunRecord, check: str) -> list[Figure]:

@@ -2,7 +2,9 @@
 
 The acceptance is a run of kind ``accept`` tagged with the acceptance id (as every run of its
 checks is): its config names the spec, the system and ``suite_hash`` (what was measured, so an
-acceptance finds its baseline among those of the same system and suite), and its raw holds every
+acceptance finds its baseline among those of the same system and suite; an emulated node's own
+link rate or CPU quota is the emulated machine's state, like a fault on a real one, and is left
+out of it, so a node set apart is judged against the healthy acceptances), and its raw holds every
 verdict, the checks' run ids and the checks that did not run here. ``judge`` recomputes the
 verdicts of any acceptance from the store, with the thresholds given (``dlscale accept judge``).
 """
@@ -91,12 +93,12 @@ def new_acceptance_id() -> str:
     return f"accept-{new_run_id()}"
 
 
-def accept(sp: specs.Spec, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
-           out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
+def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = None, baseline: str | None = None,
+           reference: str | None = None, out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
     """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
     from dlscale.system import collect_cached
 
-    plan = suite.plan(sp, quick)  # every check's options validated before anything runs
+    plan = suite.plan(sp, quick, nodes=nodes)  # every check's options validated before anything runs
     if not plan.checks:
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     vs = against(baseline, reference, db)
@@ -119,7 +121,7 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     from dlscale.accept import outputs
     from dlscale.store import Store
 
-    suite_hash = config_hash({p.check: p.options for p in plan.checks})
+    suite_hash = hash_of(plan.checks)
     with Store.open(db) as store:
         base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
     verdicts = judge(records, sp, base, vs.refs, missing)
@@ -129,6 +131,12 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     acc.out_dir = Path(out_dir or acc_id)
     acc.files = outputs.write(acc, db)
     return acc
+
+
+def hash_of(checks: Sequence[suite.Planned]) -> str:
+    """What an acceptance measured, to find its baseline by: every check's options, less the faults
+    set into emulated nodes (a node's own link rate or CPU quota)."""
+    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks})
 
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,

@@ -1,25 +1,29 @@
-"""Is a shortfall real or noise? One-sided t-tests on the logarithms of rates (scipy.stats).
+"""Is a shortfall real or noise? One-sided tests on the logarithms of rates (scipy.stats).
 
 Rates are compared as ratios, so the tests run on ``log(rate)``: a ratio becomes a difference
 and the 95% interval of the difference maps back to an interval of the ratio (``exp``). Each
 test asks whether the measured rate is *lower* than the expected one (one-sided p-value), and
 gives the two-sided 95% interval of measured / expected:
 
-- ``vs_samples``: the figure's samples against a baseline's or its peers' (Welch's t-test, unequal
-  variances);
-- ``vs_cells``: paired cells (the same collective size and mode in both runs), a one-sample
-  t-test of the per-cell log ratios against 0;
+- ``vs_runs``: a figure against the same figure in the baseline's accepted runs. Two runs differ
+  by more than the steps inside one run do (the machine's load, clocks and placement change
+  between runs, and hold still within one), so the noise is the spread *between runs*: the
+  baseline runs' own where there are several, never less than a stated floor (``run_spread``),
+  and the floor alone with one baseline run; a normal test of the new run's log value against
+  their mean log value;
+- ``vs_samples``: the figure's samples against its peers' in the same run (Welch's t-test,
+  unequal variances): peers are measured in the same window, so the steps are their noise;
 - ``vs_value``: the samples against a fixed value (a datasheet or reference figure), a one-sample
   t-test of the log samples against its log.
 
-Fewer than two values on a side, or no spread at all, gives no test (None): then nothing is
-significant, and a verdict never FAILs (docs/METRICS.md, "Acceptance: verdicts").
+Fewer than two values on a side, or no spread at all, gives no sample test (None): then nothing
+is significant, and a verdict never FAILs (docs/METRICS.md, "Acceptance: verdicts").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -28,9 +32,18 @@ class Test:
     p: float  # one-sided: probability of a shortfall this large or larger if there were none
     ratio_ci: tuple[float, float] | None  # two-sided 95% interval of measured / expected
     method: str
+    runs: int | None = None  # vs_runs: the baseline runs (or peers)
+    sigma: float | None = None  # vs_runs: the between-run spread used (log)
+    against: str | None = None  # vs_runs: "1 baseline run", "3 peers"
 
     def to_dict(self) -> dict:
-        return {"p": self.p, "ratio_ci95": list(self.ratio_ci) if self.ratio_ci else None, "method": self.method}
+        return {"p": self.p, "ratio_ci95": list(self.ratio_ci) if self.ratio_ci else None, "method": self.method,
+                "runs": self.runs, "sigma": self.sigma, "against": self.against}
+
+    def detectable(self, alpha: float) -> float | None:
+        """vs_runs: the smallest shortfall that is significant at ``alpha`` with this spread and
+        these runs, ``1 - exp(-z(1 - alpha) * sigma * sqrt(1 + 1/n))`` (the floor on what can FAIL)."""
+        return detectable(self.runs, self.sigma, alpha) if self.runs and self.sigma is not None else None
 
 
 def _logs(xs: Sequence[float]) -> list[float]:
@@ -46,6 +59,41 @@ def _ci(res) -> tuple[float, float] | None:  # noqa: ANN001 - a scipy TtestResul
     return (math.exp(lo), math.exp(hi)) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
+def vs_runs(value: float, runs: Sequence[float], floor: float, noun: str = "baseline run") -> Test | None:
+    """The new run's value m against n baseline runs' values b_i: with y_i = log b_i, their mean
+    y and standard deviation s (n >= 2; none with one run), the between-run spread is
+    sigma = max(s, floor), and z = (log m - y) / (sigma * sqrt(1 + 1/n)) (the new run deviates by
+    sigma, the mean of n runs by sigma / sqrt n); p = Phi(z), one-sided. sigma is taken as known:
+    the floor keeps a lucky small spread of a few runs from making the test eager. The same test
+    serves peers whose differences last a whole run (``noun`` "peer": nodes' CPUs on one host)."""
+    from scipy.stats import norm
+
+    ys = _logs(runs)
+    if not ys or not value > 0:
+        return None
+    n = len(ys)
+    y = sum(ys) / n
+    s = math.sqrt(sum((v - y) ** 2 for v in ys) / (n - 1)) if n >= 2 else None
+    sigma = max(s or 0.0, floor)
+    se = sigma * math.sqrt(1 + 1 / n)
+    d = math.log(value) - y
+    half = float(norm.ppf(0.975)) * se
+    spread = (f"their spread {s:.3f}" + (f" below the floor {floor:g}" if s < floor else "")) if s is not None \
+        else f"the floor {floor:g}"
+    against = f"{n} {noun}{'s' if n > 1 else ''}"
+    method = f"{'between-run' if noun != 'peer' else 'between-peer'} test on log values: {against}, spread " \
+             f"{sigma:.3f} ({spread})"
+    return Test(float(norm.cdf(d / se)), (math.exp(d - half), math.exp(d + half)), method, runs=n, sigma=sigma,
+                against=against)
+
+
+def detectable(n: int, sigma: float, alpha: float) -> float:
+    """The smallest shortfall ``vs_runs`` finds significant at ``alpha``: 1 - exp(-z(1 - alpha) sigma sqrt(1 + 1/n))."""
+    from scipy.stats import norm
+
+    return 1 - math.exp(-float(norm.ppf(1 - alpha)) * sigma * math.sqrt(1 + 1 / n))
+
+
 def vs_samples(new: Sequence[float], base: Sequence[float]) -> Test | None:
     """Welch's t-test of log(new) < log(base)."""
     from scipy import stats
@@ -56,15 +104,6 @@ def vs_samples(new: Sequence[float], base: Sequence[float]) -> Test | None:
     one = stats.ttest_ind(a, b, equal_var=False, alternative="less")
     two = stats.ttest_ind(a, b, equal_var=False)
     return Test(float(one.pvalue), _ci(two), f"Welch t-test on log rates ({len(a)} vs {len(b)} samples)")
-
-
-def vs_cells(new: Mapping[str, float], base: Mapping[str, float]) -> Test | None:
-    """Paired: the per-cell log ratios of the cells both have, against 0."""
-    common = [k for k in new if k in base and new[k] > 0 and base[k] > 0]
-    d = [math.log(new[k] / base[k]) for k in common]
-    if len(d) < 2 or not _spread(d):
-        return None
-    return _one_sample(d, 0.0, f"paired t-test on log ratios ({len(d)} cells)")
 
 
 def vs_value(new: Sequence[float], value: float) -> Test | None:

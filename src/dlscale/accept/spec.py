@@ -1,7 +1,8 @@
 """The acceptance spec: which checks run, with which sizes, judged with which thresholds.
 
 Built in: ``full`` (every check) and ``quick`` (a few-minute subset: memory, GEMM, collectives in
-the node, the short test alone and on all devices, inference). A YAML file chooses its own::
+the node, the short test alone and on all devices, inference; on several nodes also the
+collectives across them and every node's link). A YAML file chooses its own::
 
     name: h100-node                 # default: the file's stem
     checks:                         # run in this order; a check's options are its command's fields
@@ -10,11 +11,13 @@ the node, the short test alone and on all devices, inference). A YAML file choos
       gemm: {precision: [fp32, bf16], warn: 0.05, fail: 0.15}   # warn/fail: this check's thresholds
       collectives: {sizes: "1M:256M", ops: all_reduce}
       collectives_nodes: {emulate_nodes: 2, link_bandwidth: 1gbit}
+      links: {sizes: "256K,2M", iters: 5}
       train_alone: {model: resnet50, batch_size: 128, precision: bf16, steps: 50}
       train: {model: resnet50, batch_size: 128, precision: bf16, steps: 50}
       scale: {model: resnet50, devices: [1, 2, 4, 8], precision: bf16}
       inference: {model: resnet50, batch_sizes: [64], precision: bf16, duration: 5}
-    thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01}   # shortfalls below the expectation
+    thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01, run_spread: 0.15}  # shortfalls below the expectation;
+                                                      # run_spread: least spread between runs (baseline)
     peers: {warn: 0.05, fail: 0.10}                     # a device against the median of its peers
     warn_fails: false                                    # true: a WARN exits 1 like a FAIL
 
@@ -46,6 +49,7 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "gemm": ("micro", "gemm", ("kind", "tag")),
     "collectives": ("micro", "collectives", ("kind", "tag", "emulate_nodes", "nnodes", "node_rank")),
     "collectives_nodes": ("micro", "collectives", ("kind", "tag")),
+    "links": ("micro", "links", ("kind", "tag")),
     "train_alone": ("train", None, ("tag", "parallel")),
     "train": ("train", None, ("tag",)),
     "scale": ("train", None, ("tag", "nproc_per_node", "nnodes", "node_rank")),
@@ -53,6 +57,8 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
 }
 FULL = tuple(CHECKS)
 QUICK = ("health", "memory", "gemm", "collectives", "train_alone", "train", "inference")
+ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
+ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
 SCALE_ONLY = ("devices", "layouts")  # scale's own fields beside train's
 SET_BY_SUITE = {"train_alone": {"parallel": "none"}, "inference": {"scenario": "offline"}}  # what makes the check
 TOP_LEVEL = ("name", "description", "checks", "thresholds", "peers", "warn_fails")
@@ -119,8 +125,8 @@ def load(path: str | Path) -> Spec:
             spec.per_check[name] = _thresholds(th, lines, ("checks", name))
     spec.thresholds = _thresholds(doc.get("thresholds") or {}, lines, ("thresholds",), alpha=True)
     spec.peers = _thresholds(doc.get("peers") or {}, lines, ("peers",))
-    spec.per_check = {k: Thresholds(v.warn, v.fail, spec.thresholds.alpha) for k, v in spec.per_check.items()}
-    spec.peers = Thresholds(spec.peers.warn, spec.peers.fail, spec.thresholds.alpha)
+    spec.per_check = {k: v.like(spec.thresholds) for k, v in spec.per_check.items()}
+    spec.peers = spec.peers.like(spec.thresholds)
     if not isinstance(doc.get("warn_fails", False), bool):
         raise lines.fail(("warn_fails",), "must be true or false")
     spec.warn_fails = bool(doc.get("warn_fails", False))
@@ -142,8 +148,9 @@ def _check_entry(name: Any, opts: Any, lines: _Lines) -> dict[str, Any]:
 
 def _thresholds(d: Any, lines: _Lines, path: tuple, alpha: bool = False) -> Thresholds:
     if not isinstance(d, dict):
-        raise lines.fail(path, "must be a mapping: {warn: 0.05, fail: 0.10" + (", alpha: 0.01}" if alpha else "}"))
-    known = ("warn", "fail", "alpha") if alpha else ("warn", "fail")
+        raise lines.fail(path, "must be a mapping: {warn: 0.05, fail: 0.10" + (", alpha: 0.01, run_spread: 0.15}"
+                                                                              if alpha else "}"))
+    known = ("warn", "fail", "alpha", "run_spread") if alpha else ("warn", "fail")
     for k, v in d.items():
         if k not in known:
             raise lines.fail(path + (k,), f"unknown threshold {k!r}; known: {', '.join(known)}")

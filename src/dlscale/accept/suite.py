@@ -8,10 +8,16 @@ without network namespaces). ``run_check`` is the thin list of ``dlscale.api`` c
 makes ordinary recorded runs tagged with the acceptance id, and a failed run is kept (recorded
 failed) for the verdicts.
 
+Several nodes: ``Nodes`` (``dlscale accept --emulate-nodes K`` with the link rate and a node's own
+link rate or CPU quota) lays out every check that runs ranks across nodes (``spec.ON_NODES``: the
+collectives across the nodes, every node's link, the short test alone and on all, the scale
+ladder) on K emulated nodes, over the machine's defaults and the spec's own options; the
+built-in specs then also run the checks across nodes (``spec.ACROSS_NODES``).
+
 Under a launcher (torchrun, srun, mpirun) this process is one rank of a job across nodes: the
-checks that run on every rank (collectives across the nodes, the short test alone on every device
-of the cluster and on all of them) run in place, in the one process group the rank joins; the
-per-node checks are left to ``dlscale accept`` on each node without a launcher.
+checks that run on every rank (collectives across the nodes and every node's link, the short test
+alone on every device of the cluster and on all of them) run in place, in the one process group
+the rank joins; the per-node checks are left to ``dlscale accept`` on each node without a launcher.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from typing import Any
 
 from dlscale.accept import spec as specs
 from dlscale.accept.figures import ACROSS_NODES as ACROSS
-from dlscale.errors import RunFailure
+from dlscale.errors import RunFailure, UsageError
 from dlscale.log import info
 
-ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # the checks a launcher's ranks run in place
+LINK = "1gbit"  # the emulated link rate where none is given
+ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # under a launcher: the checks its ranks run in place
+FAULTS = ("node_link_bandwidth", "node_cpu_quota")  # a node set apart: the emulated machine's state, not the suite
 
 
 @dataclass
@@ -35,7 +43,43 @@ class Machine:
     world_size: int = 1
     nodes: int = 1
     no_emulation: str | None = None  # why emulated nodes cannot be made here, or None
+    no_quota: str | None = None  # why CPU quotas cannot be set here, or None
     isa: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The emulated nodes of an acceptance (``--emulate-nodes K`` and its link and per-node options),
+    validated where built, as ``Layout`` validates them (rates, quotas, node numbers)."""
+
+    emulate_nodes: int | None = None
+    link_bandwidth: str | None = None
+    link_latency: str | None = None
+    node_link_bandwidth: Any = ()
+    node_cpu_quota: Any = ()
+
+    def __post_init__(self) -> None:
+        from dlscale.layout import Layout
+
+        lay = Layout(emulate_nodes=self.emulate_nodes, link_bandwidth=self.link_bandwidth,
+                     link_latency=self.link_latency, node_link_bandwidth=self.node_link_bandwidth,
+                     node_cpu_quota=self.node_cpu_quota)
+        object.__setattr__(self, "node_link_bandwidth", lay.node_link_bandwidth)
+        object.__setattr__(self, "node_cpu_quota", lay.node_cpu_quota)
+        if self.emulate_nodes is not None and self.emulate_nodes < 2:
+            raise UsageError(f"--emulate-nodes {self.emulate_nodes}: the checks across nodes need at least 2 nodes")
+
+    def options(self) -> dict[str, Any]:
+        """The layout options every check on the nodes takes (command spelling); {} without nodes."""
+        if not self.emulate_nodes:
+            return {}
+        out: dict[str, Any] = {"emulate_nodes": self.emulate_nodes, "link_bandwidth": self.link_bandwidth or LINK}
+        if self.link_latency:
+            out["link_latency"] = self.link_latency
+        for key in FAULTS:
+            if getattr(self, key):
+                out[key] = ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in getattr(self, key))
+        return out
 
 
 @dataclass
@@ -55,6 +99,7 @@ class Plan:
 def machine() -> Machine:
     import torch
 
+    from dlscale.distributed.cgroup import unavailable_reason as no_quota
     from dlscale.distributed.env import detect, launcher_of
     from dlscale.distributed.netns import unavailable_reason
     from dlscale.system import cpu_info
@@ -63,56 +108,67 @@ def machine() -> Machine:
     env = detect() if launcher_of() else None
     return Machine(gpus=gpus, capability=torch.cuda.get_device_capability(0) if gpus else None,
                    launcher=env.launcher if env else None, world_size=env.world_size if env else 1,
-                   nodes=env.nnodes if env else 1, no_emulation=unavailable_reason(), isa=cpu_info().get("isa") or {})
+                   nodes=env.nnodes if env else 1, no_emulation=unavailable_reason(), no_quota=no_quota(),
+                   isa=cpu_info().get("isa") or {})
 
 
-def defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
-    """A check's options on this machine before the spec's own (docs/CLUSTER.md lists them)."""
-    return (_gpu_defaults if m.gpus else _cpu_defaults)(check, m, quick)
+def defaults(check: str, m: Machine, quick: bool, k: int | None = None) -> dict[str, Any]:
+    """A check's options on this machine before the spec's own (docs/CLUSTER.md lists them); ``k``:
+    the emulated nodes the checks on nodes run on (``Nodes``), else None."""
+    return (_gpu_defaults if m.gpus else _cpu_defaults)(check, m, quick, k)
 
 
-def _gpu_defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
+def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[str, Any]:
     low = (m.capability or (8, 0))[0] < 8  # before Ampere: no bf16, no tf32
     prec = "fp16" if low else "bf16"
-    ranks = {} if m.launcher else {"nproc_per_node": m.gpus}
+    per = max(1, m.gpus // k) if k else m.gpus  # GPUs per node (emulated nodes: each its own GPUs)
+    ranks = {} if m.launcher else {"nproc_per_node": per}
     short = {"model": "resnet50", "batch_size": 128, "precision": prec, "steps": 30 if quick else 50,
              "warmup_steps": 10, "breakdown_steps": 0}
+    across = {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce"}
     return {
         "memory": {},
         "p2p": {},
         "gemm": {"precision": ["fp32", prec] if quick else ["fp32", "fp16"] if low else ["fp32", "tf32", "bf16", "fp16"]},
-        "collectives": {**ranks, "sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce" if quick
-                        else "all_reduce,all_gather,reduce_scatter"},
-        "collectives_nodes": {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce"},
+        "collectives": {"nproc_per_node": m.gpus, "sizes": "16M:256M" if quick else "1M:1G",
+                        "ops": "all_reduce" if quick else "all_reduce,all_gather,reduce_scatter"},
+        "collectives_nodes": {**across, **ranks} if k else across,
+        "links": {},
         "train_alone": {**short, **ranks},
         "train": {**short, **ranks},
-        "scale": {**short, "steps": 30, "devices": [d for d in (1, 2, 4, 8, 16) if d < m.gpus] + [m.gpus]},
+        "scale": {**short, "steps": 30, "devices": [d for d in (1, 2, 4, 8, 16) if d < per] + [per],
+                  **({"layouts": [f"{n}x{per}" for n in range(2, k + 1)]} if k else {})},
         "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": 2 if quick else 5,
                       "iters": 20},
     }.get(check, {})
 
 
-def _cpu_defaults(check: str, m: Machine, quick: bool) -> dict[str, Any]:
-    ranks = {} if m.launcher else {"nproc_per_node": 2, "threads_per_rank": 1}
+def _cpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[str, Any]:
+    one = {"nproc_per_node": 1, "threads_per_rank": 1}  # a rank per (emulated) node
+    ranks = {} if m.launcher else one if k else {"nproc_per_node": 2, "threads_per_rank": 1}
     short = {"model": "resnet18", "image_size": 32, "batch_size": 16, "steps": 15 if quick else 30,
              "warmup_steps": 3, "breakdown_steps": 0}
     coll = {"sizes": "256K:8M", "ops": "all_reduce"}
+    links = {"sizes": "256K,2M", "iters": 5, "budget": 2}  # a link 10x slow still gets its 5 timed exchanges
     bf16 = bool(m.isa.get("avx512_bf16") or m.isa.get("amx_bf16"))
+    emulated = {} if m.launcher else {**one, "link_bandwidth": LINK}  # one machine, no --emulate-nodes: its own nodes
     return {
         "memory": {"mem_mib": 256} if quick else {},
         "gemm": {"precision": ["fp32"] if quick or not bf16 else ["fp32", "bf16"]},
-        "collectives": {**ranks, **coll},
-        "collectives_nodes": coll if m.launcher else {"emulate_nodes": 2, "nproc_per_node": 1, "threads_per_rank": 1,
-                                                      "link_bandwidth": "1gbit", **coll},
+        "collectives": {"nproc_per_node": 2, "threads_per_rank": 1, **coll},
+        "collectives_nodes": {**coll, **emulated, **({} if m.launcher else {"emulate_nodes": 2})},
+        "links": {**links, **emulated, **({} if m.launcher else {"emulate_nodes": 3})},  # 3: a slow one shows
         "train_alone": {**short, **ranks},
         "train": {**short, **ranks},
-        "scale": {**short, "devices": [1, 2], "threads_per_rank": 1},
+        "scale": {**short, "threads_per_rank": 1, **({"devices": list(range(1, k + 1)),
+                                                      "layouts": [f"{n}x1" for n in range(2, k + 1)]}
+                                                     if k else {"devices": [1, 2]})},
         "inference": {"model": "resnet18", "image_size": 32, "batch_sizes": [32], "duration": 2 if quick else 5,
                       "iters": 10, "warmup": 2},
     }.get(check, {})
 
 
-def why_not(check: str, m: Machine) -> str | None:
+def why_not(check: str, m: Machine, nodes: Nodes | None = None) -> str | None:
     """Why a check cannot run on this machine (None: it can)."""
     if m.launcher and check not in ACROSS_NODES:
         return (f"under {m.launcher} only the checks across every rank run; run `dlscale accept` on each node "
@@ -123,29 +179,63 @@ def why_not(check: str, m: Machine) -> str | None:
         return f"needs at least 2 GPUs; this machine has {m.gpus}"
     if check in ("collectives", "scale") and m.gpus == 1:
         return "needs at least 2 devices; this machine has 1 GPU"
-    if check == "collectives_nodes" and not m.launcher:
+    if check in specs.ACROSS_NODES and not m.launcher and not (nodes and nodes.emulate_nodes):
         if m.gpus:
-            return ("one node: run `dlscale accept` under srun/torchrun/mpirun across the nodes for the collectives "
-                    "between them")
+            return ("one node: run `dlscale accept` under srun/torchrun/mpirun across the nodes (or with "
+                    "--emulate-nodes K) for what crosses them")
         if m.no_emulation:
             return f"emulated nodes unavailable here: {m.no_emulation}"
-    if check == "collectives_nodes" and m.launcher and m.nodes < 2:
+    if check in specs.ACROSS_NODES and m.launcher and m.nodes < 2:
         return f"{m.launcher} started one node: nothing crosses a node"
     return None
 
 
-def plan(spec: specs.Spec, quick: bool, m: Machine | None = None) -> Plan:
-    """The spec's checks that run here, each with its options validated; the others with why not."""
+def several_nodes(m: Machine, nodes: Nodes) -> bool:
+    return bool(nodes.emulate_nodes) or (m.launcher is not None and m.nodes > 1)
+
+
+def check_names(spec: specs.Spec, m: Machine, nodes: Nodes) -> list[str]:
+    """The spec's checks in its order; a built-in spec on several nodes adds the checks across them."""
+    names = list(spec.checks)
+    if spec.source == "built-in" and several_nodes(m, nodes):
+        names += [c for c in specs.ACROSS_NODES if c not in names]
+        names.sort(key=list(specs.CHECKS).index)
+    return names
+
+
+def plan(spec: specs.Spec, quick: bool, m: Machine | None = None, nodes: Nodes | None = None) -> Plan:
+    """The spec's checks that run here, each with its options validated (the machine's defaults,
+    under the spec's, under the emulated nodes' layout); the others with why not."""
     m = m or machine()
+    nodes = nodes or Nodes()
+    _check_nodes(nodes, m)
+    names = check_names(spec, m, nodes)
+    if nodes.emulate_nodes and not any(c in specs.ON_NODES for c in names):
+        raise UsageError(f"--emulate-nodes: acceptance spec {spec.name} has no check that runs on nodes "
+                         f"({', '.join(specs.ON_NODES)}); add one or leave out --emulate-nodes")
     checks, not_run = [], []
-    for name, given in spec.checks.items():
-        why = why_not(name, m)
+    for name in names:
+        why = why_not(name, m, nodes)
         if why is not None:
             not_run.append((name, why))
             continue
-        options = {**defaults(name, m, quick), **given}
+        layout = nodes.options() if name in specs.ON_NODES else {}
+        options = {**defaults(name, m, quick, nodes.emulate_nodes), **spec.checks.get(name, {}), **layout}
         checks.append(Planned(name, options, specs.validate(spec, name, options)))
     return Plan(checks, not_run, m)
+
+
+def _check_nodes(nodes: Nodes, m: Machine) -> None:
+    """Emulated nodes this machine can make (before anything runs)."""
+    if not nodes.emulate_nodes:
+        return
+    if m.launcher:
+        raise UsageError(f"under {m.launcher} the nodes are the launcher's: leave out --emulate-nodes and its link "
+                         "and quota options")
+    if m.no_emulation:
+        raise UsageError(f"--emulate-nodes: {m.no_emulation}")
+    if nodes.node_cpu_quota and m.no_quota:
+        raise UsageError(m.no_quota)
 
 
 # -- the api calls --------------------------------------------------------------------------------------
@@ -186,7 +276,9 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
     if p.check == "scale":
         return api.scale(cfg.model, devices=p.options.get("devices") or [1, 2],
                          layouts=_layouts(p.options.get("layouts")), emulate_nodes=layout.emulate_nodes,
-                         link_bandwidth=layout.link_bandwidth, threads_per_rank=layout.threads_per_rank, db=db,
+                         link_bandwidth=layout.link_bandwidth, link_latency=layout.link_latency,
+                         node_link_bandwidth=layout.node_link_bandwidth, node_cpu_quota=layout.node_cpu_quota,
+                         threads_per_rank=layout.threads_per_rank, db=db,
                          **{**_train_fields(cfg, p.options), "tag": tag})
     cfg = replace(cfg, tag=tag, parallel="none" if p.check == "train_alone" else cfg.parallel)
     return [api.train(config=cfg, layout=layout, db=db)]

@@ -4,8 +4,10 @@ For a figure (measured rate m) and an expectation (expected rate e, from a datas
 a reference or the median of its peers), ``ratio = m / e`` and the shortfall ``1 - ratio``:
 
 - PASS: the shortfall is below the warn threshold;
-- FAIL: the shortfall reaches the fail threshold *and* is significant (one-sided p < alpha, from
-  the figure's raw samples: ``signif``) — a FAIL is never declared inside the noise;
+- FAIL: the shortfall reaches the fail threshold *and* is significant (one-sided p < alpha:
+  ``signif``; against a baseline, over the spread between its accepted runs, never below the
+  ``run_spread`` floor; against peers, over the raw samples of the same run, or for nodes' CPUs
+  over the spread between the peers' values) — a FAIL is never declared inside the noise;
 - WARN: otherwise when the shortfall reaches the warn threshold (saying whether it passed the
   fail line inside the noise, or could not be tested for want of samples);
 - NO EXPECTATION: a figure with no expectation of any kind; its run becomes the baseline next time.
@@ -29,11 +31,14 @@ STATUSES = (PASS, WARN, FAIL, NO_EXPECTATION)
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Shortfalls (fractions below the expectation) that WARN and FAIL, and the significance level."""
+    """Shortfalls (fractions below the expectation) that WARN and FAIL, the significance level, and
+    the least spread between runs a baseline comparison assumes (SD of the log of the rate; 0.15,
+    set against healthy runs of a shared 2-core machine: docs/METRICS.md)."""
 
     warn: float = 0.05
     fail: float = 0.10
     alpha: float = 0.01
+    run_spread: float = 0.15
 
     def check(self, where: str = "thresholds") -> None:
         from dlscale.errors import UsageError
@@ -43,6 +48,13 @@ class Thresholds:
                              f"got warn {self.warn}, fail {self.fail}")
         if not 0 < self.alpha < 1:
             raise UsageError(f"{where}: alpha must be in (0, 1), got {self.alpha}")
+        if not 0 < self.run_spread < 1:
+            raise UsageError(f"{where}: run_spread must be in (0, 1) (the spread between runs, SD of the log of "
+                             f"the rate; 0.15 is about 15%), got {self.run_spread}")
+
+    def like(self, other: "Thresholds") -> "Thresholds":
+        """These warn and fail lines with ``other``'s significance level and run spread."""
+        return Thresholds(self.warn, self.fail, other.alpha, other.run_spread)
 
 
 @dataclass(frozen=True)
@@ -50,8 +62,9 @@ class Expectation:
     kind: str  # "datasheet" | "baseline" | "reference" | "peers"
     value: float
     source: str
-    samples: tuple[float, ...] = ()  # baseline/peers: their samples (the test's other side)
-    cells: tuple[tuple[str, float], ...] = ()  # baseline: paired cells
+    samples: tuple[float, ...] = ()  # peers: their samples (the test's other side)
+    runs: tuple[float, ...] = ()  # baseline: the figure's value in each accepted run, newest first; peers
+    # whose noise is between them (a node's CPU): each peer's value
     run_id: str | None = None
 
     @property
@@ -77,6 +90,7 @@ class Verdict:
     fail: float | None = None
     ci95: list[float] | None = None  # the measurement's own 95% interval
     test: dict[str, Any] | None = None  # p, ratio_ci95, method
+    significant: bool = False  # the shortfall is significant (p < alpha): a proven one, however small
     reason: str = ""
     run_ids: list[str] = field(default_factory=list)
     key: str = ""  # the figure's key (figures.Figure.key)
@@ -101,7 +115,7 @@ class Verdict:
 def compare(fig: Figure, exp: Expectation, th: Thresholds) -> Verdict:
     """One figure against one expectation (the module doc's rules)."""
     ratio = fig.value / exp.value if exp.value else None
-    test = _test(fig, exp)
+    test = _test(fig, exp, th)
     v = _base(fig, PASS)
     v.expected, v.expectation, v.source, v.ratio = exp.value, exp.kind, exp.source, ratio
     v.warn, v.fail, v.test = th.warn, th.fail, test.to_dict() if test else None
@@ -111,22 +125,25 @@ def compare(fig: Figure, exp: Expectation, th: Thresholds) -> Verdict:
         return v
     short = 1 - ratio
     below = f"{short:.1%} below {exp.phrase}" if short > 0 else f"{-short:.1%} above {exp.phrase}"
-    significant = test is not None and test.p < th.alpha
+    significant = v.significant = test is not None and test.p < th.alpha and short > 0
     if short < th.warn:
         v.status, v.reason = PASS, f"{below} (warn at {th.warn:.0%})"
     elif short >= th.fail and significant:
         v.status, v.reason = FAIL, f"{below}: past the {th.fail:.0%} fail line, significant (p = {test.p:.2g})"
     elif short >= th.fail:
         why = f"p = {test.p:.2g} >= {th.alpha:g}" if test else "no samples to tell the noise"
+        floor = test.detectable(th.alpha) if test else None
+        if floor is not None:
+            why += f"; against {test.against} with a spread of {test.sigma:.2f} a FAIL needs {floor:.0%} or more"
         v.status, v.reason = WARN, f"{below}: past the {th.fail:.0%} fail line but inside the noise ({why})"
     else:
         v.status, v.reason = WARN, f"{below}: past the {th.warn:.0%} warn line"
     return v
 
 
-def _test(fig: Figure, exp: Expectation) -> signif.Test | None:
-    if exp.cells and fig.cells:
-        return signif.vs_cells(fig.cells, dict(exp.cells))
+def _test(fig: Figure, exp: Expectation, th: Thresholds) -> signif.Test | None:
+    if exp.runs:
+        return signif.vs_runs(fig.value, exp.runs, th.run_spread, "peer" if exp.kind == "peers" else "baseline run")
     if exp.samples:
         return signif.vs_samples(fig.samples, exp.samples)
     return signif.vs_value(fig.samples, exp.value)
@@ -163,9 +180,11 @@ def peer_expectations(figs: Sequence[Figure]) -> dict[int, Expectation]:
             others = [figs[j] for j in members if j != i]
             med = percentile([o.value for o in others], 50)
             model = figs[i].model or "device"
+            between = figs[i].peer_noise == "values"
             out[i] = Expectation("peers", med, f"median of {len(others)} peer(s) of the same model ({model}) in the "
                                                f"same run: {', '.join(o.subject.label for o in others if o.subject)}",
-                                 tuple(x for o in others for x in o.samples), run_id=figs[i].run_id)
+                                 () if between else tuple(x for o in others for x in o.samples),
+                                 runs=tuple(o.value for o in others) if between else (), run_id=figs[i].run_id)
     return out
 
 

@@ -8,19 +8,25 @@ import typer
 from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json
+from dlscale.cli.distopts import BandwidthOpt, EmulateOpt, LatencyOpt, NodeBandwidthOpt, NodeQuotaOpt
 
 HELP = """Does this server (or cluster) perform as it should, and if not, which part is wrong?
 
 Runs the acceptance suite as ordinary recorded runs under one acceptance id: GPU health, memory
 (host STREAM; device and pinned host copies per GPU), the GPU peer matrix, GEMM per precision on
-every device, collectives in the node and across nodes, the short test on every device alone (all
-at once, so the slow one shows) and on all devices, the scale ladder, and LoadGen offline
-inference. Every figure is judged against an expectation with its source: the datasheet x a
-typical fraction (GPUs), this system's own baseline (--baseline; default the last acceptance of
-the same system and suite in which the figure passed), a reference (--reference) and, per device
-and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail threshold and
-significant on the raw samples: never inside the noise) and NO EXPECTATION (recorded as the
-baseline for next time).
+every device, collectives in the node and across nodes, every node's link, the short test on
+every device alone (all at once, so the slow one shows) and on all devices, the scale ladder, and
+LoadGen offline inference. Every figure is judged against an expectation with its source: the
+datasheet x a typical fraction (GPUs), this system's own baseline (--baseline; default the
+figure's last accepted runs of the same system and suite), a reference (--reference) and, per
+device, node and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail
+threshold and significant: beyond the spread between the baseline's runs, or the samples of its
+peers; never inside the noise) and NO EXPECTATION (recorded as the baseline for next time).
+
+Several nodes: under srun/torchrun/mpirun across nodes, or on this machine with --emulate-nodes K
+(network namespaces joined by links shaped at --link-bandwidth, default 1gbit; --node-link-bandwidth
+and --node-cpu-quota set one node apart): every check that runs ranks runs across the nodes, and
+the collectives between them and every node's link (micro links) are judged too.
 
 Prints the verdict table, writes the HTML report, JUnit XML, every record and a sha256 manifest
 into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed, 1 on a FAIL (or a WARN with
@@ -38,8 +44,9 @@ EPILOG = """Examples:\n\n
   dlscale accept --spec node.yaml --out acceptance/ --format json\n\n
   dlscale accept --baseline tag:accept-20261125T101500-1a2b3c4d --warn-fails\n\n
   dlscale accept --reference ref:seed001-table5,system:SN-8xV100-16GB-SXM2\n\n
-  srun --nodes 2 --ntasks-per-node 8 dlscale accept     # across nodes: collectives, every GPU alone, all GPUs\n\n
+  srun --nodes 2 --ntasks-per-node 8 dlscale accept     # across nodes: collectives, links, every GPU alone, all GPUs\n\n
   dlscale accept --executor slurm --partition gpu --nodes 2 --gpus-per-node 8 --db postgresql://db.lab/dlscale\n\n
+  dlscale accept --quick --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit\n\n
   dlscale accept verify accept-20261125T101500-1a2b3c4d/\n\n
   dlscale accept judge accept-20261125T101500-1a2b3c4d --spec stricter.yaml"""
 
@@ -79,6 +86,11 @@ def accept(
     time: Annotated[Optional[str], typer.Option("--time", help="Slurm: the job's time limit, minutes or "
                                                 "[D-]H:MM[:SS] (default 30 with --quick, else 180).",
                                                 show_default=False)] = None,
+    emulate_nodes: EmulateOpt = None,
+    link_bandwidth: BandwidthOpt = None,
+    link_latency: LatencyOpt = None,
+    node_link_bandwidth: NodeBandwidthOpt = None,
+    node_cpu_quota: NodeQuotaOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
@@ -95,6 +107,11 @@ def accept(
         raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
     if action is None and target:
         raise UsageError(f"unexpected argument {target!r}; the suite takes options only (see --help)")
+    emulated = {"emulate_nodes": emulate_nodes, "link_bandwidth": link_bandwidth, "link_latency": link_latency,
+                "node_link_bandwidth": node_link_bandwidth or (), "node_cpu_quota": node_cpu_quota or ()}
+    if action is not None and any(emulated.values()):
+        raise UsageError(f"`dlscale accept {action}` runs nothing: leave out --emulate-nodes and the link and "
+                         "node options")
     if action == "verify":
         raise typer.Exit(_verify(target, fmt))
     if action == "judge":
@@ -103,7 +120,7 @@ def accept(
     else:
         acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
                          out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
-                         gpus_per_node=gpus_per_node, time=time)
+                         gpus_per_node=gpus_per_node, time=time, **emulated)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
         return
     show(acc, fmt)
