@@ -16,10 +16,10 @@ import pytest
 EPOCHS = 5
 # domain -> (model, made-dataset scale or None for RL, tta options keeping each epoch short, an unreachable target)
 DOMAINS = {
-    "detection": ("detector_tiny", 0.25, ["--batch-size", "8"], "1.0"),
+    "detection": ("detector_tiny", 0.12, ["--batch-size", "8"], "1.0"),
     "translation": ("transformer_tiny", 0.1, ["--batch-size", "32"], "100"),
     "recommendation": ("ncf", 0.2, ["--batch-size", "1024"], "1.0"),
-    "llm": ("llama_tiny", 0.1, ["--batch-size", "16", "--seq-len", "32"], "0.0"),
+    "llm": ("llama_tiny", 0.04, ["--batch-size", "16", "--seq-len", "32"], "0.0"),
     "reinforcement": ("ppo_mlp", None, ["--batch-size", "512"], "501"),
 }
 
