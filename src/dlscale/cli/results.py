@@ -14,7 +14,7 @@ from rich.table import Table
 
 from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json
 from dlscale.cli.render import train_summary_table
-from dlscale.format import fmt_num, format_metric
+from dlscale.format import fmt_count, fmt_num, format_metric
 from dlscale.record import flatten
 
 app = typer.Typer(help="List, show, export and push recorded runs.", no_args_is_help=True)
@@ -205,7 +205,7 @@ def history(
         return
     order = sorted({(p.created_at, p.acceptance) for x in found for p in x.points})[-max(1, last):]
     t = Table("check", "figure", "on", "unit", *(c[:16].replace("T", " ") for c, _ in order),
-              title=f"acceptance history of {selector} ({len(accs)} acceptance(s))", title_justify="left")
+              title=f"acceptance history of {selector} ({fmt_count(len(accs), 'acceptance')})", title_justify="left")
     mark = {"PASS": "", "WARN": " [yellow]W[/yellow]", "FAIL": " [red]F[/red]", "NO EXPECTATION": " (new)"}
     for x in found:
         at = {p.acceptance: p for p in x.points}

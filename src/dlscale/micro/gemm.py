@@ -40,11 +40,11 @@ def build_gemm(m: int, n: int, k: int, a_t: bool, b_t: bool, precision: str, dev
 def plan(opts: MicroOptions, device: Any) -> Plan:
     """Every shape in every precision; with ``every_device`` on each GPU in turn (rows labelled ``device``)."""
     out = Plan()
-    devices = run_devices(opts, device)
-    for where in devices:
+    shapes = load("gemm", SHAPE_COLUMNS, opts.shapes)  # read once, for every device and precision
+    for where in run_devices(opts, device):
         cases = []
         for p in opts.precisions:
-            for s in load("gemm", SHAPE_COLUMNS, opts.shapes):
+            for s in shapes:
                 m, n, k, a_t, b_t = s["m"], s["n"], s["k"], bool(s["a_t"]), bool(s["b_t"])
                 cases.append(_case("deepbench" if opts.shapes is None else "user", m, n, k, a_t, b_t, p, where))
         if opts.every_device:
