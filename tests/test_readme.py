@@ -26,6 +26,9 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
                             ".venv/bin/python -m pytest -q -m isa")
 
 
-def test_pyproject_pins_torch_and_torchvision():
+def test_pyproject_declares_torch_ranges_and_the_lock_pins_them():
+    """Installing dlscale keeps the user's torch (a range); the README's commands get the lock's pins."""
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"torch==2.14.1"' in text and '"torchvision==0.29.1"' in text
+    assert '"torch>=' in text and '"torchvision>=' in text and '"torch==' not in text
+    lock = (ROOT / "requirements.lock").read_text().splitlines()
+    assert "torch==2.14.1" in lock and "torchvision==0.29.1" in lock

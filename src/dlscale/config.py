@@ -146,11 +146,21 @@ class TrainConfig:
             channels_last = default_channels_last(device_type, self.precision)
         if self.parallel == "fsdp" and self.channels_last:
             raise UsageError("--parallel fsdp shards contiguous parameters only; drop --channels-last")
+        self._require_features()
         if not w.images_in or self.parallel == "fsdp":
             channels_last = False  # a memory format of 4-D image tensors; nothing to lay out otherwise
         pin = self.pin_memory if self.pin_memory is not None or self.data is None else device_type == "cuda"
         return replace(self, device=device_type, channels_last=channels_last, pin_memory=pin,
                        lr=self.lr if self.lr is not None else w.default_lr, **w.resolve(self))
+
+    def _require_features(self) -> None:
+        """Options the installed torch cannot serve: one line naming the release they need (compat)."""
+        from dlscale import compat
+
+        if self.parallel == "fsdp":
+            compat.require("fsdp2", "--parallel fsdp")
+        if self.compile:
+            compat.require("compile", "--compile")
 
     def _check_cpu(self) -> None:
         """Options that need a GPU are refused on CPU rather than silently doing nothing there."""

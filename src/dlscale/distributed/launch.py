@@ -130,12 +130,17 @@ def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: d
 
 def _torchrun_cmd(module: str, module_args: list[str], nproc: int, nnodes: int, node_rank: int,
                   master_addr: str, master_port: int, rdzv_timeout: int) -> list[str]:
+    """torchrun's command line, with only the flags the installed torchrun has (compat): an older
+    torchrun without ``--shutdown-timeout`` ends a failed job's ranks after its own 30 s instead of 5 s."""
+    from dlscale import compat
+
+    optional = ["--shutdown-timeout=5"] if compat.available("torchrun_shutdown_timeout") else []
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
         f"--master-addr={master_addr}", f"--master-port={master_port}", "--rdzv-backend=static",
         f"--rdzv-conf=timeout={rdzv_timeout}", "--max-restarts=0", "--monitor-interval=0.2",
-        "--shutdown-timeout=5", "-m", module, *module_args,
+        *optional, "-m", module, *module_args,
     ]
 
 

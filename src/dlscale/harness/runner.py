@@ -51,6 +51,20 @@ def describe_failure(exc: BaseException) -> str:
     return f"{name}: {msg[:500]}"
 
 
+def _note_features(rec: RunRecord) -> None:
+    """The version-dependent features the installed stack had (compat.features), where the run used
+    torch; the record's system is replaced, not mutated, since callers may share it."""
+    import sys
+
+    if "torch" not in sys.modules or not isinstance(rec.system, dict):
+        return
+    from dlscale import compat
+
+    software = dict(rec.system.get("software") or {})
+    software["features"] = compat.features()
+    rec.system = {**rec.system, "software": software}
+
+
 def execute(
     *,
     kind: str,
@@ -98,6 +112,7 @@ def execute(
         if os.environ.get("DLSCALE_DEBUG"):
             rec.raw["traceback"] = traceback.format_exc()
     rec.finished_at = utc_now()
+    _note_features(rec)
     if store is not None:
         store.insert(rec)
     if failure is not None:

@@ -140,6 +140,17 @@ class InferConfig:
             raise UsageError(f"--channels-last applies to image classifiers' NCHW input; {self.model} is a "
                              f"{w.family} model")
 
+    def _require_features(self) -> None:
+        """Options the installed torch cannot serve: one line naming the release they need (compat)."""
+        from dlscale import compat
+
+        if self.runtime == "onnxruntime":
+            compat.require("onnx_dynamo_export", "--runtime onnxruntime")
+        if self.precision == "int8":
+            compat.require("pt2e_quantization", "--precision int8")
+        if self.compile:
+            compat.require("compile", "--compile")
+
     def train_config(self, batch_size: int | None = None) -> Any:
         """A TrainConfig of this shape (what the workload's make_batch and resolve read)."""
         from dlscale import workloads
@@ -162,6 +173,7 @@ class InferConfig:
         from dlscale.harness.device import default_channels_last
 
         w = workloads.get(self.model)
+        self._require_features()
         if self.precision == "int8" and device_type != "cpu":
             raise UsageError("--precision int8 uses PyTorch's PT2E flow with the x86 inductor quantizer, a CPU path; "
                              "use --device cpu")
