@@ -20,10 +20,15 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
     assert "pip install -c requirements.lock -e '.[test]'" in test_cmd and "pytest" in test_cmd
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
-    # CI runs exactly the README's test command, then only the ISA-sensitive tests again capped at AVX2
-    assert ci_lines[-2] == test_cmd.strip()
-    assert ci_lines[-1] == ("DLSCALE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 "
-                            ".venv/bin/python -m pytest -q -m isa")
+    # CI runs exactly the README's test command, then the ISA-sensitive tests again capped at AVX2, then
+    # the launcher/distributed/inference/micro tests in a user's venv at the oldest supported torch
+    at = ci_lines.index(test_cmd.strip())
+    assert ci_lines[at + 1] == ("DLSCALE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 "
+                                ".venv/bin/python -m pytest -q -m isa")
+    lowest = " ".join(ci_lines[at + 2:])
+    assert lowest.startswith(".venv/bin/python tools/deps.py torch-lowest -- ")
+    for name in ("test_compat", "test_distributed", "test_infer", "test_infer_llm", "test_micro"):
+        assert f"tests/{name}.py" in lowest
 
 
 def test_pyproject_declares_torch_ranges_and_the_lock_pins_them():

@@ -16,9 +16,11 @@ No torch at import time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -191,9 +193,26 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     if device_type == "cuda" and torch.cuda.is_available():  # every rank owns its device, whatever the backend
         torch.cuda.set_device(device_index(env))
     export(env)
-    dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    with stdout_to_stderr():  # gloo of some torch releases (2.9) prints its connection banner to stdout
+        dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=timeout_s))
     return backend
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointed at 2 for the block: what C++ code prints there (a backend's banner)
+    goes to the log stream, so stdout keeps only dlscale's data (a rank under mpirun or srun has no
+    launcher that collects its output)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def tasks_on_node(spec: str, node: int) -> int:

@@ -36,7 +36,8 @@ def pt2e_api() -> tuple[Callable, Callable, Any, Callable]:
             from torch.ao.quantization.quantizer import x86_inductor_quantizer as xiq
         except ImportError:
             raise UsageError("--precision int8 needs PyTorch's PT2E quantisation, which this torch keeps in the "
-                             "torchao package; install it (pip install torchao) or use fp32, bf16 or fp16") from None
+                             "torchao package: install the torchao built for your torch (pip install 'dlscale[int8]' "
+                             "picks the newest) or use fp32, bf16 or fp16") from None
     return prepare_pt2e, convert_pt2e, xiq.X86InductorQuantizer, xiq.get_default_x86_inductor_quantization_config
 
 
