@@ -61,6 +61,7 @@ class FakeGpu:
     domain: int = 0
     device: int = 0
     uuid: str = ""  # default: derived from the bus
+    serial: str = ""  # the board's serial number (nvmlDeviceGetSerial); default: derived from the bus
     pci_device_id: int = 0x2330
     nvlinks: list[Any] = field(default_factory=list)  # per active link: the peer's NVML index, or "switch"
     switch: int = 0  # GPUs behind the same PCIe switch share a number (PXB), else SYS
@@ -76,6 +77,7 @@ class FakeGpu:
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.bus:08x}-1111-2222-3333-444455556666"
+        self.serial = self.serial or f"1654922{self.bus:06d}"
 
     @property
     def bus_id(self) -> str:
@@ -244,6 +246,7 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetHandleByUUID": by_uuid,
         "nvmlDeviceGetPciInfo": lambda h: _pci(g(h)),
         "nvmlDeviceGetUUID": uuid,
+        "nvmlDeviceGetSerial": lambda h: g(h).serial,
         "nvmlDeviceGetName": name,
         "nvmlDeviceGetMigMode": lambda h: [1, 1] if g(h).mig else [0, 0],
         "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,

@@ -287,10 +287,11 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
            emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
            node_link_bandwidth: Any = (), node_cpu_quota: Any = (), executor: str = "local",
            partition: str | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
-           time: str | int | None = None) -> Any:
+           time: str | int | None = None, refs: str | None = None) -> Any:
     """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
     built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
-    acceptance id, judged against the datasheet, this system's baseline (``baseline``: a selector;
+    acceptance id, judged against the healthy figures of each device's model (``refs``: a lab's own
+    file, tried before the shipped table), the datasheet, this system's baseline (``baseline``: a selector;
     default the accepted runs of the same system and suite where each figure passed), a
     ``reference`` selection and each device's peers. ``emulate_nodes`` (with the link rate and
     latency, and a node's own link rate or CPU quota as in ``Layout``) runs every check on nodes
@@ -316,20 +317,38 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
         sp.warn_fails = warn_fails
     if opts is not None:
         return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
-                                     db=db)
-    return run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db)
+                                     db=db, healthy=refs)
+    return run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db,
+                      healthy=refs)
 
 
 def accept_judge(acceptance: str, *, spec: str | None = None, baseline: str | None = None,
                  reference: str | None = None, warn_fails: bool | None = None, out_dir: str | None = None,
-                 db: str | None = None) -> Any:
+                 db: str | None = None, refs: str | None = None) -> Any:
     """The verdicts of a recorded acceptance judged again from the store, with ``spec``'s thresholds
-    (default: those it was judged with) and another ``baseline`` or ``reference``; nothing runs."""
+    (default: those it was judged with), another ``baseline``, ``reference`` or healthy-figures file
+    ``refs``; nothing runs."""
     from dlscale.accept import spec as specs
     from dlscale.accept.run import rejudge
 
     return rejudge(acceptance, specs.load(spec) if spec else None, baseline=baseline, reference=reference,
-                   warn_fails=warn_fails, out_dir=out_dir, db=db)
+                   warn_fails=warn_fails, out_dir=out_dir, db=db, healthy=refs)
+
+
+def accept_refs(model: str | None = None, refs: str | None = None) -> list[Any]:
+    """The healthy figures acceptances are judged against (``refs``: a lab's file first, then the
+    shipped table), those of models whose label or device name contains ``model``: ``refs.Row``s."""
+    from dlscale.accept import refs as healthy
+
+    return healthy.listing(healthy.load(refs), model)
+
+
+def accept_refs_export(selector: str, out: str, db: str | None = None) -> dict[str, Any]:
+    """Write the healthy figures of the acceptances ``selector`` picks as a lab's own healthy-figures
+    file ``out`` (``dlscale accept --refs OUT`` judges against it); returns the document written."""
+    from dlscale.accept.refs_export import export
+
+    return export(selector, out, db)
 
 
 def accept_verify(folder: str) -> tuple[int, list[str]]:
@@ -339,4 +358,4 @@ def accept_verify(folder: str) -> tuple[int, list[str]]:
     return verify(folder)
 
 
-__all__ += ["accept", "accept_judge", "accept_verify"]
+__all__ += ["accept", "accept_judge", "accept_verify", "accept_refs", "accept_refs_export"]

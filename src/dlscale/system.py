@@ -291,6 +291,7 @@ def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dic
     words = max(1, -(-(os.cpu_count() or 64) // 64))
     probes: dict[str, Any] = {
         "name": lambda: nvml.text(nv.nvmlDeviceGetName(h)),
+        "serial": lambda: nvml.text(nv.nvmlDeviceGetSerial(h)),
         "pci_device_id": lambda: int(nv.nvmlDeviceGetPciInfo(h).pciDeviceId) >> 16,
         "pcie_gen_max": lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
         "pcie_width_max": lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
@@ -355,10 +356,25 @@ def _accelerators_guarded() -> dict[str, Any]:
                 "notes": [f"accelerator inventory failed: {type(e).__name__}: {e}"]}
 
 
+def machine_id() -> str | None:
+    """The machine's stable id (systemd's /etc/machine-id, else D-Bus's copy): what a CPU machine's figures
+    are keyed by across runs, as a GPU's are by its NVML UUID and serial (a CPU has neither); None where
+    neither file is (a container may lack both)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
+
+
 def collect(with_torch: bool = True) -> dict[str, Any]:
     """The whole inventory. ``with_torch=False`` skips what needs torch (fast, for tests)."""
     inv: dict[str, Any] = {
         "hostname": socket.gethostname(),
+        "machine_id": machine_id(),
         "cpu": cpu_info(),
         "numa": numa_info(),
         "memory": memory_info(),

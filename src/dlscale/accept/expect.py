@@ -1,14 +1,17 @@
-"""Where each figure's expectation comes from: the datasheet, the system's own baseline, a reference.
+"""Where each figure's expectation comes from: healthy figures, the datasheet, the system's own baseline, a reference.
 
-- datasheet: rated figure x typical fraction (``datasheet.expectation``), GPU figures only;
+- healthy: the figure a healthy system of the device's model gives, from the table of healthy
+  figures (``refs.py``: shipped, or a lab's own file first), matched on model and topology;
+- datasheet: rated figure x typical fraction (``datasheet.expectation``), GPU figures only, and only
+  where the healthy table has no typical row for the figure;
 - baseline: the same figure (by ``Figure.key``) in earlier acceptances of the same system and
   suite: by default, for each figure, the newest ``RUNS`` acceptances in which no verdict of that
   figure proved a shortfall (no FAIL, no WARN with a significant shortfall: a proven slowdown
   never becomes a baseline, so a drift cannot walk the baseline down in steps it can see, while
   the WARNs inside the noise stay, or the runs kept would be the lucky ones and understate the
   noise); or the runs a ``--baseline`` selector names. The expected value is the geometric mean
-  of those runs' values, and their spread is the noise a regression is tested against
-  (``signif.vs_runs``);
+  of those runs' values; the noise a regression is tested against is the spread between runs of
+  that figure on that class of device (``noise.between_runs``, ``signif.vs_runs``);
 - reference: published or imported figures (``--reference ref:seed001-table5,system:...``) of the
   same model, device count, per-device batch and precision, and the scaling efficiency a reference
   ladder reached at the same layout.
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.accept import datasheet
+from dlscale.accept import datasheet, noise
 from dlscale.accept.figures import Figure, figures
 from dlscale.accept.verdict import FAIL, WARN, Expectation
 from dlscale.record import RunRecord
@@ -65,8 +68,11 @@ def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, 
     return out
 
 
-def baseline_expectations(figs: Sequence[Figure], base: Baseline) -> dict[int, Expectation]:
-    """Each figure's baseline: the geometric mean of its accepted runs' values, and those values."""
+def baseline_expectations(figs: Sequence[Figure], base: Baseline, floor: float = 0.15, alpha: float = 0.01,
+                          priors: dict[int, float] | None = None) -> dict[int, Expectation]:
+    """Each figure's baseline: the geometric mean of its accepted runs' values, those values, and the
+    spread between runs of the figure on its class of device (``noise.between_runs``; ``priors``:
+    figure index -> its healthy row's sigma; ``floor``: run_spread)."""
     import math
 
     out = {}
@@ -78,8 +84,19 @@ def baseline_expectations(figs: Sequence[Figure], base: Baseline) -> dict[int, E
         value = math.exp(sum(math.log(b.value) for b, _ in runs) / n)
         src = (f"{origin}, run {newest.run_id}" if n == 1 else
                f"geometric mean of {n} accepted runs: {origin}, run {newest.run_id} (newest) to {runs[-1][1]}")
-        out[i] = Expectation("baseline", value, src, runs=tuple(b.value for b, _ in runs), run_id=newest.run_id)
+        mates = [k for k, v in base.figures.items() if k != f.key and v and klass(v[0]) == klass(f)]
+        series = [[b.value for b, _ in runs]] + [[b.value for b in base.figures[k]] for k in mates]
+        spread = noise.between_runs(series, [b.samples for b, _ in runs], floor, alpha, (priors or {}).get(i),
+                                    f.model or "")
+        out[i] = Expectation("baseline", value, src, runs=tuple(b.value for b, _ in runs), run_id=newest.run_id,
+                             spread=spread)
     return out
+
+
+def klass(f: Figure) -> tuple[str, ...]:
+    """A figure's class of device: the same check and figure on every device of one model (the key alone
+    for a figure with no device model)."""
+    return (f.check, f.name, f.model) if f.model else (f.key,)
 
 
 def reference_expectations(figs: Sequence[Figure], refs: Sequence[RunRecord]) -> dict[int, Expectation]:
@@ -130,10 +147,19 @@ def _efficiency_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
 
 
 def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], base: Baseline | None,
-                 refs: Sequence[RunRecord]) -> dict[int, list[Expectation]]:
-    """Every figure's datasheet, baseline and reference expectations (peers are the verdicts' own)."""
-    out: dict[int, list[Expectation]] = {}
-    for part in (datasheet_expectations(figs, systems), baseline_expectations(figs, base or Baseline()),
+                 refs: Sequence[RunRecord], table: Sequence[Any] | None = None, floor: float = 0.15,
+                 alpha: float = 0.01) -> dict[int, list[Expectation]]:
+    """Every figure's healthy (``table``: ``refs.Row``s, default the shipped table), datasheet (where no
+    typical healthy row), baseline and reference expectations (peers are the verdicts' own)."""
+    from dlscale.accept import refs as healthy
+
+    rows = healthy.load() if table is None else table
+    good = healthy.healthy_expectations(figs, systems, rows)
+    typical = {i for i, es in good.items() if any(not e.floor for e in es)}
+    priors = {i: e.sigma for i, es in good.items() for e in es if e.sigma is not None}
+    sheet = {i: e for i, e in datasheet_expectations(figs, systems).items() if i not in typical}
+    out: dict[int, list[Expectation]] = {i: list(es) for i, es in good.items()}
+    for part in (sheet, baseline_expectations(figs, base or Baseline(), floor, alpha, priors),
                  reference_expectations(figs, refs)):
         for i, e in part.items():
             out.setdefault(i, []).append(e)

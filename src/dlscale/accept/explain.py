@@ -47,8 +47,9 @@ def phrase(v: Verdict) -> str:
 
 
 def _exp_phrase(v: Verdict) -> str:
-    return {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
-            "reference": "the reference"}.get(v.expectation or "", "its expectation")
+    from dlscale.accept.verdict import PHRASES
+
+    return PHRASES.get(v.expectation or "", "its expectation")
 
 
 def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:

@@ -245,7 +245,7 @@ def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
         value, ci = geometric_mean_ci95(vals)
         out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, ci95=ci,
                           context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
-                                   "link_bandwidth": rec.config.get("link_bandwidth")}))
+                                   "link_bandwidth": rec.config.get("link_bandwidth"), "max_size": top}))
     return out
 
 
@@ -369,9 +369,11 @@ def energy_context(rec: RunRecord) -> dict[str, Any]:
 
 
 def _match(rec: RunRecord, world_size: int) -> dict[str, Any]:
-    """What a reference figure must share with this one: model, devices, per-device batch, precision."""
+    """What a reference figure must share with this one: model, devices, per-device batch, precision (and,
+    for a healthy figure, the memory format and image size)."""
     return {"model": rec.workload, "world_size": world_size, "batch_size": rec.config.get("batch_size"),
-            "precision": rec.config.get("precision")}
+            "precision": rec.config.get("precision"), "channels_last": rec.config.get("channels_last"),
+            "image_size": rec.config.get("image_size")}
 
 
 def _device_model(rec: RunRecord, device: str) -> str | None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import explain, figures
+from dlscale.accept import drift, explain, figures
+from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
 from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
@@ -51,15 +52,18 @@ class Acceptance:
 
 
 def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
-          refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None) -> list[Verdict]:
+          refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None,
+          table: Sequence[Any] | None = None) -> list[Verdict]:
     """Every verdict of an acceptance's records (pure): health, failed runs, the checks that recorded
-    nothing (``missing``: check -> why), then each figure against its datasheet, baseline, reference
-    and peers; then the explanations. On several nodes, a per-node check's verdicts name the node."""
+    nothing (``missing``: check -> why), then each figure against its healthy figure (``table``:
+    ``refs.Row``s, default the shipped table), datasheet, baseline, reference and peers; then the
+    explanations. On several nodes, a per-node check's verdicts name the node."""
     rungs = figures.scale_rungs(records)
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
     hosts = figures.node_hosts(records)
     figs = figures.figures(records)
-    exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs)
+    exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
+                        sp.thresholds.run_spread, sp.thresholds.alpha)
     verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of, hosts)
     verdicts += explain.missing_run_verdicts(missing or {})
@@ -78,15 +82,20 @@ class Against:
     reference: str | None = None
     chosen: Baseline | None = None
     refs: list[RunRecord] = field(default_factory=list)
+    healthy: str | None = None  # --refs: a lab's healthy-figures file, tried before the shipped table
+    table: list[Any] = field(default_factory=list)  # refs.Row: the lab's, then the shipped
 
 
-def against(baseline: str | None, reference: str | None, db: str | None) -> Against:
-    """The chosen baseline and reference runs; an unwritable database or a bad selector is a UsageError."""
+def against(baseline: str | None, reference: str | None, db: str | None, healthy: str | None = None) -> Against:
+    """The chosen baseline, reference runs and healthy figures; an unwritable database, a bad selector
+    or a bad healthy-figures file is a UsageError."""
+    from dlscale.accept import refs as healthy_refs
     from dlscale.store import Store
 
+    table = healthy_refs.load(healthy)
     with Store.open(db) as store:
         return Against(baseline, reference, selected_baseline(store, baseline) if baseline else None,
-                       _reference(store, reference))
+                       _reference(store, reference), healthy, table)
 
 
 def new_acceptance_id() -> str:
@@ -94,14 +103,15 @@ def new_acceptance_id() -> str:
 
 
 def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = None, baseline: str | None = None,
-           reference: str | None = None, out_dir: str | None = None, db: str | None = None) -> Acceptance | None:
+           reference: str | None = None, out_dir: str | None = None, db: str | None = None,
+           healthy: str | None = None) -> Acceptance | None:
     """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
     from dlscale.system import collect_cached
 
     plan = suite.plan(sp, quick, nodes=nodes)  # every check's options validated before anything runs
     if not plan.checks:
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
-    vs = against(baseline, reference, db)
+    vs = against(baseline, reference, db, healthy)
     acc_id = new_acceptance_id()
     info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
     for check, why in plan.not_run:
@@ -124,9 +134,10 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     suite_hash = hash_of(plan.checks)
     with Store.open(db) as store:
         base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
-    verdicts = judge(records, sp, base, vs.refs, missing)
+    verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None)
+    verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
     rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
-                  inventory)
+                  inventory, healthy=vs.healthy)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
     acc.out_dir = Path(out_dir or acc_id)
     acc.files = outputs.write(acc, db)
@@ -141,9 +152,11 @@ def hash_of(checks: Sequence[suite.Planned]) -> str:
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
             reference: str | None = None, warn_fails: bool | None = None, out_dir: str | None = None,
-            db: str | None = None) -> Acceptance:
-    """The verdicts of a recorded acceptance computed again (new thresholds, another baseline); nothing runs
+            db: str | None = None, healthy: str | None = None) -> Acceptance:
+    """The verdicts of a recorded acceptance computed again (new thresholds, another baseline or
+    healthy-figures file; default the file it was judged with, where it is still there); nothing runs
     and nothing is recorded. ``acceptance``: its id (its tag) or a prefix of its record's run id."""
+    from dlscale.accept import refs as healthy_refs
     from dlscale.store import Store
 
     with Store.open(db) as store:
@@ -155,7 +168,10 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         base = (selected_baseline(store, baseline) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
                               {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
-    acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs, (acc_rec.raw or {}).get("missing")),
+    lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
+    table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
+    acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs, (acc_rec.raw or {}).get("missing"),
+                                                          table),
                      [tuple(x) for x in (acc_rec.raw or {}).get("not_run") or []],
                      sp.warn_fails if warn_fails is None else warn_fails)
     if out_dir:
@@ -191,6 +207,21 @@ def _reference(store: Any, selector: str | None) -> list[RunRecord]:
     return select(store, selector)
 
 
+def healthy_of(lab: str | None) -> dict[str, Any]:
+    """What the healthy figures were judged against: the lab file (path, sha256) and the shipped table's sha256."""
+    import hashlib
+
+    from dlscale.accept.refs import built_in_path
+
+    def sha(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    out: dict[str, Any] = {"built_in_sha256": sha(built_in_path())}
+    if lab:
+        out.update(file=str(Path(lab).resolve()), sha256=sha(Path(lab)))
+    return out
+
+
 def _rank_zero() -> bool:
     from dlscale.distributed.env import detect, launcher_of
 
@@ -200,7 +231,8 @@ def _rank_zero() -> bool:
 
 def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], verdicts: list[Verdict], system: str,
             suite_hash: str, baseline: str | None, reference: str | None, db: str | None,
-            missing: dict[str, str] | None = None, inventory: dict[str, Any] | None = None) -> RunRecord:
+            missing: dict[str, str] | None = None, inventory: dict[str, Any] | None = None,
+            healthy: str | None = None) -> RunRecord:
     """The acceptance's own record (kind ``accept``; ``missing``: the checks that recorded nothing, and why)."""
     from dlscale.harness.runner import Outcome, execute
     from dlscale.store import Store
@@ -214,9 +246,10 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
                **{k.lower().replace(" ", "_"): v for k, v in n.items()}}
     units = {"verdicts": "verdicts", **{k.lower().replace(" ", "_"): "verdicts" for k in n}}
     config = {"spec": sp.to_dict(), "system": system, "suite_hash": suite_hash, "baseline": baseline,
-              "reference": reference, "checks": {p.check: p.options for p in plan.checks}}
+              "reference": reference, "checks": {p.check: p.options for p in plan.checks},
+              "healthy_refs": healthy_of(healthy)}
     raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run,
-           **({"missing": missing} if missing else {})}
+           "devices": identities(records), **({"missing": missing} if missing else {})}
     with Store.open(db) as store:
         return execute(kind="accept", workload=sp.name, config=config, tag=acc_id, store=store, system=inventory,
                        body=lambda _rec: Outcome(metrics=metrics, units=units, raw=raw))

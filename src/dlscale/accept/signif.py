@@ -7,10 +7,12 @@ gives the two-sided 95% interval of measured / expected:
 
 - ``vs_runs``: a figure against the same figure in the baseline's accepted runs. Two runs differ
   by more than the steps inside one run do (the machine's load, clocks and placement change
-  between runs, and hold still within one), so the noise is the spread *between runs*: the
-  baseline runs' own where there are several, never less than a stated floor (``run_spread``),
-  and the floor alone with one baseline run; a normal test of the new run's log value against
-  their mean log value;
+  between runs, and hold still within one), so the noise is the spread *between runs* of that
+  figure on that class of device (``noise.between_runs``: the runs' own, pooled over the figure's
+  peers of the same model, bounded where the history is short; the ``run_spread`` floor where it
+  has none); a normal test of the new run's log value against their mean log value;
+- ``vs_known``: a figure against a healthy figure whose spread among healthy systems is known
+  (its tolerance): a normal test of the log ratio;
 - ``vs_samples``: the figure's samples against its peers' in the same run (Welch's t-test,
   unequal variances): peers are measured in the same window, so the steps are their noise;
 - ``vs_value``: the samples against a fixed value (a datasheet or reference figure), a one-sample
@@ -35,10 +37,12 @@ class Test:
     runs: int | None = None  # vs_runs: the baseline runs (or peers)
     sigma: float | None = None  # vs_runs: the between-run spread used (log)
     against: str | None = None  # vs_runs: "1 baseline run", "3 peers"
+    noise: dict | None = None  # vs_runs against a baseline: how sigma was found (noise.Spread.to_dict)
 
     def to_dict(self) -> dict:
         return {"p": self.p, "ratio_ci95": list(self.ratio_ci) if self.ratio_ci else None, "method": self.method,
-                "runs": self.runs, "sigma": self.sigma, "against": self.against}
+                "runs": self.runs, "sigma": self.sigma, "against": self.against,
+                **({"noise": self.noise} if self.noise else {})}
 
     def detectable(self, alpha: float) -> float | None:
         """vs_runs: the smallest shortfall that is significant at ``alpha`` with this spread and
@@ -59,13 +63,14 @@ def _ci(res) -> tuple[float, float] | None:  # noqa: ANN001 - a scipy TtestResul
     return (math.exp(lo), math.exp(hi)) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def vs_runs(value: float, runs: Sequence[float], floor: float, noun: str = "baseline run") -> Test | None:
+def vs_runs(value: float, runs: Sequence[float], floor: float, noun: str = "baseline run",
+            spread: object = None) -> Test | None:
     """The new run's value m against n baseline runs' values b_i: with y_i = log b_i, their mean
-    y and standard deviation s (n >= 2; none with one run), the between-run spread is
-    sigma = max(s, floor), and z = (log m - y) / (sigma * sqrt(1 + 1/n)) (the new run deviates by
-    sigma, the mean of n runs by sigma / sqrt n); p = Phi(z), one-sided. sigma is taken as known:
-    the floor keeps a lucky small spread of a few runs from making the test eager. The same test
-    serves peers whose differences last a whole run (``noun`` "peer": nodes' CPUs on one host)."""
+    y and standard deviation s (n >= 2; none with one run), the between-run spread sigma is
+    ``spread.sigma`` where the caller found it from the figure's history (``noise.Spread``: a
+    baseline), else max(s, floor) (peers whose differences last a whole run, ``noun`` "peer":
+    nodes' CPUs on one host); z = (log m - y) / (sigma * sqrt(1 + 1/n)) (the new run deviates by
+    sigma, the mean of n runs by sigma / sqrt n); p = Phi(z), one-sided; sigma is taken as known."""
     from scipy.stats import norm
 
     ys = _logs(runs)
@@ -74,17 +79,36 @@ def vs_runs(value: float, runs: Sequence[float], floor: float, noun: str = "base
     n = len(ys)
     y = sum(ys) / n
     s = math.sqrt(sum((v - y) ** 2 for v in ys) / (n - 1)) if n >= 2 else None
-    sigma = max(s or 0.0, floor)
+    given = getattr(spread, "sigma", None)
+    sigma = given if given is not None else max(s or 0.0, floor)
     se = sigma * math.sqrt(1 + 1 / n)
     d = math.log(value) - y
     half = float(norm.ppf(0.975)) * se
-    spread = (f"their spread {s:.3f}" + (f" below the floor {floor:g}" if s < floor else "")) if s is not None \
-        else f"the floor {floor:g}"
+    if given is not None:
+        spread_text = str(getattr(spread, "basis", ""))
+    else:
+        spread_text = (f"their spread {s:.3f}" + (f" below the floor {floor:g}" if s < floor else "")) \
+            if s is not None else f"the floor {floor:g}"
     against = f"{n} {noun}{'s' if n > 1 else ''}"
     method = f"{'between-run' if noun != 'peer' else 'between-peer'} test on log values: {against}, spread " \
-             f"{sigma:.3f} ({spread})"
+             f"{sigma:.3f} ({spread_text})"
+    noise = spread.to_dict() if given is not None and hasattr(spread, "to_dict") else None
     return Test(float(norm.cdf(d / se)), (math.exp(d - half), math.exp(d + half)), method, runs=n, sigma=sigma,
-                against=against)
+                against=against, noise=noise)
+
+
+def vs_known(value: float, expected: float, sigma: float) -> Test | None:
+    """A figure m against a healthy figure e whose spread among healthy systems is sigma (log):
+    z = log(m / e) / sigma, p = Phi(z), one-sided; the ratio's 95% interval exp(log(m/e) -+ 1.96 sigma)."""
+    from scipy.stats import norm
+
+    if not value > 0 or not expected > 0 or not sigma > 0:
+        return None
+    d = math.log(value / expected)
+    half = float(norm.ppf(0.975)) * sigma
+    return Test(float(norm.cdf(d / sigma)), (math.exp(d - half), math.exp(d + half)),
+                f"normal test of the log ratio against healthy systems' spread {sigma:.4f}", sigma=sigma,
+                against="healthy systems")
 
 
 def detectable(n: int, sigma: float, alpha: float) -> float:

@@ -190,7 +190,8 @@ def main(argv: list[str]) -> int:
 # -- the submitter ---------------------------------------------------------------------------------------
 
 def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, baseline: str | None = None,
-                    reference: str | None = None, out_dir: str | None = None, db: str | None = None) -> Any:
+                    reference: str | None = None, out_dir: str | None = None, db: str | None = None,
+                    healthy: str | None = None) -> Any:
     """Check, submit, wait for and judge the suite as one Slurm job (the module doc); an ``Acceptance``."""
     from dlscale.accept import run
     from dlscale.distributed.env import launcher_of
@@ -204,7 +205,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     if shutil.which("sbatch") is None:
         raise UsageError("--executor slurm needs Slurm's client commands (sbatch not on PATH): run it on a login "
                          "node of the cluster")
-    vs = run.against(baseline, reference, db)
+    vs = run.against(baseline, reference, db, healthy)
     acc_id = run.new_acceptance_id()
     with Store.open(db) as store:
         folder = slurm.default_state_dir(store, "acceptances") / acc_id

@@ -1,13 +1,15 @@
 """Verdicts: pure functions from figures, expectations and thresholds to PASS / WARN / FAIL / NO EXPECTATION.
 
-For a figure (measured rate m) and an expectation (expected rate e, from a datasheet, a baseline,
-a reference or the median of its peers), ``ratio = m / e`` and the shortfall ``1 - ratio``:
+For a figure (measured rate m) and an expectation (expected rate e, from a healthy figure of its
+model, a datasheet, a baseline, a reference or the median of its peers), ``ratio = m / e`` and the
+shortfall ``1 - ratio``:
 
-- PASS: the shortfall is below the warn threshold;
+- PASS: the shortfall is below the warn threshold (against a healthy figure: at least its tolerance);
 - FAIL: the shortfall reaches the fail threshold *and* is significant (one-sided p < alpha:
-  ``signif``; against a baseline, over the spread between its accepted runs, never below the
-  ``run_spread`` floor; against peers, over the raw samples of the same run, or for nodes' CPUs
-  over the spread between the peers' values) — a FAIL is never declared inside the noise;
+  ``signif``; against a baseline, over the spread between runs of that figure on that class of
+  device (``noise.py``); against a healthy figure, over its tolerance; against peers, over the raw
+  samples of the same run, or for nodes' CPUs over the spread between the peers' values) — a FAIL
+  is never declared inside the noise; a healthy *floor* (a published minimum) FAILs below it;
 - WARN: otherwise when the shortfall reaches the warn threshold (saying whether it passed the
   fail line inside the noise, or could not be tested for want of samples);
 - NO EXPECTATION: a figure with no expectation of any kind; its run becomes the baseline next time.
@@ -32,8 +34,9 @@ STATUSES = (PASS, WARN, FAIL, NO_EXPECTATION)
 @dataclass(frozen=True)
 class Thresholds:
     """Shortfalls (fractions below the expectation) that WARN and FAIL, the significance level, and
-    the least spread between runs a baseline comparison assumes (SD of the log of the rate; 0.15,
-    set against healthy runs of a shared 2-core machine: docs/METRICS.md)."""
+    the spread between runs a baseline comparison assumes for a figure with no history of its own
+    (SD of the log of the rate; 0.15, set against healthy runs of a shared 2-core machine), which
+    also caps what a short history's upper bound may claim (``noise.between_runs``, docs/METRICS.md)."""
 
     warn: float = 0.05
     fail: float = 0.10
@@ -59,19 +62,27 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Expectation:
-    kind: str  # "datasheet" | "baseline" | "reference" | "peers"
+    kind: str  # "healthy" | "datasheet" | "baseline" | "reference" | "peers"
     value: float
     source: str
     samples: tuple[float, ...] = ()  # peers: their samples (the test's other side)
     runs: tuple[float, ...] = ()  # baseline: the figure's value in each accepted run, newest first; peers
     # whose noise is between them (a node's CPU): each peer's value
     run_id: str | None = None
+    tolerance: float | None = None  # healthy (typical): how far below a healthy system still measures
+    sigma: float | None = None  # healthy: the known spread (log) of the figure among healthy systems
+    floor: bool = False  # healthy: a published minimum (FAIL below it), not a typical figure
+    spread: Any = None  # baseline: the between-run spread of the figure (noise.Spread)
 
     @property
     def phrase(self) -> str:
         """'its peers' / 'the baseline' / 'the datasheet' / 'the reference' (for explanations)."""
-        return {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
-                "reference": "the reference"}.get(self.kind, self.kind)
+        return PHRASES.get(self.kind + (" floor" if self.floor else ""), self.kind)
+
+
+PHRASES = {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
+           "reference": "the reference", "healthy": "its healthy figure", "healthy floor": "its healthy minimum",
+           "history": "its own history"}
 
 
 @dataclass
@@ -115,6 +126,7 @@ class Verdict:
 def compare(fig: Figure, exp: Expectation, th: Thresholds) -> Verdict:
     """One figure against one expectation (the module doc's rules)."""
     ratio = fig.value / exp.value if exp.value else None
+    th = lines_for(exp, th)
     test = _test(fig, exp, th)
     v = _base(fig, PASS)
     v.expected, v.expectation, v.source, v.ratio = exp.value, exp.kind, exp.source, ratio
@@ -126,24 +138,39 @@ def compare(fig: Figure, exp: Expectation, th: Thresholds) -> Verdict:
     short = 1 - ratio
     below = f"{short:.1%} below {exp.phrase}" if short > 0 else f"{-short:.1%} above {exp.phrase}"
     significant = v.significant = test is not None and test.p < th.alpha and short > 0
+    line = "the minimum" if exp.floor else f"the {th.fail:.0%} fail line"
     if short < th.warn:
         v.status, v.reason = PASS, f"{below} (warn at {th.warn:.0%})"
     elif short >= th.fail and significant:
-        v.status, v.reason = FAIL, f"{below}: past the {th.fail:.0%} fail line, significant (p = {test.p:.2g})"
+        v.status, v.reason = FAIL, f"{below}: past {line}, significant (p = {test.p:.2g})"
     elif short >= th.fail:
         why = f"p = {test.p:.2g} >= {th.alpha:g}" if test else "no samples to tell the noise"
         floor = test.detectable(th.alpha) if test else None
         if floor is not None:
-            why += f"; against {test.against} with a spread of {test.sigma:.2f} a FAIL needs {floor:.0%} or more"
-        v.status, v.reason = WARN, f"{below}: past the {th.fail:.0%} fail line but inside the noise ({why})"
+            why += f"; against {test.against} with a spread of {test.sigma:.3g} a FAIL needs {floor:.0%} or more"
+        v.status, v.reason = WARN, f"{below}: past {line} but inside the noise ({why})"
     else:
         v.status, v.reason = WARN, f"{below}: past the {th.warn:.0%} warn line"
     return v
 
 
+def lines_for(exp: Expectation, th: Thresholds) -> Thresholds:
+    """The warn and fail lines against this expectation: a healthy figure's at least its tolerance
+    (a healthy system measures down to it); a healthy minimum's at the minimum itself."""
+    if exp.floor:
+        return Thresholds(0.0, 0.0, th.alpha, th.run_spread)
+    if exp.tolerance:
+        warn = max(th.warn, exp.tolerance)
+        return Thresholds(warn, max(th.fail, warn), th.alpha, th.run_spread)
+    return th
+
+
 def _test(fig: Figure, exp: Expectation, th: Thresholds) -> signif.Test | None:
+    if exp.sigma is not None and not exp.runs:
+        return signif.vs_known(fig.value, exp.value, exp.sigma)
     if exp.runs:
-        return signif.vs_runs(fig.value, exp.runs, th.run_spread, "peer" if exp.kind == "peers" else "baseline run")
+        noun = "peer" if exp.kind == "peers" else "baseline run"
+        return signif.vs_runs(fig.value, exp.runs, th.run_spread, noun, spread=exp.spread)
     if exp.samples:
         return signif.vs_samples(fig.samples, exp.samples)
     return signif.vs_value(fig.samples, exp.value)
@@ -159,7 +186,7 @@ def _base(fig: Figure, status: str) -> Verdict:
 
 def no_expectation(fig: Figure) -> Verdict:
     v = _base(fig, NO_EXPECTATION)
-    v.reason = "no datasheet, baseline, reference or peer figure: recorded as the baseline for next time"
+    v.reason = "no healthy, datasheet, baseline, reference or peer figure: recorded as the baseline for next time"
     return v
 
 

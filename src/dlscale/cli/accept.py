@@ -17,11 +17,16 @@ Runs the acceptance suite as ordinary recorded runs under one acceptance id: GPU
 every device, collectives in the node and across nodes, every node's link, the short test on
 every device alone (all at once, so the slow one shows) and on all devices, the scale ladder, and
 LoadGen offline inference. Every figure is judged against an expectation with its source: the
-datasheet x a typical fraction (GPUs), this system's own baseline (--baseline; default the
+healthy figure of the device's model and topology (a shipped table with a source for every row,
+or a lab's own file first with --refs; `dlscale accept refs` lists them), else the datasheet x a
+typical fraction (GPUs), this system's own baseline (--baseline; default the
 figure's last accepted runs of the same system and suite), a reference (--reference) and, per
 device, node and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail
-threshold and significant: beyond the spread between the baseline's runs, or the samples of its
-peers; never inside the noise) and NO EXPECTATION (recorded as the baseline for next time).
+threshold and significant: beyond the healthy figure's tolerance, the spread between runs of that
+figure on that class of device, or the samples of its peers; never inside the noise) and NO
+EXPECTATION (recorded as the baseline for next time). A device whose own series (by GPU UUID, or
+the machine's id) dropped over its last acceptances is a WARN of check drift, classed GPU, HBM,
+host or network.
 
 Several nodes: under srun/torchrun/mpirun across nodes, or on this machine with --emulate-nodes K
 (network namespaces joined by links shaped at --link-bandwidth, default 1gbit; --node-link-bandwidth
@@ -32,7 +37,9 @@ Prints the verdict table, writes the HTML report, JUnit XML, every record and a 
 into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed, 1 on a FAIL (or a WARN with
 --warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
 `dlscale accept judge ID` judges a recorded acceptance again (other thresholds or baseline) without
-running anything.
+running anything. `dlscale accept refs [--model H100]` lists the healthy figures with their
+sources; `dlscale accept refs export --from SELECTOR --out lab.yaml` writes a lab's accepted fleet
+as its own healthy-figures file for --refs.
 
 --executor slurm submits the whole suite as one Slurm job (whole nodes; with --nodes 2 or more the
 checks across nodes span the job's nodes and every node runs the per-node checks), records every
@@ -48,16 +55,20 @@ EPILOG = """Examples:\n\n
   dlscale accept --executor slurm --partition gpu --nodes 2 --gpus-per-node 8 --db postgresql://db.lab/dlscale\n\n
   dlscale accept --quick --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit\n\n
   dlscale accept verify accept-20261125T101500-1a2b3c4d/\n\n
+  dlscale accept refs --model "H100 SXM"\n\n
+  dlscale accept refs export --from kind:accept --out lab.yaml; dlscale accept --quick --refs lab.yaml\n\n
   dlscale accept judge accept-20261125T101500-1a2b3c4d --spec stricter.yaml"""
 
-ACTIONS = ("verify", "judge")
+ACTIONS = ("verify", "judge", "refs")
 
 
 def accept(
     action: Annotated[Optional[str], typer.Argument(help="verify DIR: check an output folder against its manifest; "
-                                                        "judge ID: judge a recorded acceptance again. Nothing: run the suite.",
+                                                        "judge ID: judge a recorded acceptance again; refs [export]: "
+                                                        "list or export healthy figures. Nothing: run the suite.",
                                                    show_default=False)] = None,
-    target: Annotated[Optional[str], typer.Argument(help="After verify: the folder; after judge: the acceptance id.",
+    target: Annotated[Optional[str], typer.Argument(help="After verify: the folder; after judge: the acceptance id; "
+                                                        "after refs: export (or nothing: list).",
                                                    show_default=False)] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The few-minute subset (memory, GEMM, collectives in the node, "
                                                         "the short test alone and on all devices, inference) at "
@@ -71,7 +82,15 @@ def accept(
                                                      "ref:seed001-table5,system:SN-8xV100-16GB-SXM2 or tag:imported.",
                                                      show_default=False)] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Folder for the report, JUnit XML, records and "
-                                                   "manifest (default ./ACCEPTANCE_ID).", show_default=False)] = None,
+                                                   "manifest (default ./ACCEPTANCE_ID); refs export: the file.",
+                                                   show_default=False)] = None,
+    refs: Annotated[Optional[str], typer.Option("--refs", help="A lab's healthy-figures file (from `dlscale accept "
+                                                "refs export`), tried before the shipped table.",
+                                                show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="refs: only the models whose label or device name "
+                                                 "contains this, e.g. H100.", show_default=False)] = None,
+    from_: Annotated[Optional[str], typer.Option("--from", help="refs export: the acceptances to export, a selector "
+                                                 "such as kind:accept or system:HOST.", show_default=False)] = None,
     warn_fails: Annotated[Optional[bool], typer.Option("--warn-fails/--warn-passes", help="Whether a WARN exits 1 like "
                                                        "a FAIL (default: the spec's warn_fails, else no).",
                                                        show_default=False)] = None,
@@ -103,6 +122,10 @@ def accept(
     if action is not None and action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}: `dlscale accept` runs the suite; `dlscale accept verify DIR` "
                          "or `dlscale accept judge ID`")
+    if action == "refs":
+        raise typer.Exit(_refs(target, model, from_, out_dir, refs, db, fmt))
+    if model or from_:
+        raise UsageError("--model and --from are for `dlscale accept refs`")
     if action is not None and not target:
         raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
     if action is None and target:
@@ -116,11 +139,11 @@ def accept(
         raise typer.Exit(_verify(target, fmt))
     if action == "judge":
         acc = api.accept_judge(target, spec=spec, baseline=baseline, reference=reference, warn_fails=warn_fails,
-                               out_dir=out_dir, db=db)
+                               out_dir=out_dir, db=db, refs=refs)
     else:
         acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
                          out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
-                         gpus_per_node=gpus_per_node, time=time, **emulated)
+                         gpus_per_node=gpus_per_node, time=time, refs=refs, **emulated)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
         return
     show(acc, fmt)
@@ -154,6 +177,44 @@ def show(acc: Any, fmt: Format) -> None:
     n = counts(acc.verdicts)
     out.print(f"{acc.outcome}: " + ", ".join(f"{k} {c}" for k, c in n.items())
               + (f"; report {acc.out_dir}/report.html" if acc.out_dir else ""), markup=False)
+
+
+def _refs(target: str | None, model: str | None, from_: str | None, out_file: str | None, refs: str | None,
+          db: str | None, fmt: Format) -> int:
+    """`dlscale accept refs`: the healthy figures as a table (or JSON); `refs export`: a lab's file."""
+    from dlscale import api
+    from dlscale.errors import UsageError
+
+    if target not in (None, "export"):
+        raise UsageError(f"`dlscale accept refs {target}`: refs lists the healthy figures; `refs export --from "
+                         "SELECTOR --out FILE` writes a lab's own")
+    if target == "export":
+        if not from_ or not out_file:
+            raise UsageError("`dlscale accept refs export` needs --from SELECTOR (e.g. kind:accept) and --out FILE")
+        doc = api.accept_refs_export(from_, out_file, db)
+        n = sum(len(m["rows"]) for m in doc["models"])
+        if fmt == Format.json:
+            print_json({"file": out_file, "models": len(doc["models"]), "rows": n, "document": doc})
+        else:
+            out.print(f"wrote {out_file}: {n} healthy figure(s) of {len(doc['models'])} model(s); judge with "
+                      f"`dlscale accept --refs {out_file}`", markup=False)
+        return 0
+    if from_:
+        raise UsageError("--from is for `dlscale accept refs export`")
+    rows = api.accept_refs(model, refs)
+    if fmt == Format.json:
+        print_json([r.to_dict() for r in rows])
+        return 0
+    t = Table("model", "check", "figure", "healthy", "basis", "tolerance", "when", "source",
+              title=f"healthy figures ({len(rows)} rows)", title_justify="left")
+    for r in rows:
+        t.add_row(r.model, r.check, r.figure, f"{r.value:g} {r.unit}", r.basis,
+                  "" if r.tolerance is None else f"{r.tolerance:g}",
+                  ", ".join(f"{k}={v}" for k, v in r.when.items()), r.source + (f" <{r.url}>" if r.url else ""))
+    out.print(t)
+    if not rows:
+        out.print(f"(no healthy figure of a model matching {model!r})", markup=False)
+    return 0
 
 
 def _verify(folder: str, fmt: Format) -> int:

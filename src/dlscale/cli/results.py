@@ -181,31 +181,49 @@ def export_text(recs, fmt: str) -> str:
 
 
 @app.command("history", help="Each acceptance figure over time: one row per figure (check, figure, device), one column "
-             "per acceptance, the value and its verdict.\n\nExample: dlscale results history system:gpu-node-07")
+             "per acceptance, the value and its verdict. --device follows one device by its identity (a GPU's NVML "
+             "UUID or serial, a CPU machine's id) over every acceptance that saw it, whichever server it sat in."
+             "\n\nExamples: dlscale results history system:gpu-node-07; dlscale results history --device GPU-8f2e")
 def history(
-    selector: Annotated[str, typer.Argument(help="Which acceptances: a selector whose runs include `accept` runs, e.g. "
-                                                 "system:HOST, kind:accept, tag:ACCEPTANCE_ID, model:SPEC_NAME.",
-                                            show_default=False)],
+    selector: Annotated[Optional[str], typer.Argument(help="Which acceptances: a selector whose runs include `accept` "
+                                                           "runs, e.g. system:HOST, kind:accept, tag:ACCEPTANCE_ID, "
+                                                           "model:SPEC_NAME (with --device: default kind:accept).",
+                                                      show_default=False)] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="One device's own series: its GPU UUID or serial, "
+                                                  "or a machine id (or a prefix of 4+ characters).",
+                                                  show_default=False)] = None,
     last: Annotated[int, typer.Option("--last", help="Show the newest this many acceptances (JSON: all).")] = 6,
     db: DbOpt = None, fmt: FormatOpt = Format.human,
 ) -> None:
-    from dlscale.accept.history import series
+    from dlscale.accept.history import device_series, series
     from dlscale.analysis.select import select
     from dlscale.errors import UsageError
     from dlscale.store import Store
 
+    if not selector and not device:
+        raise UsageError("`dlscale results history` needs a SELECTOR (e.g. system:HOST) or --device ID")
     with Store.open(db) as s:
-        accs = [r for r in select(s, selector) if r.kind == "accept"]
+        accs = [r for r in select(s, selector or "kind:accept") if r.kind == "accept"]
     if not accs:
-        raise UsageError(f"selector {selector!r} matches no acceptance (kind accept); run `dlscale accept` first, "
-                         "or see `dlscale results list --kind accept`")
-    found = series(accs)
+        raise UsageError(f"selector {selector or 'kind:accept'!r} matches no acceptance (kind accept); run `dlscale "
+                         "accept` first, or see `dlscale results list --kind accept`")
+    ident = None
+    if device:
+        ident, found = device_series(accs, device)
+        if ident is None:
+            raise UsageError(f"no acceptance saw a device {device!r} (a GPU's UUID or serial, a machine id); the "
+                             "ids are in `dlscale results show ACCEPTANCE_RUN --format json` under raw.devices")
+    else:
+        found = series(accs)
     if fmt == Format.json:
-        print_json([x.to_dict() for x in found])
+        doc = [x.to_dict() for x in found]
+        print_json({"device": ident, "series": doc} if device else doc)
         return
     order = sorted({(p.created_at, p.acceptance) for x in found for p in x.points})[-max(1, last):]
-    t = Table("check", "figure", "on", "unit", *(c[:16].replace("T", " ") for c, _ in order),
-              title=f"acceptance history of {selector} ({fmt_count(len(accs), 'acceptance')})", title_justify="left")
+    title = (f"history of device {device} ({', '.join(str(v) for v in ident.values() if v)})" if ident else
+             f"acceptance history of {selector} ({fmt_count(len(accs), 'acceptance')})")
+    t = Table("check", "figure", "on", "unit", *(c[:16].replace("T", " ") for c, _ in order), title=title,
+              title_justify="left")
     mark = {"PASS": "", "WARN": " [yellow]W[/yellow]", "FAIL": " [red]F[/red]", "NO EXPECTATION": " (new)"}
     for x in found:
         at = {p.acceptance: p for p in x.points}
