@@ -328,7 +328,7 @@ def test_gpu_ranks_agree_on_k_and_windows_from_the_slowest_rank(monkeypatch):
 
     from dlscale.micro import coll_worker, gputiming
 
-    meet = threading.Barrier(2)
+    meet = threading.Barrier(2, timeout=20)  # a rank that fails breaks it: the other raises, none hangs
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: meet.wait())
     box: list[float] = []
 
@@ -347,7 +347,7 @@ def test_gpu_ranks_agree_on_k_and_windows_from_the_slowest_rank(monkeypatch):
         op = gpu.builder(lambda n: (6e-6 if rank == 0 else 12e-6))()
         out[rank] = coll_worker.cuda_windows(_FakeBuffers(op), 5, 0.5, lambda: None, reduce_max, "cuda:0", api=gpu)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
