@@ -368,3 +368,110 @@ def cuda_from_mig(monkeypatch: Any, host: FakeNvmlHost, instances: list[tuple[in
     return fake_cuda(monkeypatch, [f"{gpu.name} MIG {m.profile}" for gpu, m in migs],
                      pci=[(gpu.domain, gpu.bus, gpu.device) for gpu, _ in migs],
                      uuids=[m.uuid[4:] if with_uuid else None for _, m in migs])  # torch: no "MIG-"
+
+
+class FakeEvent:
+    """A CUDA event of ``FakeTimingCuda``: ``record()`` stamps the fake GPU clock."""
+
+    def __init__(self, gpu: "FakeTimingCuda", number: int):
+        self.gpu, self.number, self.t = gpu, number, None
+
+    def record(self) -> None:
+        self.t = self.gpu.clock
+        self.gpu.log.append(("record", self.number))
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        """Milliseconds from this event to ``end``, as torch.cuda.Event.elapsed_time."""
+        if self.t is None or end.t is None:
+            raise RuntimeError("elapsed_time on an event that was never recorded")
+        return (end.t - self.t) * 1e3
+
+
+class FakeTimingCuda:
+    """A fake of ``dlscale.micro.gputiming.TorchCuda`` (one GPU): a simulated GPU clock that fake
+    ops advance, events that stamp it, and a log of every call (which operand copy) and record.
+
+    ``launch_s`` is the host's gap before every launch (an eager call, or a graph replay), in
+    which the GPU waits; ``capture_error`` makes graph capture fail with that exception.
+
+        gpu = FakeTimingCuda(l2_bytes=50 * 2**20)
+        build = gpu.builder(lambda i: 7e-6, nbytes=6 * 2**20)   # each call 7 us; a build allocates 6 MiB
+    """
+
+    def __init__(self, l2_bytes: int | None = 50 * 2**20, launch_s: float = 0.0,
+                 capture_error: BaseException | None = None):
+        self.clock = 0.0
+        self.l2, self.launch_s, self.capture_error = l2_bytes, launch_s, capture_error
+        self.events_made = 0
+        self.allocated_bytes = 0
+        self.builds = 0
+        self.executed = 0  # calls the fake GPU has run (its index is the ``duration`` argument)
+        self.syncs = 0
+        self.captures = 0
+        self.log: list[tuple[str, int]] = []  # ("call", copy) and ("record", event number), in GPU order
+        self._capturing: list[tuple[Callable[[], None]]] | None = None
+
+    def scope(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def event(self) -> FakeEvent:
+        self.events_made += 1
+        return FakeEvent(self, self.events_made - 1)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def allocated(self) -> int:
+        return self.allocated_bytes
+
+    def l2_bytes(self) -> int | None:
+        return self.l2
+
+    def capture(self, calls: Callable[[], None]) -> Callable[[], None]:
+        if self.capture_error is not None:
+            raise self.capture_error
+        self.captures += 1
+        self._capturing = []
+        try:
+            calls()
+        finally:
+            captured, self._capturing = self._capturing, None
+
+        def replay() -> None:
+            self.clock += self.launch_s  # one launch for the whole graph
+            for (run,) in captured:
+                run()
+
+        return replay
+
+    def builder(self, duration: Callable[[int], float], nbytes: int = 0) -> Callable[[], Callable[[], None]]:
+        """A case's ``build``: each build allocates ``nbytes`` and returns an op of its own copy
+        number whose n-th call on the GPU takes ``duration(n)`` seconds."""
+
+        def build() -> Callable[[], None]:
+            copy = self.builds
+            self.builds += 1
+            self.allocated_bytes += nbytes
+
+            def run() -> None:
+                self.log.append(("call", copy))
+                self.clock += duration(self.executed)
+                self.executed += 1
+
+            def op() -> None:
+                if self._capturing is not None:
+                    self._capturing.append((run,))
+                    return
+                self.clock += self.launch_s
+                run()
+
+            return op
+
+        return build
+
+    def windows(self, n: int) -> list[list[int]]:
+        """The operand copies called between each pair of the last ``n + 1`` event records."""
+        marks = [i for i, (what, _) in enumerate(self.log) if what == "record"][-(n + 1):]
+        return [[c for what, c in self.log[a + 1:b] if what == "call"] for a, b in zip(marks, marks[1:])]

@@ -149,6 +149,87 @@ def test_timed_reps_cuts_slow_cases_but_not_below_min_reps():
     assert len(harness.timed_reps(lambda: None, 0, 2, torch.device("cpu"), budget_s=0.01)) == 2
 
 
+# -- CPU runs keep the figures, keys and units they had before GPU timing moved to windows --------------
+# The keys and units of CPU records as dlscale wrote them before (bdec067), in row order.
+GOLDEN_ROW_UNITS = {"row.time_us": "us", "row.time_us_best": "us", "row.cv": "fraction", "row.tflops": "TFLOP/s",
+                    "row.tflops_best": "TFLOP/s", "row.gbps": "GB/s", "row.gbps_best": "GB/s",
+                    "row.pct_peak": "fraction", "row.energy_j": "J", "row.avg_power_w": "W",
+                    "row.gflops_per_j": "GFLOP/J"}
+GOLDEN = {
+    "gemm": (["set", "m", "n", "k", "a_t", "b_t", "precision", "time_us", "time_us_best", "cv", "tflops",
+              "tflops_best", "pct_peak", "reps", "flops", "bytes"],
+             {"best_tflops": "TFLOP/s", "median_tflops": "TFLOP/s", "best_pct_peak": "fraction",
+              "measured_gemm_peak_tflops": "TFLOP/s", "measured_gemm_peak_pct_isa": "fraction", "cases": "cases"}),
+    "memory": (["op", "where", "array_mib", "time_us", "time_us_best", "cv", "gbps", "gbps_best", "reps", "flops",
+                "bytes"],
+               {**{f"{op}_gbps{b}": "GB/s" for op in ("copy", "scale", "add", "triad") for b in ("", "_best")},
+                "cases": "cases"}),
+}
+
+
+def _old_rates(times, flops, nbytes, peak):
+    """The row figures as dlscale computed them before, written out again: all from the mean."""
+    import statistics
+
+    mean, best = statistics.fmean(times), min(times)
+    row = {"time_us": mean * 1e6, "time_us_best": best * 1e6,
+           "cv": statistics.stdev(times) / mean if len(times) > 1 else 0.0}
+    if flops is not None:
+        row.update(tflops=flops / mean / 1e12, tflops_best=flops / best / 1e12,
+                   pct_peak=flops / mean / peak if peak else None)
+    if nbytes is not None:
+        row.update(gbps=nbytes / mean / 1e9, gbps_best=nbytes / best / 1e9)
+    return row
+
+
+@pytest.mark.parametrize("kind", ["gemm", "memory"])
+def test_cpu_records_keep_their_keys_units_and_figures(kind, monkeypatch, tmp_path):
+    import torch
+
+    from dlscale.record import RunRecord
+
+    monkeypatch.setattr(gemm, "PROBE", 64)  # the CPU peak-probe row, small
+    p = tmp_path / "g.csv"
+    p.write_text("m,n,k,a_t,b_t\n64,32,48,0,0\n64,32,48,1,1\n")
+    opts = base.MicroOptions(device="cpu", shapes=str(p), reps=4, warmup=1, mem_mib=1, cpu_ghz=2.0)
+    system = {"cpu": {"model": "x", "physical_cores": 2, "isa": {"avx512f": True, "avx2": True, "fma": True}}}
+    rec = RunRecord(kind="micro", workload=kind, config={})
+    out = harness.measure({"gemm": gemm, "memory": memory}[kind], opts, torch.device("cpu"), system, rec)
+    keys, metric_units = GOLDEN[kind]
+    assert out.units == {**metric_units, **GOLDEN_ROW_UNITS}
+    assert set(out.metrics) == {*metric_units, "peak_sources"}
+    assert set(out.raw) == {"rows", "times_s", "energy"}
+    for row, times in zip(out.raw["rows"], out.raw["times_s"], strict=True):
+        assert list(row) == keys  # no energy counter on this machine: no energy keys, as before
+        assert row["reps"] == len(times) >= base.MIN_REPS
+        peak = 2 * 2.0e9 * 64 if row.get("precision") == "fp32" else None  # 2 cores x 2 GHz x 64 (AVX-512)
+        assert {k: row[k] for k in _old_rates(times, row["flops"], row["bytes"], peak)} == \
+            pytest.approx(_old_rates(times, row["flops"], row["bytes"], peak))
+
+
+def test_cpu_calls_are_timed_one_by_one_and_rated_from_the_mean(monkeypatch):
+    """A fake host clock that each call advances by a known time: the row's figures by hand."""
+    import types
+
+    import torch
+
+    clock = [0.0]
+    durations = iter([5e-3, 2e-3, 4e-3, 1e-3, 3e-3])  # 1 warm-up call, then 4 timed
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def op():
+        clock[0] += next(durations)
+
+    times = harness.timed_reps(op, warmup=1, reps=4, device=torch.device("cpu"))
+    assert times == pytest.approx([2e-3, 4e-3, 1e-3, 3e-3])
+    row = harness.rates(times, flops=5e9, nbytes=1e9, peak=1e13)
+    assert row["time_us"] == pytest.approx(2500.0)  # the mean, 10 ms / 4
+    assert row["time_us_best"] == pytest.approx(1000.0)
+    assert row["cv"] == pytest.approx((5 / 3) ** 0.5 * 1e-3 / 2.5e-3)  # sample stdev sqrt(5/3) ms
+    assert row["tflops"] == pytest.approx(5e9 / 2.5e-3 / 1e12) == pytest.approx(2.0)
+    assert row["pct_peak"] == pytest.approx(0.2) and row["gbps"] == pytest.approx(400.0)  # 1e9 B / 2.5 ms
+
+
 @pytest.mark.isa
 def test_micro_gemm_cli_records_rows_and_percent_of_isa_peak(cli, db_path, tmp_path):
     p = tmp_path / "g.csv"
@@ -241,13 +322,11 @@ def test_gpu_memory_transfers_and_stream(cli, db_path):
 
 
 @requires_cuda
-def test_gpu_gemm_percent_of_datasheet_peak_and_l2_flush(cli, db_path, tmp_path):
+def test_gpu_gemm_percent_of_datasheet_peak(cli, db_path, tmp_path):
     import torch
 
     from dlscale.peaks import gpu_peak
 
-    assert harness.l2_flusher(torch.device("cuda")) is not None
-    assert harness.l2_flusher(torch.device("cpu")) is None
     p = tmp_path / "g.csv"
     p.write_text("m,n,k,a_t,b_t\n1024,1024,1024,0,0\n")
     r = cli("micro", "gemm", "--device", "cuda", "--shapes", str(p), "--iters", "5", "--format", "json")

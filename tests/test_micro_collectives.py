@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import requires_cuda
 
+from dlscale import stats
 from dlscale.errors import UsageError
 from dlscale.micro.collectives import COLLECTIVES, Buffers, count_for, parse_sizes, value, values
 
@@ -270,3 +272,106 @@ def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
         assert 0 < m[f"avg_busbw_{op}"] < 0.125 * 1.5
         assert m[f"link_utilisation_{op}"] == pytest.approx(m[f"avg_busbw_{op}"] / 0.125)
     assert set(netns.list_namespaces()) == before  # no namespace left behind
+
+
+# -- timing: one host-timed window on CPUs, K calls per event pair on GPUs ------------------------------
+class _FakeBuffers:
+    def __init__(self, op):
+        self.call = op
+
+
+def test_cpu_timing_is_one_window_of_the_iterations_as_before(monkeypatch):
+    import types
+
+    import torch.distributed as dist
+
+    from dlscale.micro import coll_worker
+
+    clock = [0.0]
+    monkeypatch.setattr(coll_worker, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    calls = []
+
+    def op():
+        calls.append(1)
+        clock[0] += 0.01
+
+    times, timing = coll_worker.time_collective(_FakeBuffers(op), 3, 20, 0.5, lambda: None, lambda x: x)
+    # first call 10 ms: 0.5 s fits 50, so 2 more warm-up calls and all 20 iterations, one window
+    assert timing == {"iters": 20} and len(calls) == 1 + 2 + 20
+    assert times == pytest.approx([0.01])
+    coll = COLLECTIVES["all_reduce"]
+    # the cell as before: the rank-mean time, algbw = size / t, busbw = algbw x 2(n-1)/n
+    cell = coll_worker.cell(4096, [0.02 / 2], 0, timing, coll, 2)
+    assert list(cell) == ["time_us", "algbw", "busbw", "wrong", "iters"]
+    assert cell["time_us"] == pytest.approx(1e4) and cell["algbw"] == pytest.approx(4096 / 0.01 / 1e9)
+    assert cell["busbw"] == pytest.approx(cell["algbw"])
+
+
+def test_gpu_cell_reports_the_median_window_and_keeps_the_samples():
+    from dlscale.micro import coll_worker
+
+    timing = {"iters": 300, "calls_per_window": 100, "windows": 3, "timing": "cuda-events", "calibration": []}
+    cell = coll_worker.cell(8, [10e-6, 30e-6, 11e-6], 0, timing, COLLECTIVES["all_reduce"], 2)
+    assert cell["time_us"] == pytest.approx(11.0) and cell["samples_us"] == pytest.approx([10.0, 30.0, 11.0])
+    assert cell["algbw"] == pytest.approx(8 / 11e-6 / 1e9) and cell["calls_per_window"] == 100
+
+
+def test_gpu_ranks_agree_on_k_and_windows_from_the_slowest_rank(monkeypatch):
+    """Two ranks in two threads, each with its own fake GPU (rank 1's calls twice as slow): every
+    decision uses the all-reduced (max) window, so both make the same calls, and K puts the
+    slowest rank's window at 1 ms or more."""
+    import threading
+
+    import torch.distributed as dist
+    from fakes_gpu import FakeTimingCuda
+
+    from dlscale.micro import coll_worker, gputiming
+
+    meet = threading.Barrier(2, timeout=20)  # a rank that fails breaks it: the other raises, none hangs
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: meet.wait())
+    box: list[float] = []
+
+    def reduce_max(x):  # an all_reduce(MAX) over the two threads
+        box.append(x)
+        meet.wait()
+        value = max(box[-2:])
+        meet.wait()  # both have read before either adds the next value
+        return value
+
+    out: dict[int, tuple] = {}
+    gpus = {0: FakeTimingCuda(), 1: FakeTimingCuda()}
+
+    def rank_main(rank):
+        gpu = gpus[rank]
+        op = gpu.builder(lambda n: (6e-6 if rank == 0 else 12e-6))()
+        out[rank] = coll_worker.cuda_windows(_FakeBuffers(op), 5, 0.5, lambda: None, reduce_max, "cuda:0", api=gpu)
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    (t0, info0), (t1, info1) = out[0], out[1]
+    assert info0 == info1 and info0["windows"] == 5 and gpus[0].executed == gpus[1].executed
+    k = info0["calls_per_window"]
+    assert k * 12e-6 >= gputiming.TARGET_WINDOW_S > (k / 2.5) * 12e-6  # sized on the slow rank
+    assert info0["iters"] == 5 * k and gpus[0].events_made == 5 + 1
+    assert t0 == pytest.approx([6e-6] * 5) and t1 == pytest.approx([12e-6] * 5)
+    assert [len(c) for c in gpus[1].windows(5)] == [k] * 5
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_nccl_small_sizes_get_many_calls_per_event_pair(cli, db_path):
+    r = cli("micro", "collectives", "--device", "cuda", "--ops", "all_reduce", "--sizes", "8:1M:16", "--iters", "5",
+            "--format", "json")
+    assert r.code == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)["rows"]
+    for x in rows:
+        cell = x["in-place"]
+        assert cell["timing"] == "cuda-events" and 1 <= cell["windows"] <= 5 and cell["wrong"] == 0
+        assert cell["iters"] == cell["windows"] * cell["calls_per_window"]
+        assert cell["time_us"] == pytest.approx(stats.percentile(cell["samples_us"], 50))  # the median window
+    assert rows[0]["in-place"]["calls_per_window"] > 1  # 8 bytes: many calls make a 1 ms window

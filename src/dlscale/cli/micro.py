@@ -44,7 +44,7 @@ app = typer.Typer(help=HELP, epilog=EPILOG, no_args_is_help=True, rich_markup_mo
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", "-p", help="Comma list of fp32, tf32, bf16, fp16.")]
 WarmupOpt = Annotated[Optional[int], typer.Option("--warmup", help="Uncounted calls first (default 2; collectives 5).", show_default=False)]
-ItersOpt = Annotated[Optional[int], typer.Option("--iters", "--reps", help="Timed calls (default 10; collectives 20).", show_default=False)]
+ItersOpt = Annotated[Optional[int], typer.Option("--iters", "--reps", help="Timed calls (default 10; collectives 20); on GPUs timed windows of >= 1 ms of calls each.", show_default=False)]
 FullOpt = Annotated[bool, typer.Option("--full", help="Every shape at full rep counts, however long it takes on this device.")]
 MaxGflopOpt = Annotated[Optional[float], typer.Option("--max-gflop", help="Skip shapes above this many GFLOP per call (CPU default 1, rnn 2).", show_default=False)]
 ShapesOpt = Annotated[Optional[str], typer.Option("--shapes", help="Your own shape file (CSV as dlscale/data/deepbench/*.csv).", show_default=False)]
@@ -57,6 +57,7 @@ SizesOpt = Annotated[Optional[str], typer.Option("--sizes", help="MIN:MAX[:FACTO
 OpsOpt = Annotated[Optional[str], typer.Option("--ops", help="Comma list of collectives (default all of them).", show_default=False)]
 BudgetOpt = Annotated[float, typer.Option("--budget", help="Seconds per (op, size, mode); fewer iterations where slow.")]
 MinBusbwOpt = Annotated[Optional[float], typer.Option("--min-busbw", help="Fail (exit 1) when a collective's average busbw (GB/s) is lower; names which.", show_default=False)]
+CacheOpt = Annotated[Optional[str], typer.Option("--cache", help="GPUs: hot (operands reused, default) or cold (each call's operands are a copy not in L2: the copies rotate and together exceed it).", show_default=False)]
 EveryDeviceOpt = Annotated[bool, typer.Option("--every-device", help="Measure every visible GPU in turn (rows say which); a CPU is one device.")]
 PlantOpt = Annotated[Optional[str], typer.Option("--plant-wrong", hidden=True, help="Test hook: corrupt one result element of this collective.")]
 
@@ -69,35 +70,36 @@ def _kernel(kind: str, **kw: Any) -> None:
 @app.command("gemm", help="GEMM on DeepBench training shapes: TFLOP/s and % of the dense peak.")
 def gemm(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
-         case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, seed: SeedOpt = 0,
-         tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
-         systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
+         case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, cache: CacheOpt = None,
+         seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+         price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
+         system: copt.SystemOpt = None) -> None:
     _kernel("gemm", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
-            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, every_device=every_device or None, seed=seed,
-            tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
+            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, every_device=every_device or None,
+            cache=cache, seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("rnn", help="Recurrent layers (LSTM/GRU/vanilla) on DeepBench training shapes, per pass.")
 def rnn(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
         full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
-        case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
-        fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
-        system: copt.SystemOpt = None) -> None:
+        case_budget: CaseBudgetOpt = None, cache: CacheOpt = None, seed: SeedOpt = 0, tag: TagOpt = None,
+        db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
+        systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
     _kernel("rnn", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
-            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed, tag=tag, db=db, fmt=fmt,
-            price=copt.price(price_per_hour, systems_file, system))
+            shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, cache=cache, seed=seed, tag=tag, db=db,
+            fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("conv", help="Convolutions on DeepBench training shapes, per pass (fwd, bwd_data, bwd_weights).")
 def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
          channels_last: ChannelsLastOpt = None, cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None,
-         seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
-         price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
-         system: copt.SystemOpt = None) -> None:
+         cache: CacheOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+         fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
+         systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
     _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
-            shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, seed=seed,
-            tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
+            shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, cache=cache,
+            seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("memory", help="STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
@@ -167,12 +169,12 @@ def links(
 @app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
 def all_(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
          iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, cpu_ghz: CpuGhzOpt = None,
-         case_budget: CaseBudgetOpt = None, mem_mib: MemMibOpt = None, sizes: SizesOpt = None,
-         min_busbw: MinBusbwOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
+         case_budget: CaseBudgetOpt = None, mem_mib: MemMibOpt = None, cache: CacheOpt = None,
+         sizes: SizesOpt = None, min_busbw: MinBusbwOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
          fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
     options = dict(device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
-                   cpu_ghz=cpu_ghz, case_budget_s=case_budget, mem_mib=mem_mib, sizes=sizes, min_busbw=min_busbw,
-                   seed=seed, tag=tag)
+                   cpu_ghz=cpu_ghz, case_budget_s=case_budget, mem_mib=mem_mib, cache=cache, sizes=sizes,
+                   min_busbw=min_busbw, seed=seed, tag=tag)
     _run("all", {k: v for k, v in options.items() if v is not None}, None, db, fmt,
          copt.price(price_per_hour, systems_file, system))
 

@@ -67,6 +67,11 @@ class EnergyMeter:
         self.seconds += time.monotonic() - t0
         self.windows += 1
 
+    @property
+    def update_s(self) -> float:
+        """The longest update period of the run's counters (0 without counters)."""
+        return max((c.update_s for c in self.counters), default=0.0)
+
     def so_far(self) -> float | None:
         """Joules of the windows closed so far plus the open one up to now; None without counters."""
         if not self.counters or self._open is None:
@@ -118,6 +123,21 @@ def combine(readings: list[dict[str, Any]]) -> dict[str, Any]:
             "devices": [d for r in readings for d in r["devices"]],
             "per_device_j": [j for r in readings for j in r["per_device_j"]],
             "seconds": [s for r in readings for s in r["seconds"]], "reason": None}
+
+
+MIN_UPDATE_PERIODS = 10  # a window's energy is given only when it spans this many counter updates
+
+
+def short_window(reading: dict[str, Any], update_s: float, min_periods: int = MIN_UPDATE_PERIODS) -> dict[str, Any]:
+    """``reading``, or an absent one saying why when its window is shorter than ``min_periods``
+    update periods of its counters: a counter read at a window's edges is stale by up to one
+    period at each edge, so the window's energy is off by up to ``update_s / window`` of itself."""
+    secs = max(reading.get("seconds") or [0.0])
+    if reading.get("reason") or not update_s or secs >= min_periods * update_s:
+        return reading
+    return {**absent(f"window {secs * 1e3:.3g} ms is shorter than {min_periods} x the {update_s * 1e3:g} ms update "
+                     f"period of {reading.get('source')}: its energy would be off by up to "
+                     f"{min(1.0, update_s / secs) if secs > 0 else 1.0:.0%}"), "domains": []}
 
 
 def absent(reason: str) -> dict[str, Any]:

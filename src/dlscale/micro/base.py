@@ -3,8 +3,9 @@
 A module under ``dlscale.micro`` declares a ``Microbench``: ``cases()`` returns ``Case`` objects,
 each with the columns that identify it (``labels``), a ``build`` that allocates its inputs on the
 device and returns the operation to time, and the FLOPs and/or bytes one call performs. The
-shared harness (``dlscale.micro.harness``) owns everything else: warm-up, timed repetitions with
-device synchronisation, L2 flushing on GPUs, statistics, rates, % of peak, and the run record.
+shared harness (``dlscale.micro.harness``, on GPUs ``dlscale.micro.gputiming``) owns everything
+else: warm-up, timed windows with device synchronisation, hot or cold caches, statistics, rates,
+% of peak, clocks, energy, and the run record.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class MicroOptions:
     mem_mib: int | None = None  # memory: array size; None: 4x the last-level cache (STREAM's rule)
     cpu_ghz: float | None = None  # the CPU clock for the ISA peak, where the model name has none
     every_device: bool = False  # gemm, memory: the device cases on every visible GPU in turn (one device on CPUs)
+    cache: str = "hot"  # GPUs: hot (operands reused) or cold (rotating operand copies past the L2)
     seed: int = 0
     tag: str | None = None
 
@@ -58,6 +60,8 @@ class MicroOptions:
             raise UsageError(f"--mem-mib must be >= 1, got {self.mem_mib}")
         if self.cpu_ghz is not None and not 0.1 <= self.cpu_ghz <= 10:
             raise UsageError(f"--cpu-ghz must be a clock in GHz (0.1..10), got {self.cpu_ghz}")
+        if self.cache not in ("hot", "cold"):
+            raise UsageError(f"unknown --cache {self.cache!r}; choose hot or cold")
 
 
 def run_devices(opts: MicroOptions, device: Any) -> list[Any]:
@@ -80,6 +84,7 @@ class Case:
     bytes: float | None = None  # bytes moved per call, by the benchmark's own definition
     precision: str | None = None  # for % of peak
     device: Any = None  # where it runs and is timed; None: the run's device
+    capture: bool = False  # GPUs: its call can be captured into a CUDA graph (tried; launched one by one if not)
 
 
 @dataclass

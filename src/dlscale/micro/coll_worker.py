@@ -5,7 +5,11 @@ Per (collective, size, mode), as nccl-tests: the first warm-up call is timed and
 rank's time sets how many more warm-up calls and timed iterations fit in ``--budget`` seconds
 (at most ``--warmup`` and ``--iters``; at least 1 iteration), so that 128 MiB over gloo on a
 small machine does not take minutes; then a barrier, the timed iterations back to back, a device
-synchronisation; the time is the mean over ranks of (elapsed / iterations). Then the buffers are
+synchronisation; the time is the mean over ranks of (elapsed / iterations). On CUDA devices the
+iterations are windows of K back-to-back calls between CUDA events made before the loop, K
+calibrated on the slowest rank so that a window lasts at least 1 ms (many calls per window for
+small sizes, as nccl-tests' iteration count), every rank using the same K and window count; the
+time is the median over windows of the mean over ranks of (window / K). Then the buffers are
 refilled, the collective runs once more and every rank compares its result with the exact
 expected values; #wrong is the sum over ranks. Started by ``dlscale micro collectives`` (or
 ``api.micro("collectives", layout=...)``), never directly.
@@ -30,8 +34,14 @@ class BelowMinBusBw(RuntimeError):
     pass
 
 
-def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, reduce_max) -> tuple[float, int]:
-    """(seconds per call on this rank, iterations timed)."""
+def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, reduce_max,
+                    device: Any = None) -> tuple[list[float], dict[str, Any]]:
+    """(seconds per call on this rank, one per timed window; the cell's timing fields).
+
+    CPUs: one window of the iterations, timed by the host clock (``{"iters": n}``). CUDA devices:
+    ``cuda_windows``. Every decision is taken on values all-reduced over the ranks (the slowest
+    rank's time), so every rank makes the same number of calls.
+    """
     import torch.distributed as dist
 
     sync()
@@ -42,6 +52,8 @@ def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, re
     fit = int(budget / first) if first > 0 else iters
     for _ in range(max(0, min(warmup - 1, fit))):
         b.call()
+    if getattr(device, "type", "cpu") == "cuda":
+        return cuda_windows(b, iters, budget, sync, reduce_max, device)
     n_iters = max(1, min(iters, fit))
     sync()
     dist.barrier()
@@ -49,7 +61,48 @@ def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, re
     for _ in range(n_iters):
         b.call()
     sync()
-    return (time.perf_counter() - t0) / n_iters, n_iters
+    return [(time.perf_counter() - t0) / n_iters], {"iters": n_iters}
+
+
+def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device: Any,
+                 api: Any = None) -> tuple[list[float], dict[str, Any]]:
+    """Up to ``iters`` windows of K calls each, between CUDA events made once before the loop.
+
+    K comes from calibration windows timed on every rank and reduced to the slowest (``gputiming.
+    calibrate``: the first K whose window reaches 1 ms); the windows that fit in ``budget`` at that
+    length are timed back to back after a barrier (at least one).
+    """
+    import torch.distributed as dist
+
+    from dlscale.micro import gputiming
+
+    api = api if api is not None else gputiming.API(device)
+    events = [api.event() for _ in range(max(1, iters) + 1)]
+
+    def window(calls: int) -> float:
+        sync()
+        dist.barrier()
+        events[0].record()
+        for _ in range(calls):
+            b.call()
+        events[1].record()
+        sync()
+        return reduce_max(events[0].elapsed_time(events[1]) / 1e3)
+
+    calls, tried = gputiming.calibrate(window)
+    per_window = tried[-1][1]
+    windows = max(1, min(iters, int(budget / per_window) if per_window > 0 else iters))
+    sync()
+    dist.barrier()
+    events[0].record()
+    for i in range(windows):
+        for _ in range(calls):
+            b.call()
+        events[i + 1].record()
+    sync()
+    per_call = [events[i].elapsed_time(events[i + 1]) / 1e3 / calls for i in range(windows)]
+    return per_call, {"iters": windows * calls, "calls_per_window": calls, "windows": windows,
+                      "timing": "cuda-events", "calibration": tried}
 
 
 def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any | None = None) -> dict[str, Any]:
@@ -86,20 +139,30 @@ def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any |
                     row[mode] = None
                     continue
                 b = Buffers(coll, count, mode, rank, n, device)
-                t, iters = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max)
+                times, timing = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max, device)
                 b.reset()
                 b.call()
                 sync()
                 if opts.plant_wrong == name and rank == (0 if coll.rooted else n - 1):
                     b.result().view(-1)[0] += 1  # a planted wrong element: the check must catch it
-                t_sum, wrong = reduce([t, float(b.wrong())], dist.ReduceOp.SUM)
-                t_mean = t_sum / n
-                algbw = row["size"] / t_mean / 1e9
-                row[mode] = {"time_us": t_mean * 1e6, "algbw": algbw, "busbw": coll.busbw(algbw, n),
-                             "wrong": int(wrong), "iters": iters}
+                *t_sums, wrong = reduce([*times, float(b.wrong())], dist.ReduceOp.SUM)
+                row[mode] = cell(row["size"], [t / n for t in t_sums], int(wrong), timing, coll, n)
                 del b
             rows.append(row)
     return summarize(rows, n)
+
+
+def cell(size: int, times: list[float], wrong: int, timing: dict[str, Any], coll: Any, n: int) -> dict[str, Any]:
+    """One (size, mode) cell from the rank-mean seconds per call of each window: its median
+    (the one window's time on CPUs), algbw and busbw; GPU cells keep the windows' samples."""
+    from dlscale import stats
+
+    t = times[0] if len(times) == 1 else stats.percentile(times, 50)
+    algbw = size / t / 1e9
+    out = {"time_us": t * 1e6, "algbw": algbw, "busbw": coll.busbw(algbw, n), "wrong": wrong, **timing}
+    if "windows" in timing:
+        out["samples_us"] = [x * 1e6 for x in times]
+    return out
 
 
 def summarize(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:

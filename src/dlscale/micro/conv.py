@@ -65,7 +65,7 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
                 out.cases.append(Case(
                     labels={**sh, "pass": which, "precision": prec, "layout": "NHWC" if cl else "NCHW"},
                     build=lambda sh=sh, which=which, prec=prec, cl=cl: build_conv(sh, which, prec, cl, device),
-                    flops=fl, precision=prec))
+                    flops=fl, precision=prec, capture=True))
     out.cases = size_filter(out.cases, opts, device, out.notes)
     return out
 

@@ -60,7 +60,8 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
 
 def _case(set_: str, m: int, n: int, k: int, a_t: bool, b_t: bool, p: str, device: Any) -> Case:
     return Case(labels={"set": set_, "m": m, "n": n, "k": k, "a_t": int(a_t), "b_t": int(b_t), "precision": p},
-                build=lambda: build_gemm(m, n, k, a_t, b_t, p, device), flops=gemm_flops(m, n, k), precision=p)
+                build=lambda: build_gemm(m, n, k, a_t, b_t, p, device), flops=gemm_flops(m, n, k), precision=p,
+                capture=True)
 
 
 def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:

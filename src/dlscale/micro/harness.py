@@ -1,11 +1,15 @@
 """The microbenchmark harness: time every case of a microbenchmark, derive its rates, record the run.
 
-For each case: build its inputs, run ``warmup`` uncounted calls, synchronise, then time ``reps``
-calls one by one. On CUDA each call sits between two CUDA events and the L2 cache is flushed
-(a buffer twice its size is overwritten) before every call, outside the timed interval, so no
-call finds its operands left in cache by the one before; the device is synchronised once after
-the window to read the events. On CPU ``time.perf_counter`` brackets each call (CPU kernels are
-synchronous). Rates come from the mean time; the best time is kept beside it (docs/METRICS.md).
+For each case: build its inputs, run ``warmup`` uncounted calls, synchronise, then time it.
+On CUDA (``micro.gputiming``): ``reps`` windows of K back-to-back calls (K calibrated so that a
+window lasts at least 1 ms), or one replay of a CUDA graph of the K calls where the case can be
+captured, between CUDA events made once before the loop; hot cache by default, or ``--cache
+cold``: the calls rotate through operand copies larger than the L2 together; the row reports the
+median time per call, K, the method, the cache, and the SM clock and throttle reasons NVML saw
+while the windows ran. On CPU ``time.perf_counter`` brackets each call (CPU kernels are
+synchronous) and rates come from the mean time. The best time is kept beside either
+(docs/METRICS.md). A case's energy is given only when its timed window spans at least
+``energy.MIN_UPDATE_PERIODS`` updates of the counters; else the row says why it has none.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscale import stats
+from dlscale.errors import UsageError
 from dlscale.format import fmt_count
 from dlscale.harness.runner import Outcome, execute
 from dlscale.micro.base import MIN_REPS, Microbench, MicroOptions, case_budget
@@ -24,21 +29,23 @@ from dlscale.peaks import Peak, resolve_peak
 ROW_UNITS = {"time_us": "us", "time_us_best": "us", "cv": "fraction", "tflops": "TFLOP/s",
              "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction",
              "energy_j": "J", "avg_power_w": "W", "gflops_per_j": "GFLOP/J"}
+GPU_ROW_UNITS = {"calls_per_window": "calls", "window_us": "us", "operand_copies": "copies", "rotation_bytes": "B",
+                 "l2_bytes": "B", "sm_clock_mhz": "MHz"}  # the units of the columns GPU rows add
 
 
-def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
-               flush: Callable[[], None] | None = None, budget_s: float | None = None, meter: Any = None) -> list[float]:
+def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any, budget_s: float | None = None,
+               meter: Any = None) -> list[float]:
     """Seconds per call for ``reps`` calls of ``op`` after ``warmup`` uncounted ones.
 
     ``budget_s`` (CPUs): where the last warm-up call says ``reps`` calls would take longer than
     this, fewer are timed, never fewer than ``MIN_REPS`` (nor more than asked). ``meter`` (an
-    EnergyMeter) is read where the timed calls start and after they end.
+    EnergyMeter) is read where the timed calls start and after they end. On CUDA: one sample per
+    window of K calls (hot cache, no graph; ``micro.gputiming``).
     """
     if getattr(device, "type", "cpu") == "cuda":
-        import torch
+        from dlscale.micro import gputiming
 
-        with torch.cuda.device(device):
-            return _cuda_reps(op, warmup, reps, device, flush, meter)
+        return gputiming.time_case(lambda: op, device, warmup, reps, meter=meter).per_call_s
     t_call = None
     for _ in range(warmup):
         t0 = time.perf_counter()
@@ -58,52 +65,19 @@ def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
     return times
 
 
-def _cuda_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any,
-               flush: Callable[[], None] | None, meter: Any = None) -> list[float]:
-    """Each call between two CUDA events on the current stream, the L2 flushed before it."""
-    import torch
-
-    for _ in range(warmup):
-        op()
-    torch.cuda.synchronize(device)
-    if meter is not None:
-        meter.begin()
-    pairs = []
-    for _ in range(reps):
-        if flush is not None:
-            flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        op()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize(device)
-    if meter is not None:
-        meter.end()
-    return [s.elapsed_time(e) / 1e3 for s, e in pairs]
-
-
-def l2_flusher(device: Any) -> Callable[[], None] | None:
-    """A callable that evicts the GPU's L2 (writes twice its size); None on CPUs."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
-
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
-    buf = torch.empty(2 * l2, dtype=torch.uint8, device=device)
-    return buf.zero_
-
-
-def rates(times: list[float], flops: float | None, nbytes: float | None, peak: float | None) -> dict[str, Any]:
-    """One row's timing figures: mean/best time, CV, TFLOP/s and GB/s (1e9), fraction of peak."""
-    mean_t, best_t = stats.mean(times), min(times)
-    row: dict[str, Any] = {"time_us": mean_t * 1e6, "time_us_best": best_t * 1e6, "cv": stats.cv(times)}
+def rates(times: list[float], flops: float | None, nbytes: float | None, peak: float | None,
+          center: str = "mean") -> dict[str, Any]:
+    """One row's timing figures: the ``center`` time (mean on CPUs, median on GPUs) and the best,
+    CV, TFLOP/s and GB/s (1e9) from each, fraction of peak."""
+    mid_t = stats.percentile(times, 50) if center == "median" else stats.mean(times)
+    best_t = min(times)
+    row: dict[str, Any] = {"time_us": mid_t * 1e6, "time_us_best": best_t * 1e6, "cv": stats.cv(times)}
     if flops is not None:
-        row["tflops"] = flops / mean_t / 1e12
+        row["tflops"] = flops / mid_t / 1e12
         row["tflops_best"] = flops / best_t / 1e12
-        row["pct_peak"] = flops / mean_t / peak if peak else None
+        row["pct_peak"] = flops / mid_t / peak if peak else None
     if nbytes is not None:
-        row["gbps"] = nbytes / mean_t / 1e9
+        row["gbps"] = nbytes / mid_t / 1e9
         row["gbps_best"] = nbytes / best_t / 1e9
     return row
 
@@ -114,16 +88,21 @@ def device_peak(device: Any, precision: str, system: dict[str, Any], cpu_ghz: fl
     return r.peak, r.source
 
 
-def row_energy(reading: dict[str, Any], flops: float | None, reps: int) -> dict[str, Any]:
-    """A case's energy over its timed calls: joules, average power and GFLOP per joule (``flops · reps / E``)."""
+def row_energy(reading: dict[str, Any], flops: float | None, calls: int, update_s: float = 0.0) -> dict[str, Any]:
+    """A case's energy over its timed calls: joules, average power and GFLOP per joule (``flops · calls / E``).
+
+    None where the window is shorter than ``energy.MIN_UPDATE_PERIODS`` counter updates (``update_s``
+    each) or the counters did not move: then ``energy_reason`` says why, where a counter exists."""
     from dlscale.harness import energy
 
-    m, _, _ = energy.figures(reading, reps, "calls")
+    if reading.get("reason"):
+        return {}  # no counter here: the run's raw["energy"] says why
+    m, _, raw = energy.figures(energy.short_window(reading, update_s), calls, "calls")
     if not m:
-        return {}
+        return {"energy_reason": raw["energy"]["reason"]}
     row = {"energy_j": m["energy_j"], "avg_power_w": m["avg_power_w"]}
     if flops is not None:
-        row["gflops_per_j"] = flops * reps / m["energy_j"] / 1e9
+        row["gflops_per_j"] = flops * calls / m["energy_j"] / 1e9
     return row
 
 
@@ -143,7 +122,7 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
 
     torch.manual_seed(opts.seed)
     plan = bench.plan(opts, device)
-    flushers = {device: l2_flusher(device)}  # one per GPU the cases run on (every_device)
+    clocks: dict[Any, Any] = {}  # one NVML reader per GPU the cases run on (every_device)
     peaks: dict[tuple[Any, str], tuple[Peak | None, str]] = {}
     rows: list[dict[str, Any]] = []
     record.raw["rows"] = rows  # kept on the record if a case fails part-way
@@ -154,32 +133,60 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
         if case.flops is not None and (where, prec) not in peaks:
             peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
         set_matmul_precision(prec, where)
-        if where not in flushers:  # every case on a GPU finds its L2 flushed, whichever GPU it runs on
-            flushers[where] = l2_flusher(where)
-        op = case.build()
-        times = timed_reps(op, opts.warmup, opts.reps, where, flushers.get(where), case_budget(opts, where),
-                           meter if where == device else None)
-        del op
+        metered = meter if where == device else None
+        times, gpu, calls = _time_case(case, opts, where, metered, clocks)
         peak = peaks.get((where, prec), (None, ""))[0]
-        rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None),
-                     "reps": len(times), "flops": case.flops, "bytes": case.bytes,
-                     **row_energy(meter.take(), case.flops, len(times))})
+        rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None,
+                                            "median" if gpu else "mean"),
+                     "reps": len(times), "flops": case.flops, "bytes": case.bytes, **gpu,
+                     **(row_energy(meter.take(), case.flops, calls, meter.update_s) if metered else {})})
         times_all.append(times)
+    for c in clocks.values():
+        c.close()
     metrics, units = bench.summarize(rows)
     peak_sources = {p: src for (_, p), (_, src) in peaks.items()}
     metrics["peak_sources"] = peak_sources
     metrics["cases"] = len(rows)
     units["cases"] = "cases"
+    energy = {"source": meter.found.source if not meter.reason else None,
+              "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
+    row_units = {**ROW_UNITS, **{k: u for k, u in GPU_ROW_UNITS.items() if any(k in r for r in rows)}}
+    return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in row_units.items()}},
+                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=_warnings(plan, rows))
+
+
+def _time_case(case: Any, opts: MicroOptions, where: Any, meter: Any, clocks: dict[Any, Any]
+               ) -> tuple[list[float], dict[str, Any], int]:
+    """(seconds per call, one per sample; the GPU columns of the row, none on CPUs; calls timed)."""
+    if getattr(where, "type", "cpu") == "cuda":
+        from dlscale.micro import gputiming
+        from dlscale.monitor.clocks import GpuClocks
+
+        if where not in clocks:
+            clocks[where] = GpuClocks(where.index or 0)
+        w = gputiming.time_case(case.build, where, opts.warmup, opts.reps, opts.cache, case.capture, meter,
+                                clocks[where])
+        return w.per_call_s, w.row(), w.total_calls
+    op = case.build()
+    times = timed_reps(op, opts.warmup, opts.reps, where, case_budget(opts, where), meter)
+    return times, {}, len(times)
+
+
+def _warnings(plan: Any, rows: list[dict[str, Any]]) -> list[str]:
+    from dlscale.monitor.health import ALARMING
+
     warnings = list(plan.notes)
     noisy = [r for r in rows if r["cv"] > 0.1]
     if noisy:
         warnings.append(f"{len(noisy)} of {fmt_count(len(rows), 'case')} {'varies' if len(noisy) == 1 else 'vary'} "
                         "by more than 10% (CV) between reps: "
                         "use more --reps or a quieter machine")
-    energy = {"source": meter.found.source if not meter.reason else None,
-              "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
-    return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in ROW_UNITS.items()}},
-                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=warnings)
+    slowed = sorted({x for r in rows for x in r.get("throttle_reasons") or [] if x in ALARMING})
+    if slowed:
+        n = sum(1 for r in rows if set(r.get("throttle_reasons") or []) & ALARMING)
+        warnings.append(f"{n} of {fmt_count(len(rows), 'case')} ran while the GPU slowed its clocks "
+                        f"({', '.join(slowed)}): their figures are below a healthy GPU's")
+    return warnings
 
 
 def run_recorded(bench: Microbench, opts: MicroOptions, store: Any, system: dict[str, Any] | None = None,
@@ -191,10 +198,18 @@ def run_recorded(bench: Microbench, opts: MicroOptions, store: Any, system: dict
     device = dev.select_device(opts.device)
     for p in opts.precisions:
         dev.check_precision(p, device)
+    check_cache(opts, device)
     system = system or collect_cached()
     config = {**_opts_dict(opts), "device": device.type, "device_name": device_name(device)}
     return execute(kind="micro", workload=bench.name, config=config, tag=opts.tag, store=store, system=system,
                    price=price, body=lambda rec: measure(bench, opts, device, system, rec))
+
+
+def check_cache(opts: MicroOptions, device: Any) -> None:
+    """``--cache cold`` needs a GPU: its operand copies are sized by the GPU's L2 and its device memory."""
+    if opts.cache == "cold" and getattr(device, "type", "cpu") != "cuda":
+        raise UsageError("--cache cold rotates operand copies past a GPU's L2 cache; it needs a CUDA device "
+                         "(--device cuda)")
 
 
 def _opts_dict(opts: MicroOptions) -> dict[str, Any]:

@@ -39,19 +39,31 @@ def kernel_table(rec: RunRecord, columns: tuple[str, ...]) -> Table:
         columns = (*columns, "device")
     for c in columns:
         t.add_column(c, justify="right")
-    for c in ("time (us)", "TFLOP/s", "% peak", "CV", "reps"):
+    gpu = any("calls_per_window" in r for r in rec.raw.get("rows", []))
+    for c in ("time (us)", "TFLOP/s", "% peak", "CV", "reps", *(("K", "graph", "SM MHz") if gpu else ())):
         t.add_column(c, justify="right")
     for r in rec.raw.get("rows", []):
         t.add_row(*(str(r.get(c, "")) for c in columns), _f(r.get("time_us"), 1), _f(r.get("tflops"), 4),
                   fmt_pct(r.get("pct_peak")) if r.get("pct_peak") is not None else "-", fmt_pct(r.get("cv")),
-                  str(r.get("reps", "")))
+                  str(r.get("reps", "")), *(_gpu_cells(r) if gpu else ()))
     return t
+
+
+def _gpu_cells(r: dict[str, Any]) -> tuple[str, ...]:
+    """K (calls per timed window), whether the window was one CUDA graph replay, the SM clock."""
+    graph = {"cuda-graph": "yes", "cuda-events": "no"}.get(r.get("timing", ""), "")
+    return str(r.get("calls_per_window", "")), graph, str(r.get("sm_clock_mhz") or "-")
 
 
 def kernel_footer(rec: RunRecord) -> list[str]:
     m = rec.metrics
     lines = [f"best {fmt_num(m.get('best_tflops'))} TFLOP/s, median {fmt_num(m.get('median_tflops'))} TFLOP/s "
              f"over {m.get('cases')} cases"]
+    gpu = [r for r in rec.raw.get("rows", []) if "calls_per_window" in r]
+    if gpu:
+        caches = "/".join(dict.fromkeys(r.get("cache", "hot") for r in gpu))
+        lines.append(f"GPU rows: median of timed windows of >= 1 ms, K back-to-back calls each "
+                     f"(one CUDA graph replay where graph = yes); {caches} cache")
     for prec, src in (m.get("peak_sources") or {}).items():
         lines.append(f"{prec} peak: {src}")
     if m.get("best_pct_peak") is not None:

@@ -73,7 +73,8 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
                     labels={"hidden": h, "batch": b, "timesteps": t, "cell": cell, "pass": which, "precision": prec},
                     build=lambda h=h, b=b, t=t, cell=cell, which=which, prec=prec:
                         build_rnn(cell, h, b, t, which, prec, device),
-                    flops=fl, precision=prec))
+                    # bwd_data: autograd runs it on the stream of a forward recorded before, not the capture's
+                    flops=fl, precision=prec, capture=which != "bwd_data"))
     out.cases = size_filter(out.cases, opts, device, out.notes, cpu_max_gflop=2.0)
     return out
 

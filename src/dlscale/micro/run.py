@@ -15,7 +15,7 @@ from dlscale.format import fmt_count
 from dlscale.log import info
 
 COMMON = ("device", "warmup", "reps", "case_budget_s", "seed", "tag")
-KERNEL = ("precisions", "full", "max_gflop", "shapes", "cpu_ghz")
+KERNEL = ("precisions", "full", "max_gflop", "shapes", "cpu_ghz", "cache")
 READS: dict[str, tuple[str, ...]] = {
     "gemm": (*COMMON, *KERNEL, "every_device"),
     "conv": (*COMMON, *KERNEL, "channels_last"),
@@ -33,7 +33,7 @@ CPU_ALL_SIZES = "8:1M"  # collectives in `micro all` on a CPU: small sizes (size
 # `all` runs every kind with the options they share or that select sizes; a kind's own files and
 # switches (shapes, channels_last, ops, budget) belong to that kind's own command.
 READS_ALL = ("device", "precisions", "warmup", "reps", "full", "max_gflop", "cpu_ghz", "case_budget_s", "mem_mib",
-             "sizes", "min_busbw", "seed", "tag")
+             "cache", "sizes", "min_busbw", "seed", "tag")
 
 
 def options_of(kind: str) -> tuple[str, ...]:
@@ -122,10 +122,13 @@ def _plan(kinds: list[str], asked: str, options: dict[str, Any], layout: Any) ->
     kernel = [cfg for k, cfg in plans if k not in RANKED]
     if kernel:  # a precision the device cannot run stops here, before any work
         from dlscale.harness import device as dev
+        from dlscale.micro.harness import check_cache
 
         target = dev.select_device(kernel[0].device)
         for p in kernel[0].precisions:
             dev.check_precision(p, target)
+        for cfg in kernel:
+            check_cache(cfg, target)
     return plans
 
 

@@ -34,6 +34,10 @@ POWERCAP_ROOT = "/sys/class/powercap"
 HWMON_ROOT = "/sys/class/hwmon"
 MAX_ZONE_POWER_W = 1000.0  # no RAPL zone draws more: the wrap period is at least range / 1 kW
 POWER_PERIOD_S = 0.1  # NVML power sampling period where the GPU has no energy counter
+# How often each counter's value changes (docs/METRICS.md, "Energy and cost"): a window's energy is
+# off by up to one update period's worth, so only windows many periods long get a figure.
+RAPL_UPDATE_S = 0.001  # RAPL's energy status: about every 1 ms (MSR_RAPL_POWER_UNIT time unit 976 us)
+NVML_ENERGY_UPDATE_S = 0.1  # nvmlDeviceGetTotalEnergyConsumption: about every 100 ms (20-100 ms by GPU)
 
 
 class Counter:
@@ -41,6 +45,7 @@ class Counter:
 
     source = ""
     poll_s: float | None = None
+    update_s = 0.0  # how often the value the counter returns changes
 
     def __init__(self, name: str, domain: str):
         self.name, self.domain = name, domain
@@ -56,6 +61,7 @@ class PowercapZone(Counter):
     """A RAPL zone: ``energy_uj`` read with its wrap-around at ``max_energy_range_uj`` unwrapped."""
 
     source = "rapl"
+    update_s = RAPL_UPDATE_S
 
     def __init__(self, path: Path, name: str, domain: str):
         super().__init__(name, domain)
@@ -89,6 +95,7 @@ class HwmonEnergy(Counter):
     """An ``amd_energy`` socket counter (``energyN_input``, µJ, kept 64-bit by the driver)."""
 
     source = "amd-energy"
+    update_s = RAPL_UPDATE_S  # the same RAPL energy-status registers, read by the amd_energy driver
 
     def __init__(self, path: Path, name: str):
         super().__init__(name, "package")
@@ -100,6 +107,7 @@ class HwmonEnergy(Counter):
 
 class NvmlTotalEnergy(Counter):
     source = "nvml-total-energy"
+    update_s = NVML_ENERGY_UPDATE_S
 
     def __init__(self, nv: Any, handle: Any, name: str):
         super().__init__(name, "gpu")
@@ -118,7 +126,7 @@ class NvmlPowerIntegrated(Counter):
                  clock: Any = time.monotonic):
         super().__init__(name, "gpu")
         self.nv, self.h, self.clock = nv, handle, clock
-        self.poll_s = period
+        self.poll_s = self.update_s = period
         self._lock = threading.Lock()
         self._t, self._w = clock(), self._power_w()
         self._j = 0.0

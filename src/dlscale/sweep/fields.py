@@ -104,6 +104,7 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, Colle
     "mem_mib": Opt("micro", "mem_mib", "--mem-mib"),
     "cpu_ghz": Opt("micro", "cpu_ghz", "--cpu-ghz"),
     "case_budget": Opt("micro", "case_budget_s", "--case-budget"),
+    "cache": Opt("micro", "cache", "--cache"),
     "seed": Opt("micro", "seed", "--seed"),
     "tag": Opt("micro", "tag", "--tag"),
     "sizes": Opt("micro", "sizes", "--sizes"),
