@@ -34,7 +34,7 @@ from dlscale.log import info
 
 __all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "predict", "MICRO_KINDS"]
 
-MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "links", "all")
+MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "links", "burnin", "all")
 
 
 def _launched() -> bool:
@@ -128,7 +128,8 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, pri
 
     ``options`` are the kind's own fields (``micro.options_of(kind)`` lists them): e.g. precisions,
     shapes, full for gemm; mem_mib for memory; sizes, ops, min_busbw for collectives. A field the
-    kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives and links.
+    kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives, links and
+    burnin (duration, gemm_size, gemm_chain, llm_steps: ``micro.burnin.BurninOptions``).
     """
     from dlscale.micro.run import run_kinds
 
