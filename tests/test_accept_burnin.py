@@ -169,6 +169,13 @@ def test_checks_selects_the_burn_in_with_its_machine_defaults():
         spec.builtin(True).select("burn")
 
 
+def test_checks_on_the_command_line_is_checked_before_anything_runs(cli, db_path):
+    r = cli("accept", "--checks", "burn")
+    assert r.code == 2 and "unknown check 'burn'" in r.stderr and "burnin" in r.stderr
+    r = cli("accept", "judge", "accept-x", "--checks", "burnin")
+    assert r.code == 2 and "runs nothing" in r.stderr
+
+
 def test_a_spec_gives_the_burn_in_its_options_and_loss_thresholds(tmp_path):
     p = tmp_path / "b.yaml"
     p.write_text("checks:\n  burnin: {duration: 2, gemm_size: 64, warn: 0.001, fail: 0.005}\n")

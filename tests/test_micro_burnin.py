@@ -4,8 +4,11 @@ tests/test_accept_burnin.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import requires_cuda
 from dlscale.errors import UsageError
 from dlscale.micro.burnin import (CPU_SHAPE, GPU_SHAPE, BurninOptions, failure_line, findings, reference_ranks,
                                   summarize)
@@ -98,3 +101,20 @@ def test_the_fault_hook_names_ranks_and_a_first_round():
     assert fault_round(2, {"DLSCALE_FAULT_SDC_RANK": "0, 2", "DLSCALE_FAULT_SDC_ROUND": "3"}) == 3
     assert fault_round(1, {"DLSCALE_FAULT_SDC_RANK": "0,2"}) is None
     assert fault_round(5, {"DLSCALE_FAULT_SDC_RANK": "all"}) == 0
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_every_gpu_burns_the_same_bits_and_records_its_power_clock_and_temperature(cli_subprocess, db_path):
+    r = cli_subprocess("micro", "burnin", "--duration", "5", "--gemm-size", "4096", "--gemm-chain", "16",
+                       "--format", "json")
+    assert r.code == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["config"]["precision"] in ("bf16", "fp32") and doc["config"]["deterministic"]["cublas_workspace_config"]
+    assert doc["metrics"]["mismatched_ranks"] == 0 and doc["metrics"]["gemm_tflops_min"] > 0
+    for rk in doc["ranks"]:
+        assert rk["rounds"] >= 1 and rk["changed_rounds"] == 0 and rk["device"]["device"].startswith("cuda:")
+        assert {"monitor_gpu_power_W_mean", "monitor_gpu_sm_clock_MHz_mean", "monitor_gpu_temp_C_max"} <= \
+            set(rk["monitor"]), rk["notes"]
+

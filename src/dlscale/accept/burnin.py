@@ -111,6 +111,8 @@ def find_known_good(store: Any, records: Sequence[RunRecord], exclude: str | Non
     """Burn run id -> its known-good (the module doc), for every complete burn among ``records``."""
     want = {r.run_id: r for r in records if is_burn(r) and complete(r)}
     out: dict[str, KnownGood] = {}
+    if not want:
+        return out
     seen = 0
     for acc in store.query(kind="accept", status="ok"):
         if seen >= MAX_HISTORY or all(k in out and out[k].same_stack for k in want):

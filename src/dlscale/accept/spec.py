@@ -18,7 +18,7 @@ file chooses its own::
       train: {model: resnet50, batch_size: 128, precision: bf16, steps: 50}
       scale: {model: resnet50, devices: [1, 2, 4, 8], precision: bf16}
       inference: {model: resnet50, batch_sizes: [64], precision: bf16, duration: 5}
-      burnin: {duration: 600, fail: 0.01}   # bits across devices and vs the known-good; fail: the loss curve's
+      burnin: {duration: 600, warn: 0.002, fail: 0.01}   # bits; warn/fail: the loss curve's deviation
     thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01, run_spread: 0.15}  # shortfalls below the expectation;
                                                       # run_spread: least spread between runs (baseline)
     peers: {warn: 0.05, fail: 0.10}                     # a device against the median of its peers
