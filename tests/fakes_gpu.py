@@ -73,6 +73,7 @@ class FakeGpu:
     cpus: list[int] = field(default_factory=lambda: [0, 1])
     energy_mj: int | None = 1_000_000  # total-energy counter (mJ since the driver loaded); None: not supported
     power_mw: int | None = 650_000  # power reading (mW); None: not supported
+    temp_c: int | None = 45  # GPU temperature (C); None: not supported
     mig: list[FakeMig] = field(default_factory=list)  # non-empty: the GPU is in MIG mode with these instances
 
     def __post_init__(self) -> None:
@@ -274,6 +275,7 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetPowerUsage": lambda h: supported(g(h).power_mw),
         "nvmlDeviceGetClockInfo": lambda h, clock: 1755,
+        "nvmlDeviceGetTemperature": lambda h, sensor: supported(g(h).temp_c),
         "nvmlDeviceGetTotalEnergyConsumption": lambda h: supported(g(h).energy_mj),
         "nvmlDeviceGetPcieThroughput": lambda h, counter: 1000,
     }

@@ -52,6 +52,16 @@ def test_own_error_wins_over_the_symptoms_it_caused():
     assert diagnose(fs, 2) == "rank 1 (node 0) failed: out of memory: ...; lower --batch-size"
 
 
+def test_a_finding_names_its_ranks_itself(tmp_path):
+    from dlscale.distributed.faults import read_failures, write_failure
+
+    write_failure(str(tmp_path), 0, 0, "silent data corruption: rank 1 (cuda:1): its GEMM chain output differs",
+                  finding=True)
+    (f,) = read_failures(str(tmp_path))
+    assert f["kind"] == "finding"
+    assert diagnose([f], 2) == "silent data corruption: rank 1 (cuda:1): its GEMM chain output differs"
+
+
 def test_hung_rank_is_the_one_that_left_no_report():
     fs = [failure(0, "DistBackendError: wait timeout after 10000ms", 1.0), failure(2, "timed out in all_reduce", 1.1)]
     torchrun = [RankFailure(0, 0, 1, "", root_cause=True), RankFailure(1, 1, -9, "Signal 9 (SIGKILL)")]

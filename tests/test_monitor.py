@@ -1,4 +1,5 @@
-"""The resource monitor: time series, counters to rates, summaries, InfiniBand and NFS readers."""
+"""The resource monitor: time series, counters to rates, summaries, InfiniBand and NFS readers, the
+CPUs' clock and temperature, the GPU's readings through a fake NVML."""
 
 from __future__ import annotations
 
@@ -196,3 +197,38 @@ def test_a_reading_nvml_does_not_support_leaves_the_others(monkeypatch):
     assert host.calls.count("nvmlDeviceGetUtilizationRates") == 1  # not asked again once unsupported
     assert host.calls.count("nvmlDeviceGetPowerUsage") == 2
     assert len([n for n in m.notes if "power" in n]) == 1
+
+
+def test_the_cpu_clock_and_temperature_come_from_sysfs_else_cpuinfo_else_a_note(tmp_path):
+    from dlscale.monitor.cpu import CpuClockSource
+
+    for c, khz in ((0, 2_000_000), (1, 3_000_000)):
+        d = tmp_path / f"a/sys/devices/system/cpu/cpu{c}/cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_cur_freq").write_text(f"{khz}\n")
+    zone = tmp_path / "a/sys/class/thermal/thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("x86_pkg_temp\n")
+    (zone / "temp").write_text("61000\n")
+    src = CpuClockSource([0, 1], root=str(tmp_path / "a"))
+    assert src.read() == {"cpu_clock_MHz": 2500.0, "cpu_temp_C": 61.0} and src.notes == []
+
+    (tmp_path / "b/proc").mkdir(parents=True)
+    (tmp_path / "b/proc/cpuinfo").write_text("processor\t: 0\ncpu MHz\t\t: 2599.998\n\nprocessor\t: 1\n"
+                                             "cpu MHz\t\t: 2400.002\n")
+    src = CpuClockSource([1], root=str(tmp_path / "b"))
+    assert src.read() == {"cpu_clock_MHz": 2400.002}
+    assert any("/proc/cpuinfo" in n for n in src.notes) and any("temperature not recorded" in n for n in src.notes)
+
+    src = CpuClockSource([0], root=str(tmp_path / "empty"))
+    assert src.read() == {} and any("clock not recorded" in n for n in src.notes)
+
+
+def test_the_gpu_monitor_records_temperature(monkeypatch):
+    from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
+
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, temp_c=71)])
+    cuda_from_host(monkeypatch, host)
+    with Monitor(10.0, gpu_index=0) as m:
+        pass
+    assert m.series()["columns"]["gpu_temp_C"] == [71.0]

@@ -34,7 +34,7 @@ from dlscale.log import info
 
 __all__ = ["Layout", "train", "tta", "micro", "scale", "sweep", "predict", "MICRO_KINDS"]
 
-MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "links", "all")
+MICRO_KINDS = ("gemm", "conv", "rnn", "memory", "p2p", "collectives", "links", "burnin", "all")
 
 
 def _launched() -> bool:
@@ -128,7 +128,8 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, pri
 
     ``options`` are the kind's own fields (``micro.options_of(kind)`` lists them): e.g. precisions,
     shapes, full for gemm; mem_mib for memory; sizes, ops, min_busbw for collectives. A field the
-    kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives and links.
+    kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives, links and
+    burnin (duration, gemm_size, gemm_chain, llm_steps: ``micro.burnin.BurninOptions``).
     """
     from dlscale.micro.run import run_kinds
 
@@ -287,7 +288,8 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
            emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
            node_link_bandwidth: Any = (), node_cpu_quota: Any = (), executor: str = "local",
            partition: str | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
-           time: str | int | None = None, refs: str | None = None) -> Any:
+           time: str | int | None = None, refs: str | None = None,
+           checks: str | Sequence[str] | None = None) -> Any:
     """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
     built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
     acceptance id, judged against the healthy figures of each device's model (``refs``: a lab's own
@@ -298,6 +300,8 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
     across that many emulated nodes, and the built-in suites add the collectives across them and
     every node's link. Returns an ``Acceptance`` (``.verdicts``, ``.outcome``, ``.exit_code``,
     ``.out_dir`` with the report, JUnit XML and manifest), None on a rank other than 0 under a launcher.
+    ``checks`` (a comma list or names) keeps only those checks of the spec; any check may be named,
+    the burn-in (``burnin``, in no built-in suite) too, with its defaults where the spec has none.
 
     ``executor="slurm"`` runs the suite as one Slurm job (``accept.slurm``: ``nodes`` nodes of
     ``partition`` with ``gpus_per_node`` GPUs each, ``time`` minutes or ``[D-]H:MM[:SS]``) into
@@ -313,6 +317,8 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
         raise UsageError("--executor slurm runs on the allocation's real nodes: leave out --emulate-nodes and the "
                          "emulated link and node options")
     sp = specs.load(spec) if spec else specs.builtin(quick)
+    if checks is not None:
+        sp = sp.select(checks)
     if warn_fails is not None:
         sp.warn_fails = warn_fails
     if opts is not None:

@@ -27,9 +27,9 @@ CHECKS = {  # check -> what it is called in sentences and tables
     "health": "health", "memory": "memory", "p2p": "GPU-GPU copies", "gemm": "GEMM",
     "collectives": "collectives in the node", "collectives_nodes": "collectives across nodes",
     "links": "links between nodes", "train_alone": "training alone", "train": "training on all devices",
-    "scale": "scaling", "inference": "inference",
+    "scale": "scaling", "inference": "inference", "burnin": "burn-in",
 }
-PARTS = ("health", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone")
+PARTS = ("health", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone", "burnin")
 ACROSS = ("collectives_nodes", "train", "scale")  # system figures whose traffic crosses the nodes' links
 MAX_RELATED = 6
 

@@ -78,7 +78,7 @@ def check_of(rec: RunRecord, rungs: set[str]) -> str | None:
         if rec.workload == "collectives":
             cfg = rec.config or {}
             return "collectives_nodes" if (cfg.get("nodes") or 1) > 1 or cfg.get("emulated_nodes") else "collectives"
-        return rec.workload if rec.workload in ("memory", "gemm", "p2p", "links") else None
+        return rec.workload if rec.workload in ("memory", "gemm", "p2p", "links", "burnin") else None
     if rec.kind == "train":
         if rec.run_id in rungs:
             return "scale"

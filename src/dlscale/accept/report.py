@@ -32,7 +32,7 @@ def cells(v: Any) -> list[str]:
     return [CHECKS.get(v.check, v.check), v.figure, v.subject or "system", v.status,
             _val(v.measured, v.unit), _val(v.expected, v.unit), v.expectation or "-",
             "-" if v.ratio is None else f"{v.ratio:.3f}",
-            "-" if v.warn is None else f"{v.warn:.0%} / {v.fail:.0%}",
+            "-" if v.warn is None else f"{v.warn * 100:.3g}% / {v.fail * 100:.3g}%",
             "-" if not v.ci95 else f"{fmt_num(v.ci95[0])} - {fmt_num(v.ci95[1])}",
             "-" if not v.test else f"{v.test['p']:.2g}", energy_text(v.energy), ", ".join(v.run_ids)]
 

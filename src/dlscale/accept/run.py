@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import drift, explain, figures
+from dlscale.accept import burnin, drift, explain, figures
 from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
@@ -53,11 +53,12 @@ class Acceptance:
 
 def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
           refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None,
-          table: Sequence[Any] | None = None) -> list[Verdict]:
+          table: Sequence[Any] | None = None, known_good: dict[str, burnin.KnownGood] | None = None) -> list[Verdict]:
     """Every verdict of an acceptance's records (pure): health, failed runs, the checks that recorded
-    nothing (``missing``: check -> why), then each figure against its healthy figure (``table``:
-    ``refs.Row``s, default the shipped table), datasheet, baseline, reference and peers; then the
-    explanations. On several nodes, a per-node check's verdicts name the node."""
+    nothing (``missing``: check -> why), the burn-in's bits (``known_good``: burnin.find_known_good's),
+    then each figure against its healthy figure (``table``: ``refs.Row``s, default the shipped table),
+    datasheet, baseline, reference and peers; then the explanations. On several nodes, a per-node
+    check's verdicts name the node."""
     rungs = figures.scale_rungs(records)
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
     hosts = figures.node_hosts(records)
@@ -65,8 +66,10 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
     verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
-    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of, hosts)
+    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health" and not
+                                             burnin.explained_failure(r)], check_of, hosts)
     verdicts += explain.missing_run_verdicts(missing or {})
+    verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
     order = list(specs.CHECKS) + ["links"]
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
@@ -134,7 +137,8 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     suite_hash = hash_of(plan.checks)
     with Store.open(db) as store:
         base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
-    verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None)
+        good = burnin.find_known_good(store, records)
+    verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
     rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
                   inventory, healthy=vs.healthy)
@@ -168,10 +172,11 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         base = (selected_baseline(store, baseline) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
                               {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
+        good = burnin.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
     acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs, (acc_rec.raw or {}).get("missing"),
-                                                          table),
+                                                          table, good),
                      [tuple(x) for x in (acc_rec.raw or {}).get("not_run") or []],
                      sp.warn_fails if warn_fails is None else warn_fails)
     if out_dir:

@@ -1,8 +1,10 @@
 """The acceptance spec: which checks run, with which sizes, judged with which thresholds.
 
-Built in: ``full`` (every check) and ``quick`` (a few-minute subset: memory, GEMM, collectives in
-the node, the short test alone and on all devices, inference; on several nodes also the
-collectives across them and every node's link). A YAML file chooses its own::
+Built in: ``full`` (every check but the burn-in) and ``quick`` (a few-minute subset: memory, GEMM,
+collectives in the node, the short test alone and on all devices, inference; on several nodes also
+the collectives across them and every node's link). ``select`` keeps the checks named by
+``--checks`` (any check, the burn-in too, with its defaults where the spec gives none). A YAML
+file chooses its own::
 
     name: h100-node                 # default: the file's stem
     checks:                         # run in this order; a check's options are its command's fields
@@ -16,6 +18,7 @@ collectives across them and every node's link). A YAML file chooses its own::
       train: {model: resnet50, batch_size: 128, precision: bf16, steps: 50}
       scale: {model: resnet50, devices: [1, 2, 4, 8], precision: bf16}
       inference: {model: resnet50, batch_sizes: [64], precision: bf16, duration: 5}
+      burnin: {duration: 600, warn: 0.002, fail: 0.01}   # bits; warn/fail: the loss curve's deviation
     thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01, run_spread: 0.15}  # shortfalls below the expectation;
                                                       # run_spread: least spread between runs (baseline)
     peers: {warn: 0.05, fail: 0.10}                     # a device against the median of its peers
@@ -54,8 +57,10 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "train": ("train", None, ("tag",)),
     "scale": ("train", None, ("tag", "nproc_per_node", "nnodes", "node_rank")),
     "inference": ("infer", None, ("tag", "scenario", "find_peak", "latency_bound", "target_qps")),
+    "burnin": ("micro", "burnin", ("kind", "tag")),
 }
-FULL = tuple(CHECKS)
+BURN_IN = ("burnin",)  # minutes of full load: chosen by name (--checks, a spec), not in the built-in suites
+FULL = tuple(c for c in CHECKS if c not in BURN_IN)
 QUICK = ("health", "memory", "gemm", "collectives", "train_alone", "train", "inference")
 ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
 ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
@@ -93,6 +98,18 @@ class Spec:
                    thresholds=Thresholds(**(d.get("thresholds") or {})), peers=Thresholds(**(d.get("peers") or {})),
                    per_check={k: Thresholds(**v) for k, v in (d.get("per_check") or {}).items()},
                    warn_fails=bool(d.get("warn_fails")), source=d.get("source") or "")
+
+    def select(self, names: str | Iterable[str]) -> "Spec":
+        """``--checks``: the named checks (a comma list), each with this spec's options or, where it
+        has none (e.g. the burn-in beside a built-in suite), its defaults; an unknown name is a UsageError."""
+        wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else [str(n) for n in names]
+        wanted = list(dict.fromkeys(n for n in wanted if n))
+        unknown = [n for n in wanted if n not in CHECKS]
+        if unknown or not wanted:
+            raise UsageError(f"--checks {','.join(wanted)}: {'unknown check ' + repr(unknown[0]) if unknown else 'none given'}; "
+                             f"checks: {', '.join(CHECKS)}")
+        return replace(self, name="+".join(wanted) if self.source == "built-in" else self.name,
+                       source=f"{self.source} --checks", checks={n: self.checks.get(n, {}) for n in wanted})
 
     def only(self, names: Iterable[str]) -> "Spec":
         """The spec with only the checks of ``names`` (in the spec's order)."""

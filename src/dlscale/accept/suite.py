@@ -140,6 +140,7 @@ def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
                   **({"layouts": [f"{n}x{per}" for n in range(2, k + 1)]} if k else {})},
         "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": 2 if quick else 5,
                       "iters": 20},
+        "burnin": {"duration": 60 if quick else 300, **ranks},
     }.get(check, {})
 
 
@@ -165,6 +166,7 @@ def _cpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
                                                      if k else {"devices": [1, 2]})},
         "inference": {"model": "resnet18", "image_size": 32, "batch_sizes": [32], "duration": 2 if quick else 5,
                       "iters": 10, "warmup": 2},
+        "burnin": {"duration": 10 if quick else 30, "nproc_per_node": 2, "threads_per_rank": 1},
     }.get(check, {})
 
 

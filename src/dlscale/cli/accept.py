@@ -16,10 +16,13 @@ Runs the acceptance suite as ordinary recorded runs under one acceptance id: GPU
 (host STREAM; device and pinned host copies per GPU), the GPU peer matrix, GEMM per precision on
 every device, collectives in the node and across nodes, every node's link, the short test on
 every device alone (all at once, so the slow one shows) and on all devices, the scale ladder, and
-LoadGen offline inference. Every figure is judged against an expectation with its source: the
-healthy figure of the device's model and topology (a shipped table with a source for every row,
-or a lab's own file first with --refs; `dlscale accept refs` lists them), else the datasheet x a
-typical fraction (GPUs), this system's own baseline (--baseline; default the
+LoadGen offline inference; with --checks burnin also the burn-in: a seeded GEMM chain and LLM
+training on every device at once, compared bit for bit across devices and with the known-good
+run (silent data corruption), power, clocks, temperature and clock events recorded. Every figure
+is judged against an expectation with its source: the healthy figure of the device's model and
+topology (a shipped table with a source for every row, or a lab's own file first with --refs;
+`dlscale accept refs` lists them), else the datasheet x a typical fraction (GPUs), this system's
+own baseline (--baseline; default the
 figure's last accepted runs of the same system and suite), a reference (--reference) and, per
 device, node and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail
 threshold and significant: beyond the healthy figure's tolerance, the spread between runs of that
@@ -47,7 +50,8 @@ run into --db (which the nodes must reach), waits with its progress on stderr, t
 writes the same outputs with the same exit code (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n
-  dlscale accept --quick\n\n
+  dlscale accept --quick\n\n  dlscale accept --checks burnin                        # the burn-in and silent-data-corruption check alone\n\n
+
   dlscale accept --spec node.yaml --out acceptance/ --format json\n\n
   dlscale accept --baseline tag:accept-20261125T101500-1a2b3c4d --warn-fails\n\n
   dlscale accept --reference ref:seed001-table5,system:SN-8xV100-16GB-SXM2\n\n
@@ -75,6 +79,10 @@ def accept(
                                                         "smaller sizes.")] = False,
     spec: Annotated[Optional[str], typer.Option("--spec", help="A YAML spec: checks, their sizes, thresholds "
                                                                "(docs/CLUSTER.md).", show_default=False)] = None,
+    checks: Annotated[Optional[str], typer.Option("--checks", help="Only these checks (comma list) of the suite or "
+                                                  "--spec, e.g. gemm,memory; burnin (the burn-in and silent data "
+                                                  "corruption check, in no built-in suite) runs only when named.",
+                                                  show_default=False)] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Compare with these runs, e.g. tag:ACCEPTANCE_ID "
                                                     "or run:ID (default: this system's last accepted figures).",
                                                     show_default=False)] = None,
@@ -116,6 +124,8 @@ def accept(
     from dlscale import api
     from dlscale.errors import UsageError
 
+    if action is not None and checks is not None:
+        raise UsageError(f"--checks chooses the checks to run; `dlscale accept {action}` runs nothing")
     if action is not None and (executor != "local" or {partition, nodes, gpus_per_node, time} != {None}):
         raise UsageError(f"--executor and its Slurm options are for running the suite; `dlscale accept {action}` "
                          "reads the store here")
@@ -143,7 +153,7 @@ def accept(
     else:
         acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
                          out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
-                         gpus_per_node=gpus_per_node, time=time, refs=refs, **emulated)
+                         gpus_per_node=gpus_per_node, time=time, refs=refs, checks=checks, **emulated)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
         return
     show(acc, fmt)
@@ -154,7 +164,7 @@ def show(acc: Any, fmt: Format) -> None:
     """The verdict table first (or the JSON document), then why, what did not run, and where the report is."""
     from dlscale.accept.outputs import document
     from dlscale.accept.report import COLUMNS, cells
-    from dlscale.accept.verdict import FAIL, WARN, counts
+    from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, counts
 
     if fmt == Format.json:
         print_json(document(acc))
@@ -172,6 +182,12 @@ def show(acc: Any, fmt: Format) -> None:
             out.print(f"{v.status} {v.check} {v.figure}{where}: {v.reason}", markup=False)
             for r in v.related:
                 out.print(f"    related: {r}", markup=False)
+    unexpected: dict[str, int] = {}
+    for v in acc.verdicts:
+        if v.status == NO_EXPECTATION:
+            unexpected[v.reason] = unexpected.get(v.reason, 0) + 1
+    for reason, n in unexpected.items():
+        out.print(f"{NO_EXPECTATION} ({n} verdict{'' if n == 1 else 's'}): {reason}", markup=False)
     for check, why in acc.not_run:
         out.print(f"not run: {check}: {why}", markup=False)
     n = counts(acc.verdicts)

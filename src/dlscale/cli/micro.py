@@ -17,8 +17,10 @@ TFLOP/s and % of the dense peak; conv and rnn per pass: fwd, bwd_data, bwd_weigh
 (STREAM copy/scale/add/triad; H2D/D2H pinned and pageable and D2D on GPUs), p2p (GPU-GPU
 bandwidth and latency matrices with peer access; needs >= 2 GPUs), collectives (torch.distributed
 on every rank of a layout, one node or several: nccl-tests' columns, exact correctness check),
-links (every node's link, measured between every pair of nodes: names the slow one), or all
-(every kind but links). On CPUs the default sizes suit a small machine; --full runs every shape."""
+links (every node's link, measured between every pair of nodes: names the slow one), burnin (a
+seeded GEMM chain and LLM training on every device at once for --duration seconds, compared bit for
+bit: names a device that computes wrong), or all (every kind but links and burnin). On CPUs the
+default sizes suit a small machine; --full runs every shape."""
 
 COLL_EPILOG = """Examples:\n\n
   dlscale micro collectives --nproc-per-node 2 --sizes 8:16M --min-busbw 0.5\n\n
@@ -29,6 +31,11 @@ LINKS_EPILOG = """Examples:\n\n
   dlscale micro links --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit --sizes 256K,2M\n\n
   dlscale micro links --nnodes 4 --node-rank 0 --master-addr node0 --nproc-per-node 8   # on each node"""
 
+BURN_EPILOG = """Examples:\n\n
+  dlscale micro burnin --duration 600                        # every GPU of this node, 10 minutes\n\n
+  dlscale micro burnin --duration 30 --nproc-per-node 2 --threads-per-rank 1   # two CPU ranks\n\n
+  dlscale accept --checks burnin   # the same burn, judged: also against this model's known-good run"""
+
 EPILOG = """Examples:\n\n
   dlscale micro gemm --precision fp32,bf16\n\n
   dlscale micro conv --shapes my_convs.csv --full\n\n
@@ -36,6 +43,7 @@ EPILOG = """Examples:\n\n
   dlscale micro collectives --nproc-per-node 2 --sizes 8:16M --min-busbw 0.5\n\n
   dlscale micro collectives --emulate-nodes 2 --link-bandwidth 10gbit\n\n
   dlscale micro links --emulate-nodes 3 --link-bandwidth 1gbit --node-link-bandwidth 2=100mbit\n\n
+  dlscale micro burnin --duration 600\n\n
   dlscale micro all --cpu-ghz 2.0"""
 
 app = typer.Typer(help=HELP, epilog=EPILOG, no_args_is_help=True, rich_markup_mode="markdown")
@@ -166,6 +174,29 @@ def links(
          copt.price(price_per_hour, systems_file, system))
 
 
+@app.command("burnin", help="A seeded GEMM chain and a short LLM training run with deterministic algorithms on "
+             "every device at once, in rounds for --duration seconds; every round's results compared bit for bit "
+             "with its first and across devices (a device that differs fails the run by name); power, clocks, "
+             "temperature and clock-event reasons recorded.", epilog=BURN_EPILOG)
+def burnin(
+    duration: Annotated[float, typer.Option("--duration", help="Seconds of rounds on every device (at least one round).")] = 60.0,
+    gemm_size: Annotated[Optional[int], typer.Option("--gemm-size", help="N of the chain's N x N matrices (default 8192 on GPUs, 384 on CPUs).", show_default=False)] = None,
+    gemm_chain: Annotated[Optional[int], typer.Option("--gemm-chain", help="Matrix products per round (default 256 on GPUs, 8 on CPUs).", show_default=False)] = None,
+    llm_steps: Annotated[Optional[int], typer.Option("--llm-steps", help="llama_tiny training steps per round (default 8 on GPUs, 4 on CPUs).", show_default=False)] = None,
+    seed: SeedOpt = 0, device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
+    price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None,
+    nproc_per_node: dopt.NprocOpt = None, nnodes: dopt.NnodesOpt = 1, node_rank: dopt.NodeRankOpt = 0,
+    master_addr: dopt.MasterAddrOpt = "127.0.0.1", master_port: dopt.MasterPortOpt = None,
+    backend: dopt.BackendOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
+) -> None:
+    layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, None, None, None,
+                         timeout, threads_per_rank)
+    options = dict(duration=duration, gemm_size=gemm_size, gemm_chain=gemm_chain, llm_steps=llm_steps, seed=seed,
+                   device=device, tag=tag)
+    _run("burnin", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
+         copt.price(price_per_hour, systems_file, system))
+
+
 @app.command("all", help="Every kind in turn: gemm, conv, rnn, memory, p2p (where >= 2 GPUs), collectives.")
 def all_(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None,
          iters: ItersOpt = None, full: FullOpt = False, max_gflop: MaxGflopOpt = None, cpu_ghz: CpuGhzOpt = None,
@@ -205,6 +236,8 @@ def report(rec, fmt: Format | None) -> dict[str, Any]:
            "units": rec.units, "warnings": rec.warnings, "rows": rec.raw.get("rows", [])}
     if "links" in rec.raw:
         doc["links"] = rec.raw["links"]
+    if rec.workload == "burnin":
+        doc["ranks"] = [{k: v for k, v in r.items() if k != "series"} for r in rec.raw.get("ranks", [])]
     if fmt != Format.human:
         return doc
     for w in rec.warnings:

@@ -6,6 +6,8 @@ it recorded (and where it kept it, when its database stayed away: ``stores.spool
 launcher returns, ``diagnose`` combines those files with what torchrun reported (exit codes,
 signals) into one line that names the rank that caused the failure:
 
+- a rank that found the job's results wrong (``Finding``: e.g. devices that disagree bit for bit)
+  says which ranks are at fault itself: its line is the job's;
 - a rank that failed with its own error is the cause (the earliest one);
 - otherwise a rank that left no report (killed by a signal, or hung) while the others timed out
   or lost their peer is the cause;
@@ -23,6 +25,11 @@ from typing import Any
 SECONDARY = ("timeout", "peer")  # symptoms seen by the ranks that waited for the failed one
 
 
+class Finding(RuntimeError):
+    """A rank found the job's results wrong and its message names the ranks at fault: not a crash
+    (the process group is sound, so the ranks leave together), and the message is the job's error."""
+
+
 def classify(message: str) -> str:
     """'timeout' for a collective that timed out, 'peer' for a lost connection, else 'error'."""
     low = message.lower()
@@ -34,11 +41,14 @@ def classify(message: str) -> str:
     return "error"
 
 
-def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: bool = False) -> None:
-    """Report this rank's failure; ``usage`` marks bad input found before the run started."""
+def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: bool = False,
+                  finding: bool = False) -> None:
+    """Report this rank's failure; ``usage`` marks bad input found before the run started,
+    ``finding`` a ``Finding``."""
     if not job_dir:
         return
-    entry = {"rank": rank, "node": node, "cause": cause, "kind": "usage" if usage else classify(cause),
+    kind = "usage" if usage else "finding" if finding else classify(cause)
+    entry = {"rank": rank, "node": node, "cause": cause, "kind": kind,
              "time": time.time()}
     _write(Path(job_dir) / f"failure-{rank}.json", json.dumps(entry))
 
@@ -81,7 +91,7 @@ def diagnose(failures: list[dict[str, Any]], world_size: int, launcher_failures:
     primary = [f for f in failures if f["kind"] not in SECONDARY]
     if primary:
         f = primary[0]
-        return f"rank {f['rank']} (node {f['node']}) failed: {f['cause']}"
+        return f["cause"] if f["kind"] == "finding" else f"rank {f['rank']} (node {f['node']}) failed: {f['cause']}"
     unreported = [lf for lf in launcher_failures if lf.rank not in reported]
     waited = failures[0] if failures else None
     symptom = ""

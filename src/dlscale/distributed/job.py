@@ -41,6 +41,7 @@ FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "tta": ("dlscale.longtest.worker", "tta", "model"),
     "collectives": ("dlscale.micro.coll_worker", "micro", None),
     "links": ("dlscale.micro.link_worker", "micro", None),
+    "burnin": ("dlscale.micro.burn_worker", "micro", None),
 }
 
 

@@ -45,12 +45,19 @@ def _hand_over_spooled(spec: Any) -> None:
 def _fail(spec: Any, env: Any, e: BaseException) -> None:
     from dlscale.harness.runner import describe_failure
 
-    cause = describe_failure(e.__cause__) if isinstance(e, RunFailure) and e.__cause__ else str(e) or type(e).__name__
-    faults.write_failure(spec.job_dir, env.rank, env.node_rank, " ".join(cause.split()),
-                         usage=isinstance(e, UsageError))
+    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
+    finding = isinstance(inner, faults.Finding)
+    cause = str(inner) if finding or inner is e else describe_failure(inner)
+    faults.write_failure(spec.job_dir, env.rank, env.node_rank, " ".join((cause or type(e).__name__).split()),
+                         usage=isinstance(e, UsageError), finding=finding)
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
     _hand_over_spooled(spec)
+    if finding:  # not a crash: the other ranks wait in the teardown barrier, so leave with them
+        try:
+            _teardown()
+        except Exception:  # noqa: BLE001 - a peer already gone: leave anyway
+            pass
     if os.environ.get("DLSCALE_DEBUG"):
         import traceback
 

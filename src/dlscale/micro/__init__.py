@@ -1,9 +1,9 @@
 """Phase-1 microbenchmarks: kernels against the device's peak, memory and interconnect bandwidth,
 collectives. One harness (``harness``), one small module per microbenchmark, found by name here.
 
-``collectives`` and ``links`` are not kernel kinds: they run one process per rank under torchrun
-(``dlscale.micro.coll_worker``, ``dlscale.micro.link_worker``) and have their own sweeps
-(``dlscale.micro.collectives``, ``dlscale.micro.links``).
+``collectives``, ``links`` and ``burnin`` are not kernel kinds: they run one process per rank under
+torchrun (``dlscale.micro.coll_worker``, ``link_worker``, ``burn_worker``) and have their own options
+(``dlscale.micro.collectives``, ``links``, ``burnin``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from dlscale.errors import UsageError
 
 KERNEL_KINDS = ("gemm", "conv", "rnn", "memory", "p2p")
-KINDS = (*KERNEL_KINDS, "collectives", "links")
+KINDS = (*KERNEL_KINDS, "collectives", "links", "burnin")
 
 
 def get(kind: str) -> Any:

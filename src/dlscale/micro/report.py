@@ -5,7 +5,8 @@ each % refers to; memory prints GB/s; p2p prints p2pBandwidthLatencyTest's conne
 (peer-access) matrix and its bandwidth and latency matrices, host-staged pairs marked;
 collectives print nccl-tests' columns per collective and its footer (#wrong, then the average
 busbw of each collective: busbw of different collectives is never averaged together); links print
-each node's link (its fastest pair), the pair matrix at the largest size and the slowest link.
+each node's link (its fastest pair), the pair matrix at the largest size and the slowest link;
+burnin prints each rank's rounds, rates, whether its results agree and what its monitor saw.
 """
 
 from __future__ import annotations
@@ -202,7 +203,43 @@ def links_footer(rec: RunRecord) -> list[str]:
     return lines
 
 
-RANKED = {"collectives": (collectives_tables, collectives_footer), "links": (links_tables, links_footer)}
+def burnin_tables(rec: RunRecord) -> list[Table]:
+    """One row per rank: its device, rounds, rates, whether its results agree, and what the monitor saw."""
+    from dlscale.micro.burnin import findings, mean
+
+    c, ranks = rec.config, rec.raw.get("ranks", [])
+    found = findings(ranks) if ranks else {}
+    flops = c.get("gemm_chain", 0) * 2 * c.get("gemm_size", 0) ** 3
+    tokens = c.get("llm_steps", 0) * c.get("batch_size", 0) * c.get("seq_len", 0)
+    t = Table("rank", "device", "rounds", "GEMM TFLOP/s", "LLM tokens/s", "results", "power (W)", "clock (MHz)",
+              "temp (C)", title=f"burnin  {c.get('precision')} GEMM chain {c.get('gemm_chain')} x {c.get('gemm_size')}^2, "
+              f"llama_tiny {c.get('llm_steps')} steps, {_f(c.get('duration_s'), 0)} s", title_justify="left")
+    for r in ranks:
+        m, d = r.get("monitor") or {}, r.get("device") or {}
+        clock = m.get("monitor_gpu_sm_clock_MHz_mean", m.get("monitor_cpu_clock_MHz_mean"))
+        temp = m.get("monitor_gpu_temp_C_max", m.get("monitor_cpu_temp_C_max"))
+        t.add_row(str(r["rank"]), f"{d.get('device', '?')} {d.get('device_name') or ''}".strip(), str(r["rounds"]),
+                  _f(flops / mean(r["gemm_s"]) / 1e12 if r.get("gemm_s") else None, 4),
+                  _f(tokens / mean(r["llm_s"]) if r.get("llm_s") else None, 0),
+                  "wrong" if found.get(r["rank"]) else "agree", _f(m.get("monitor_gpu_power_W_mean"), 0),
+                  _f(clock, 0), _f(temp, 0))
+    return [t]
+
+
+def burnin_footer(rec: RunRecord) -> list[str]:
+    from dlscale.micro.burnin import device_words, findings
+
+    ranks = rec.raw.get("ranks", [])
+    found = findings(ranks) if ranks else {}
+    lines = [f"{device_words(r)}: {'; '.join(found[r['rank']])}" for r in ranks if found.get(r["rank"])]
+    if ranks and not lines:
+        lines.append(f"every round of every rank gave the same bits ({rec.metrics.get('rounds')} rounds)")
+    notes = list(dict.fromkeys(n for r in ranks for n in r.get("notes") or []))
+    return lines + [f"note: {n}" for n in notes]
+
+
+RANKED = {"collectives": (collectives_tables, collectives_footer), "links": (links_tables, links_footer),
+          "burnin": (burnin_tables, burnin_footer)}
 
 
 def print_record(rec: RunRecord, console: Any) -> None:

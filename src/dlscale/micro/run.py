@@ -2,8 +2,8 @@
 
 Every kind reads its own set of options (``READS``): an option a kind does not read is a usage
 error naming the kind and what it does read, never silently ignored. Kernel and memory kinds run
-in this process through the micro harness; ``collectives`` and ``links`` run on every rank of a
-``Layout`` through the one job module (``distributed.job``).
+in this process through the micro harness; ``collectives``, ``links`` and ``burnin`` run on every
+rank of a ``Layout`` through the one job module (``distributed.job``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ READS: dict[str, tuple[str, ...]] = {
     "p2p": (*COMMON, "mem_mib"),
     "collectives": ("sizes", "ops", "warmup", "iters", "budget", "min_busbw", "plant_wrong", "device", "tag"),
     "links": ("sizes", "warmup", "iters", "budget", "device", "tag"),
+    "burnin": ("duration", "gemm_size", "gemm_chain", "llm_steps", "seed", "device", "tag"),
 }
-RANKED = ("collectives", "links")  # kinds that run as the ranks of a Layout (the others in this process)
+RANKED = ("collectives", "links", "burnin")  # kinds that run as the ranks of a Layout (the others in this process)
 ALL_ORDER = ("gemm", "conv", "rnn", "memory", "p2p", "collectives")  # links needs several nodes: not in all
 CPU_ALL_SIZES = "8:1M"  # collectives in `micro all` on a CPU: small sizes (sizes= for more)
 
@@ -72,6 +73,18 @@ def link_options(options: dict[str, Any]) -> Any:
     return LinkOptions(**{k: v for k, v in options.items() if k in READS["links"] and v is not None})
 
 
+def burnin_options(options: dict[str, Any]) -> Any:
+    from dlscale.micro.burnin import BurninOptions
+
+    return BurninOptions(**{k: v for k, v in options.items() if k in READS["burnin"] and v is not None})
+
+
+def ranked_options(kind: str, options: dict[str, Any]) -> Any:
+    """The typed options of a kind that runs as ranks (``iters`` is the kernels' ``reps``)."""
+    opts = {("iters" if k == "reps" else k): v for k, v in options.items()}
+    return {"collectives": collective_options, "links": link_options, "burnin": burnin_options}[kind](opts)
+
+
 def run_kinds(kind: str, options: dict[str, Any], layout: Any, db: str | None, price: Any = None) -> list[Any]:
     """Run ``kind`` (or every kind for ``all``); the records. A failed kind is recorded, the others
     still run, then ``RunFailure`` names every failure."""
@@ -115,10 +128,13 @@ def _plan(kinds: list[str], asked: str, options: dict[str, Any], layout: Any) ->
         elif k == "links":
             plans.append((k, link_options(options)))
             _check_several_nodes(layout)
+        elif k == "burnin":
+            plans.append((k, burnin_options(options)))
         else:
             plans.append((k, kernel_options(k, options)))
     if layout is not None and layout != Layout() and asked not in (*RANKED, "all"):
-        raise UsageError(f"micro {asked} runs in one process; the layout options are for micro collectives and links")
+        raise UsageError(f"micro {asked} runs in one process; the layout options are for micro collectives, links "
+                         "and burnin")
     kernel = [cfg for k, cfg in plans if k not in RANKED]
     if kernel:  # a precision the device cannot run stops here, before any work
         from dlscale.harness import device as dev
@@ -151,13 +167,14 @@ def _run_one(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None
 
 
 def run_ranked(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
-    """Every rank of the layout runs the kind (collectives, links); rank 0's record (None off node 0)."""
+    """Every rank of the layout runs the kind (collectives, links, burnin); rank 0's record (None off node 0)."""
     from dlscale.distributed.job import run_job
     from dlscale.layout import Layout
 
     layout = default_collectives_layout(layout or Layout())
+    what = f"for {cfg.duration:g} s" if kind == "burnin" else f"sizes {cfg.sizes}"
     info(f"dlscale micro {kind}: {fmt_count(layout.world_size, 'rank')} ({layout.nproc_per_node} per node, "
-         f"{fmt_count(layout.nodes, 'node')}{', emulated' if layout.emulate_nodes else ''}), sizes {cfg.sizes}")
+         f"{fmt_count(layout.nodes, 'node')}{', emulated' if layout.emulate_nodes else ''}), {what}")
     rec = run_job(kind, cfg.to_dict(), layout, db, price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
@@ -174,7 +191,7 @@ def _check_several_nodes(layout: Any) -> None:
 
 
 def default_collectives_layout(layout: Any) -> Any:
-    """Collectives always run as ranks: under an external launcher (srun, mpirun, torchrun) its world,
+    """Collectives (and links, burnin) always run as ranks: under an external launcher (srun, mpirun, torchrun) its world,
     else dlscale's launcher with the layout given (two ranks here, or one per GPU, when nothing says more)."""
     from dlscale.distributed.env import launcher_of
 

@@ -24,18 +24,20 @@ UNITS = {
     "disk_read_MBps": "MB/s", "disk_write_MBps": "MB/s", "net_send_MBps": "MB/s", "net_recv_MBps": "MB/s",
     "ib_xmit_MBps": "MB/s", "ib_rcv_MBps": "MB/s", "nfs_read_MBps": "MB/s", "nfs_write_MBps": "MB/s",
     "gpu_util_pct": "%", "gpu_mem_util_pct": "%", "gpu_mem_used_bytes": "bytes", "gpu_power_W": "W",
-    "gpu_sm_clock_MHz": "MHz", "gpu_mem_clock_MHz": "MHz", "gpu_pcie_tx_MBps": "MB/s", "gpu_pcie_rx_MBps": "MB/s",
+    "gpu_sm_clock_MHz": "MHz", "gpu_mem_clock_MHz": "MHz", "gpu_temp_C": "°C", "cpu_clock_MHz": "MHz",
+    "cpu_temp_C": "°C", "gpu_pcie_tx_MBps": "MB/s", "gpu_pcie_rx_MBps": "MB/s",
 }
 
 
 class Monitor:
     """``with Monitor(1.0) as m: ...`` then ``m.series()`` and ``summarize(m.series())``."""
 
-    def __init__(self, interval: float = DEFAULT_INTERVAL, pid: int | None = None, gpu_index: int | None = None):
+    def __init__(self, interval: float = DEFAULT_INTERVAL, pid: int | None = None, gpu_index: int | None = None,
+                 cpu_clocks: bool = False):
         if not interval > 0:
             raise ValueError(f"monitor interval must be > 0 s, got {interval}")
         self.interval = interval
-        self.sources, self.notes = build_sources(pid, gpu_index)
+        self.sources, self.notes = build_sources(pid, gpu_index, cpu_clocks)
         # The GPU's health over the run (monitor/health.py): its warnings join ``notes`` at stop.
         self.health: HealthWatch | None = watch_gpu(gpu_index, self.notes) if gpu_index is not None else None
         self._samples: list[tuple[float, dict[str, float]]] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.monitor import nvml
+from dlscale.monitor.cpu import CpuClockSource
 from dlscale.procs import descendants
 
 MB = 1e6
@@ -155,7 +156,7 @@ class NfsSource:
 
 
 class NvmlSource:
-    """GPU utilisation, memory, power, energy, clocks and PCIe throughput through NVML.
+    """GPU utilisation, memory, power, energy, clocks, temperature and PCIe throughput through NVML.
 
     Each reading is asked for on its own: one that NVML does not support on this device (utilisation
     on a MIG instance or on a GPU in MIG mode, energy before Volta, PCIe counters on an SXM board) is
@@ -189,6 +190,7 @@ class NvmlSource:
             "power": lambda: {"gpu_power_W": nv.nvmlDeviceGetPowerUsage(h) / 1e3},
             "SM clock": lambda: {"gpu_sm_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))},
             "memory clock": lambda: {"gpu_mem_clock_MHz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))},
+            "temperature": lambda: {"gpu_temp_C": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))},
             "energy": lambda: {"gpu_energy_J": nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3},
             "PCIe TX": lambda: {"gpu_pcie_tx_MBps":
                                 nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1e3 / MB},
@@ -215,10 +217,16 @@ class NvmlSource:
         return vals
 
 
-def build_sources(pid: int | None = None, gpu_index: int | None = None) -> tuple[list[Any], list[str]]:
-    """The sources present on this machine, and a note for each one that could not start."""
+def build_sources(pid: int | None = None, gpu_index: int | None = None,
+                  cpu_clocks: bool = False) -> tuple[list[Any], list[str]]:
+    """The sources present on this machine, and a note for each one that could not start
+    (``cpu_clocks``: also the CPUs' clock and temperature, ``monitor.cpu``)."""
     sources: list[Any] = [HostSource(pid or os.getpid())]
     notes: list[str] = []
+    if cpu_clocks:
+        clocks = CpuClockSource()
+        sources.append(clocks)
+        notes.extend(clocks.notes)
     ib = InfinibandSource()
     if ib:
         sources.append(ib)

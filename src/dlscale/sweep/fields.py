@@ -91,7 +91,7 @@ TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig an
     **COST,
 }
 
-MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, CollectiveOptions or LinkOptions (+ Layout)
+MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, Collective-, Link- or BurninOptions (+ Layout)
     "kind": Opt("micro", "kind", form="arg"),
     "device": Opt("micro", "device", "--device"),
     "precision": Opt("micro", "precisions", "--precision", "list"),
@@ -112,7 +112,11 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, Colle
     "budget": Opt("micro", "budget", "--budget"),
     "min_busbw": Opt("micro", "min_busbw", "--min-busbw"),
     "plant_wrong": Opt("micro", "plant_wrong", "--plant-wrong"),
-    **LAYOUT,  # micro collectives and links only
+    "duration": Opt("micro", "duration", "--duration"),
+    "gemm_size": Opt("micro", "gemm_size", "--gemm-size"),
+    "gemm_chain": Opt("micro", "gemm_chain", "--gemm-chain"),
+    "llm_steps": Opt("micro", "llm_steps", "--llm-steps"),
+    **LAYOUT,  # micro collectives, links and burnin only
     **COST,
 }
 
@@ -185,12 +189,13 @@ def _annotations() -> dict[str, dict[str, Any]]:
     from dlscale.infer.config import InferConfig
     from dlscale.layout import Layout
     from dlscale.micro.base import MicroOptions
+    from dlscale.micro.burnin import BurninOptions
     from dlscale.micro.collectives import CollectiveOptions
     from dlscale.micro.links import LinkOptions
 
     return {"train": get_type_hints(TrainConfig), "layout": get_type_hints(Layout),
-            "micro": {**get_type_hints(LinkOptions), **get_type_hints(CollectiveOptions),
-                      **get_type_hints(MicroOptions)},
+            "micro": {**get_type_hints(BurninOptions), **get_type_hints(LinkOptions),
+                      **get_type_hints(CollectiveOptions), **get_type_hints(MicroOptions)},
             "infer": get_type_hints(InferConfig),
             "cost": {"price_per_hour": float, "systems_file": str, "system": str}}
 
@@ -231,10 +236,8 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
 
     configs = []
     for kind in micro_run.ALL_ORDER if arg == "all" else (arg,):
-        if kind in micro_run.RANKED:  # the kernels' reps is the collectives' and links' iters
-            opts = {("iters" if k == "reps" else k): v for k, v in fields["micro"].items()}
-            build = micro_run.collective_options if kind == "collectives" else micro_run.link_options
-            configs.append(build(opts))
+        if kind in micro_run.RANKED:
+            configs.append(micro_run.ranked_options(kind, fields["micro"]))
         else:
             configs.append(micro_run.kernel_options(kind, fields["micro"]))
     return configs + ([layout()] if arg in micro_run.RANKED else [])
@@ -242,7 +245,7 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
 
 def micro_fields(kind: str) -> list[str]:
     """The sweep fields of ``micro KIND``: its argument, the fields it reads (``micro.run.READS``)
-    and, for collectives and links, the layout."""
+    and, for the kinds that run as ranks (collectives, links, burnin), the layout."""
     from dlscale.micro.run import RANKED, options_of
 
     reads = set(options_of(kind))
