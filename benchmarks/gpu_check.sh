@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# dlscale's GPU check: on one GPU, from source, with the machine's own torch, in about 8 minutes.
+# Each figure dlscale reports is set beside a plain PyTorch program doing the same work in the same
+# run (benchmarks/gpu_peers.py), alternated A/B/A/B where it is cheap, and the GPU tests run:
+#
+#   short test ResNet-50 bf16 channels_last b256   vs  a plain training loop
+#   micro gemm, best bf16                           vs  torch.matmul 8192^3
+#   micro memory, device copy                       vs  copy_ of 1 GiB
+#   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
+#   infer llama_small b1 decode, compiled           vs  eager, and transformers' generate (static cache)
+#   accept --quick, twice                           (the second judged against the first)
+#   pytest -m gpu                                   (the GPU tests)
+#
+# then prints one table of ratios (benchmarks/gpu_check_table.py) and leaves the records, logs and
+# JSON in the output folder. Usage:
+#
+#   bash benchmarks/gpu_check.sh                  # on a GPU machine; writes to $OUT or ./gpu-check-DATE
+#   bash benchmarks/gpu_check.sh --device cpu     # the dry run: the same steps at toy sizes on a CPU (~10 min)
+#   bash benchmarks/gpu_check.sh --out DIR --deadline 480 --python /path/to/python
+#
+# Each step runs under min(its limit, the time left before --deadline seconds); a step that fails or
+# runs out of time is reported as such in the table and the check goes on. Exit 1 if any step failed.
+set -u
+cd "$(dirname "$0")/.."
+DEVICE=cuda; DEADLINE=; PY=${PYTHON:-python3}; DEST=${OUT:-gpu-check-$(date +%Y%m%d-%H%M%S)}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE=$2; shift 2 ;;
+    --deadline) DEADLINE=$2; shift 2 ;;
+    --out) DEST=$2; shift 2 ;;
+    --python) PY=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device is cuda or cpu, not $DEVICE" >&2; exit 2 ;; esac
+# a CPU (the dry run) gets three times each step's limit: a 2-core machine's accept --quick alone takes minutes
+SCALE=1; [ "$DEVICE" = cpu ] && SCALE=3
+DEADLINE=${DEADLINE:-$(( 480 * SCALE ))}
+mkdir -p "$DEST" || exit 2
+DEST=$(cd "$DEST" && pwd)
+# from source, with whatever torch this python has: the repository's src first on the path
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 DLSCALE_DB="$DEST/results.db"
+exec > >(tee -a "$DEST/log.txt") 2>&1
+DL="$PY -m dlscale.cli.app"; PEER="$PY benchmarks/gpu_peers.py --device $DEVICE"
+T0=$(date +%s); : > "$DEST/steps.tsv"
+
+step() {  # step NAME LIMIT CMD...: CMD's stdout into NAME.json, its end in steps.tsv
+  local name=$1 lim=$(( $2 * SCALE )); shift 2
+  local now=$(( $(date +%s) - T0 )); local left=$(( DEADLINE - now ))
+  if [ "$left" -lt 10 ]; then echo "=== $name skipped (deadline, t=${now}s)"; printf '%s\tskipped\t0\n' "$name" >> "$DEST/steps.tsv"; return; fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  echo "=== $name (limit ${lim}s, t=${now}s)"
+  local s=$(date +%s)
+  timeout -k 10 "$lim" "$@" > "$DEST/$name.json"; local rc=$?
+  local took=$(( $(date +%s) - s ))
+  local how=ok; [ $rc -ne 0 ] && how="rc=$rc"; [ $rc -eq 124 ] && how="timed out"
+  echo "=== $name $how in ${took}s"
+  printf '%s\t%s\t%s\n' "$name" "$how" "$took" >> "$DEST/steps.tsv"
+}
+
+if [ "$DEVICE" = cuda ]; then  # the sizes the GPU check is about
+  RN=(resnet50 --image-size 224 --batch-size 256 --precision bf16 --channels-last); PRN=(--model resnet50 --batch 256 --image-size 224 --precision bf16 --channels-last)
+  STEPS=(--warmup-steps 10 --steps 60); PSTEPS=(--warmup 10 --steps 60)
+  GEMM=(-p bf16); MATMUL=(--n 8192 --precision bf16); COPY=(--bytes 1073741824)
+  INF=(resnet50 --precision bf16 --batch-sizes 64); LLM=llama_small; LLMP=bf16; PROMPT=128; OUTPUT=64
+else  # the dry run: every step at a size a CPU finishes in seconds
+  RN=(resnet18 --image-size 32 --batch-size 8 --precision fp32); PRN=(--model resnet18 --batch 8 --image-size 32 --precision fp32)
+  STEPS=(--warmup-steps 2 --steps 5); PSTEPS=(--warmup 2 --steps 5)
+  GEMM=(-p fp32 --max-gflop 0.05); MATMUL=(--n 512 --precision fp32); COPY=(--bytes 67108864)
+  INF=(tinycnn --image-size 32 --precision fp32 --batch-sizes 64); LLM=llama_tiny; LLMP=fp32; PROMPT=16; OUTPUT=16
+fi
+LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
+
+step env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv >&2 || true; $DL sysinfo --format json"
+step train_a 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
+step peer_train_a 90 $PEER train "${PRN[@]}" "${PSTEPS[@]}"
+step train_b 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
+step peer_train_b 90 $PEER train "${PRN[@]}" "${PSTEPS[@]}"
+step gemm 90 $DL micro gemm "${GEMM[@]}" --device "$DEVICE" --tag gpu-check --format json
+step peer_matmul 45 $PEER matmul "${MATMUL[@]}"
+step memory 60 $DL micro memory --device "$DEVICE" --tag gpu-check --format json
+step peer_copy 30 $PEER copy "${COPY[@]}"
+step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
+step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json
+step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --compile --device "$DEVICE" --tag gpu-check --format json
+step peer_generate 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --static-cache
+step accept_1 170 $DL accept --quick --out "$DEST/accept_1" --format json
+step accept_2 170 $DL accept --quick --out "$DEST/accept_2" --format json
+if [ "$DEVICE" = cuda ]; then
+  step pytest_gpu 150 bash -c "$PY -m pytest -q -p no:cacheprovider -o addopts='' -m gpu -rs tests >&2; echo '{\"pytest_rc\": '\$?'}'"
+fi
+$PY benchmarks/gpu_check_table.py "$DEST" | tee "$DEST/table.md"
+echo "gpu_check: records in $DEST/results.db, logs in $DEST/log.txt ($(( $(date +%s) - T0 )) s)" >&2
+! grep -qv $'\tok\t' "$DEST/steps.tsv"
