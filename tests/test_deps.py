@@ -46,3 +46,24 @@ def test_names_compare_canonically_and_diff_lists_what_moved():
     assert deps.canonical("ml_dtypes") == "ml-dtypes"
     assert deps.diff({"a": "1", "b": "2"}, {"a": "1", "b": "3", "c": "4"}) == [
         "  b: 2 -> 3", "  c: (not locked) -> 4"]
+
+
+@pytest.mark.slow
+def test_installing_dlscale_into_an_environment_with_torch_keeps_that_torch(tmp_path):
+    """pip's own resolution (a dry run, the machine's torch cap lifted) of `pip install -e .[test]` into
+    this venv installs dlscale alone: the torch and torchvision already here stay, though the index
+    may hold newer releases inside pyproject's range. (.ci/run proves the same at the oldest torch:
+    tools/deps.py torch-lowest installs torch first, then dlscale, and fails if torch moved.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PIP_CONSTRAINT": ""}
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--no-build-isolation",
+                           "--report", str(report), "-e", f"{ROOT}[test]"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    installs = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
+    assert installs == {"dlscale"}, installs
