@@ -159,8 +159,9 @@ def test_under_a_launcher_across_two_nodes_what_crosses_them_runs_in_place(db_pa
 @pytest.mark.slow
 def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goes_on(db_path, tmp_path, monkeypatch):
     """GEMM's process hangs at once (a test hook: it ignores SIGTERM and leaves two sleeping processes in a
-    session of their own, as a rank stuck in a collective does); past its 3 s limit it is killed with
-    both, is an ERROR, and the inventory after it runs and is judged."""
+    session of their own, as a rank stuck in a collective does); the short test alone runs far longer
+    than its limit (torchrun and two ranks, each in a session of its own). Each past its limit is killed
+    with its whole tree and is an ERROR, and the inventory after them runs and is judged."""
     from conftest import end_marked, marked_processes, wait_until
     from dlscale import api
     from dlscale.accept import bounded
@@ -168,8 +169,11 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
     marker = ("DLSCALE_TEST_MARK", f"hung-{os.getpid()}")
     monkeypatch.setenv(*marker)  # every process the suite starts inherits it
     monkeypatch.setenv(bounded.HANG_ENV, "gemm")
+    monkeypatch.setattr(bounded, "GRACE_S", 2.0)  # from SIGTERM to SIGKILL: the hard way, quickly
     p = tmp_path / "hang.yaml"
     p.write_text(f"checks:\n  gemm: {{precision: [fp32], iters: 3, time_limit: 3}}\n"
+                 "  train_alone: {model: tinycnn, image_size: 16, batch_size: 8, steps: 100000, warmup_steps: 1,"
+                 " breakdown_steps: 0, monitor_interval: 0, time_limit: 8}\n"
                  f"  inventory: {{cpus: {os.cpu_count()}}}\n")
     try:
         acc = api.accept(str(p), out_dir=str(tmp_path / "out"), db=str(db_path))
@@ -180,6 +184,9 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
     assert hung.status == "ERROR" and hung.reason.startswith("ran past its time limit of 3 s and was killed with 3 "
                                                              "processes; its last line: gemm: hanging")
     assert acc.record.raw["check_seconds"]["gemm"] < 3 + bounded.GRACE_S + 10  # killed at its limit, not later
+    (slow,) = [v for v in acc.verdicts if v.check == "train_alone"]
+    assert slow.status == "ERROR" and slow.reason.startswith("ran past its time limit of 8 s and was killed with ")
+    assert acc.record.raw["check_seconds"]["train_alone"] < 8 + bounded.GRACE_S + 10
     assert [(v.figure, v.status) for v in acc.verdicts if v.check == "inventory"][1] == ("logical CPUs", "PASS")
     assert acc.exit_code == 1 and acc.outcome == "ERROR"
     assert '<error message="ERROR: ran past its time limit of 3 s' in (tmp_path / "out" / "junit.xml").read_text()

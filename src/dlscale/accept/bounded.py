@@ -39,7 +39,9 @@ from dlscale.procs import die_with_parent, end_tree
 from dlscale.record import RunRecord
 
 MODULE = "dlscale.accept.bounded"
-GRACE_S = 5.0  # from SIGTERM to SIGKILL: a run records itself as interrupted, a launcher ends its ranks
+# from SIGTERM to SIGKILL: a run records itself as interrupted; a launcher ends torchrun and its ranks (its
+# own grace, distributed/launch.py's, is 5 s) and then records the run as interrupted
+GRACE_S = 10.0
 HANG_ENV = "DLSCALE_ACCEPT_HANG"
 TAIL = 40
 
