@@ -76,14 +76,16 @@ def accept(spec: list[str], db: Path, out: Path, options: tuple[str, ...] = (), 
 def line(name: str, doc: dict, verdict: str) -> None:
     run, c = doc["_run"], doc["counts"]
     bad = [f"{v['status']} {v['check']} {v['figure']}{' on ' + v['subject'] if v['subject'] else ''}: {v['reason']}"
-           for v in doc["verdicts"] if v["status"] in ("FAIL", "WARN")]
-    print(f"{name}: {verdict}; PASS {c['PASS']}, WARN {c['WARN']}, FAIL {c['FAIL']}, NO EXP {c['NO EXPECTATION']}; "
+           for v in doc["verdicts"] if v["status"] in ("FAIL", "ERROR", "WARN")]
+    print(f"{name}: {verdict}; PASS {c['PASS']}, WARN {c['WARN']}, FAIL {c['FAIL']}, ERROR {c.get('ERROR', 0)}, "
+          f"NO EXP {c['NO EXPECTATION']}; "
           f"load {run['load']:.1f}, one process got {run['share']:.2f} cores, {run['wall']:.0f} s"
           + ("".join(f"\n    {b}" for b in bad)), flush=True)
 
 
 def fails(doc: dict) -> list[dict]:
-    return [v for v in doc["verdicts"] if v["status"] == "FAIL"]
+    """The verdicts that exit 1: FAIL, and ERROR (a check that could not measure fails closed)."""
+    return [v for v in doc["verdicts"] if v["status"] in ("FAIL", "ERROR")]
 
 
 class Tally:

@@ -140,3 +140,30 @@ def links(slow_node: int | None = None, nodes: int = 3, busbw: float = 0.11, slo
         rows.append(pair_row(a, b, size, spread(size / (rate * 1e9), 8)))
     return rec("micro", "links", {"nodes": nodes, "emulated_nodes": True}, {},
                {"rows": rows, "links": node_links(rows, nodes)})
+
+
+def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):
+    """Store ``recs`` under a new acceptance id, judge them as `dlscale accept` does (``missing``: check -> why it
+    did not finish), record the acceptance."""
+    import types
+
+    from dlscale.accept import run, spec
+    from dlscale.record import new_run_id
+    from dlscale.store import Store
+
+    acc_id = f"accept-{new_run_id()}"
+    with Store.open(db) as s:
+        for r in recs:
+            r.tag = acc_id
+            if when:
+                r.created_at = when
+            s.insert(r)
+    sp = spec.builtin(True)
+    with Store.open(db) as s:
+        base = run.find_baseline(s, "gpu-node-07", "h1", {f.key for f in run.figures.figures(recs)})
+    sp.warn_fails = warn_fails
+    verdicts = run.judge(recs, sp, base, missing=missing)
+    plan = types.SimpleNamespace(checks=[types.SimpleNamespace(check="train_alone", options={})],
+                                 not_run=[("p2p", "needs at least 2 GPUs")])
+    rec = run._record(acc_id, sp, plan, recs, verdicts, "gpu-node-07", "h1", None, None, str(db), missing)
+    return run.Acceptance(acc_id, rec, recs, verdicts, plan.not_run, warn_fails)

@@ -64,6 +64,8 @@ class FakeGpu:
     serial: str = ""  # the board's serial number (nvmlDeviceGetSerial); default: derived from the bus
     pci_device_id: int = 0x2330
     nvlinks: list[Any] = field(default_factory=list)  # per active link: the peer's NVML index, or "switch"
+    nvlinks_down: list[int] = field(default_factory=list)  # links (indices into nvlinks) NVML lists as disabled
+    pcie_width: int = 16  # the PCIe link's current width (its widest: 16)
     switch: int = 0  # GPUs behind the same PCIe switch share a number (PXB), else SYS
     throttle: int = 0  # clock event reasons bitmask
     ecc: dict[str, int] | None = field(default_factory=lambda: {
@@ -176,7 +178,7 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
     def link_state(h: FakeHandle, link: int) -> int:
         if link >= len(g(h).nvlinks):
             raise FakeNVMLError(NOT_SUPPORTED if not g(h).nvlinks else INVALID_ARGUMENT)
-        return 1
+        return 0 if link in g(h).nvlinks_down else 1
 
     def remote_pci(h: FakeHandle, link: int) -> Any:
         peer = g(h).nvlinks[link]
@@ -258,6 +260,8 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetTopologyCommonAncestor": ancestor,
         "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: 5,
         "nvmlDeviceGetMaxPcieLinkWidth": lambda h: 16,
+        "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: 5,
+        "nvmlDeviceGetCurrPcieLinkWidth": lambda h: g(h).pcie_width,
         "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700_000,
         "nvmlDeviceGetMaxClockInfo": lambda h, clock: 1980,
         "nvmlDeviceGetCpuAffinity": lambda h, words: [sum(1 << c for c in g(h).cpus if c // 64 == w) for w in range(words)],

@@ -2,7 +2,8 @@
 
 ``SlurmCluster.start()`` generates a munge key, writes a slurm.conf (this host as the controller
 and the one compute node, ``proctrack/linuxproc``, ``task/none``, no accounting daemon, short
-KillWait so a job past its time limit ends within seconds of it), starts the three daemons in the
+KillWait so a job past its time limit ends within seconds of it, and a ``HealthCheckProgram`` that
+does nothing until a test gives it a command: ``set_health_check``), starts the three daemons in the
 foreground as children of the test process and waits until the node takes jobs. ``env()`` is
 what a client (sbatch, squeue, scontrol, submitit) needs: ``SLURM_CONF``. ``stop_controller()`` and
 ``start_controller()`` make a controller outage while jobs run. ``stop()`` cancels every
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "srun")
+HEALTH_CHECK_INTERVAL_S = 5  # slurmctld asks slurmd to run the health check this often
 REQUIRE_ENV = "DLSCALE_REQUIRE_SLURM"
 
 
@@ -61,6 +63,7 @@ class SlurmCluster:
         self.procs: list[subprocess.Popen] = []
         self.conf = self.root / "slurm.conf"
         self.socket = self.root / "munge" / "munge.socket"
+        self.health_cmd = self.root / "healthcheck.cmd"  # what the health check runs, while the file is there
 
     def env(self) -> dict[str, str]:
         """The variables a Slurm client needs to reach this cluster."""
@@ -70,6 +73,9 @@ class SlurmCluster:
         for d in ("state", "spool", "log", "munge"):
             (self.root / d).mkdir(mode=0o700, exist_ok=True)
         r = self.root
+        program = r / "healthcheck.sh"
+        program.write_text(f"#!/bin/sh\n[ -f {self.health_cmd} ] || exit 0\nexec /bin/sh {self.health_cmd}\n")
+        program.chmod(0o755)
         self.conf.write_text("\n".join([
             "ClusterName=dlscaletest", f"SlurmctldHost={self.host}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
@@ -84,6 +90,8 @@ class SlurmCluster:
             "MpiDefault=none", "ReturnToService=2", "KillWait=2", "OverTimeLimit=0", "MinJobAge=3600",
             "InactiveLimit=0", "SlurmctldTimeout=30", "SlurmdTimeout=30", "MessageTimeout=10",
             "SlurmctldDebug=info", "SlurmdDebug=info",
+            f"HealthCheckProgram={program}", f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
+            "HealthCheckNodeState=ANY",
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={_memory_mib()} State=UNKNOWN",
             f"PartitionName={self.partition} Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
             "",
@@ -109,6 +117,23 @@ class SlurmCluster:
         self._spawn("slurmd", "-D", "-f", str(self.conf))
         self._wait(self._idle, timeout_s, "the node did not become idle")
         return self
+
+    def set_health_check(self, command: str | None) -> None:
+        """The shell command slurmd's HealthCheckProgram runs from now on (None: nothing, exit 0)."""
+        if command is None:
+            self.health_cmd.unlink(missing_ok=True)
+        else:
+            tmp = self.health_cmd.with_suffix(".tmp")
+            tmp.write_text(command + "\n")
+            os.replace(tmp, self.health_cmd)
+
+    def node_state(self) -> tuple[str, str]:
+        """(State, Reason) of the node as ``scontrol show node`` gives them."""
+        p = subprocess.run(["scontrol", "show", "node", self.host], capture_output=True, text=True,
+                           env={**os.environ, **self.env()}, timeout=20)
+        state = re.search(r"\bState=(\S+)", p.stdout)
+        reason = re.search(r"^\s*Reason=(.*)$", p.stdout, re.M)
+        return (state.group(1) if state else "?", reason.group(1).strip() if reason else "")
 
     def client_env(self, message_timeout_s: int) -> dict[str, str]:
         """Like ``env()``, for a client that gives up on an unreachable controller after

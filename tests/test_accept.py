@@ -1,7 +1,7 @@
 """`dlscale accept` end to end on this CPU machine with a very small spec: the healthy path (a first
 acceptance with no expectation, then a second one against it as baseline: nothing FAILs at the default
-thresholds, and the same figures at half the rate would), a check whose run fails, and the suite under
-torchrun. Every process runs one thread (OMP_NUM_THREADS=1, one thread per rank): two threads of one
+thresholds, and the same figures at half the rate would), a check whose run fails, a check that hangs,
+and the suite under torchrun. Every process runs one thread (OMP_NUM_THREADS=1, one thread per rank): two threads of one
 GEMM on a shared 2-core machine stall each other's barriers and swing the rate 3x between runs. The
 injected faults are tests/test_accept_faults.py; the false-alarm count of many healthy repeats is
 benchmarks/accept_faults.py's."""
@@ -91,13 +91,13 @@ def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, 
 
 
 @pytest.mark.slow
-def test_a_check_whose_run_fails_is_a_fail_and_exits_1(cli_subprocess, db_path, tmp_path):
+def test_a_check_whose_run_fails_is_an_error_and_exits_1(cli_subprocess, db_path, tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("checks:\n  collectives: {sizes: 64K, plant_wrong: all_reduce, threads_per_rank: 1, timeout: 120}\n")
     r = cli_subprocess("accept", "--spec", str(p), "--out", str(tmp_path / "out"))
     assert r.code == 1, r.stderr[-3000:]
-    assert "FAIL collectives run: the run failed:" in r.stdout and "wrong element" in r.stdout
-    assert "FAIL" in (tmp_path / "out" / "junit.xml").read_text()
+    assert "ERROR collectives run: the run failed:" in r.stdout and "wrong element" in r.stdout
+    assert '<error message="ERROR: the run failed:' in (tmp_path / "out" / "junit.xml").read_text()
 
 
 @pytest.mark.slow
@@ -154,3 +154,39 @@ def test_under_a_launcher_across_two_nodes_what_crosses_them_runs_in_place(db_pa
     assert {("collectives_nodes", None), ("links", "node 0's link"), ("links", "node 1's link"),
             ("train_alone", "node 0"), ("train_alone", "node 1")} <= checks
     assert [v["expectation"] for v in doc["verdicts"] if v["subject"] == "node 1"] == ["peers"]
+
+
+@pytest.mark.slow
+def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goes_on(db_path, tmp_path, monkeypatch):
+    """GEMM's process hangs at once (a test hook: it ignores SIGTERM and leaves two sleeping processes in a
+    session of their own, as a rank stuck in a collective does); the short test alone runs far longer
+    than its limit (torchrun and two ranks, each in a session of its own). Each past its limit is killed
+    with its whole tree and is an ERROR, and the inventory after them runs and is judged."""
+    from conftest import end_marked, marked_processes, wait_until
+    from dlscale import api
+    from dlscale.accept import bounded
+
+    marker = ("DLSCALE_TEST_MARK", f"hung-{os.getpid()}")
+    monkeypatch.setenv(*marker)  # every process the suite starts inherits it
+    monkeypatch.setenv(bounded.HANG_ENV, "gemm")
+    monkeypatch.setattr(bounded, "GRACE_S", 2.0)  # from SIGTERM to SIGKILL: the hard way, quickly
+    p = tmp_path / "hang.yaml"
+    p.write_text(f"checks:\n  gemm: {{precision: [fp32], iters: 3, time_limit: 3}}\n"
+                 "  train_alone: {model: tinycnn, image_size: 16, batch_size: 8, steps: 100000, warmup_steps: 1,"
+                 " breakdown_steps: 0, monitor_interval: 0, time_limit: 8}\n"
+                 f"  inventory: {{cpus: {os.cpu_count()}}}\n")
+    try:
+        acc = api.accept(str(p), out_dir=str(tmp_path / "out"), db=str(db_path))
+    finally:
+        left = end_marked("=".join(marker))
+    assert not left and wait_until(lambda: not marked_processes("=".join(marker)), 10)
+    (hung,) = [v for v in acc.verdicts if v.check == "gemm"]
+    assert hung.status == "ERROR" and hung.reason.startswith("ran past its time limit of 3 s and was killed with 3 "
+                                                             "processes; its last line: gemm: hanging")
+    assert acc.record.raw["check_seconds"]["gemm"] < 3 + bounded.GRACE_S + 10  # killed at its limit, not later
+    (slow,) = [v for v in acc.verdicts if v.check == "train_alone"]
+    assert slow.status == "ERROR" and slow.reason.startswith("ran past its time limit of 8 s and was killed with ")
+    assert acc.record.raw["check_seconds"]["train_alone"] < 8 + bounded.GRACE_S + 10
+    assert [(v.figure, v.status) for v in acc.verdicts if v.check == "inventory"][1] == ("logical CPUs", "PASS")
+    assert acc.exit_code == 1 and acc.outcome == "ERROR"
+    assert '<error message="ERROR: ran past its time limit of 3 s' in (tmp_path / "out" / "junit.xml").read_text()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dlscale.accept import burnin, spec, suite
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
+from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
@@ -112,7 +112,7 @@ def test_a_gpu_that_slowed_for_cause_during_the_burn_fails():
     assert vs["GPU 1"].status == FAIL and "hw_thermal_slowdown in 12 of 30 samples" in vs["GPU 1"].reason
 
 
-def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_stays_a_fail():
+def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_is_an_error():
     from dlscale.accept.run import judge
 
     sp = spec.builtin(False).select("burnin")
@@ -123,7 +123,7 @@ def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_stays_a_fail(
     odd = burn([GOOD, GOOD], status="failed")
     odd.error = "ValueError: something after the burn"
     vs = judge([odd], sp)
-    assert any(v.figure == "run" and v.status == FAIL and "something after the burn" in v.reason for v in vs)
+    assert any(v.figure == "run" and v.status == ERROR and "something after the burn" in v.reason for v in vs)
 
 
 def test_the_known_good_is_the_newest_passing_burn_of_the_same_options_preferring_the_same_software(tmp_path):

@@ -5,35 +5,14 @@ fresh store: nothing is measured here."""
 from __future__ import annotations
 
 import json
-import types
 import xml.etree.ElementTree as ET
 
 import pytest
 
 import accept_records as ar
+from accept_records import recorded
 from dlscale.accept import outputs, run, spec
 from dlscale.store import Store
-
-
-def recorded(db, recs, name="quick", when=None):
-    """Store ``recs`` under a new acceptance id, judge them as `dlscale accept` does, record the acceptance."""
-    from dlscale.record import new_run_id
-
-    acc_id = f"accept-{new_run_id()}"
-    with Store.open(db) as s:
-        for r in recs:
-            r.tag = acc_id
-            if when:
-                r.created_at = when
-            s.insert(r)
-    sp = spec.builtin(True)
-    with Store.open(db) as s:
-        base = run.find_baseline(s, "gpu-node-07", "h1", {f.key for f in run.figures.figures(recs)})
-    verdicts = run.judge(recs, sp, base)
-    plan = types.SimpleNamespace(checks=[types.SimpleNamespace(check="train_alone", options={})],
-                                 not_run=[("p2p", "needs at least 2 GPUs")])
-    rec = run._record(acc_id, sp, plan, recs, verdicts, "gpu-node-07", "h1", None, None, str(db))
-    return run.Acceptance(acc_id, rec, recs, verdicts, plan.not_run)
 
 
 @pytest.fixture

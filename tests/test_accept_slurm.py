@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import accept_records as ar
-from dlscale.accept import run, slurm, spec, suite
+from dlscale.accept import bounded, run, slurm, spec, suite
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import slurm as executor
@@ -68,13 +68,13 @@ def test_each_node_of_a_job_runs_the_checks_across_nodes_then_its_own(tmp_path, 
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps({"spec": sp.to_dict()}))
     ran = []
-    monkeypatch.setattr(slurm.subprocess, "run", lambda cmd, env, preexec_fn: ran.append((cmd, env))
-                        or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(slurm, "_part", lambda cmd, env, limit: ran.append((cmd, env, limit)) or 0)
     for k, v in {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
                  "SLURM_STEP_ID": "0"}.items():
         monkeypatch.setenv(k, v)
     slurm.AcceptJob(str(job_file), nodes=2, ranks_per_node=8)()
-    (across, env), (node, _) = ran
+    (across, env, limit), (node, _, no_limit) = ran
+    assert limit == sp.time_limit("train_alone") + sp.time_limit("train") + bounded.GRACE_S and no_limit is None
     assert across[1:] == ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend",
                           "c10d", "--rdzv-endpoint", "gpu07:30735", "--rdzv-id", "dlscale-1234",
                           "-m", "dlscale.accept.slurm", str(job_file), "across"]
@@ -139,7 +139,7 @@ def test_a_job_slurm_ended_fails_every_check_it_did_not_record(tmp_path):
                                 "killed by Slurm; reason TimeLimit"}
     verdicts = run.judge(records, spec.builtin(False), missing=missing)
     (fail,) = [v for v in verdicts if v.check == "train"]
-    assert fail.status == "FAIL" and fail.reason == missing["train"]
+    assert fail.status == "ERROR" and fail.reason == missing["train"]  # nothing measured: fails closed
     # every check recorded but one node's task failed: the job itself is the FAIL
     js = JobState("43", "FAILED", "NonZeroExitCode")
     done = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())

@@ -55,7 +55,8 @@ def test_the_builtin_specs_plan_on_a_cpu_machine():
     assert "health" not in ran and "p2p" not in ran
     assert dict(full.not_run)["p2p"] == "needs at least 2 GPUs; this machine has 0"
     quick = suite.plan(spec.builtin(True), quick=True, m=CPU)
-    assert [p.check for p in quick.checks] == ["memory", "gemm", "collectives", "train_alone", "train", "inference"]
+    assert [p.check for p in quick.checks] == ["inventory", "memory", "gemm", "collectives", "train_alone", "train",
+                                               "inference"]
     train_alone = next(p for p in quick.checks if p.check == "train_alone")
     cfg, layout = train_alone.configs
     assert cfg.parallel == "none" and layout.nproc_per_node == 2 and layout.threads_per_rank == 1
@@ -66,7 +67,8 @@ def test_the_builtin_specs_plan_on_a_cpu_machine():
 def test_the_builtin_spec_plans_on_an_8_gpu_server():
     plan = suite.plan(spec.builtin(False), quick=False, m=GPU8)
     by = {p.check: p for p in plan.checks}
-    assert set(by) == {"health", "memory", "p2p", "gemm", "collectives", "train_alone", "train", "scale", "inference"}
+    assert set(by) == {"health", "inventory", "memory", "p2p", "gemm", "collectives", "train_alone", "train", "scale",
+                       "inference", "burnin"}  # level 3: everything, the burn-in too
     assert "srun" in dict(plan.not_run)["collectives_nodes"]
     assert by["gemm"].configs[0].precisions == ("fp32", "tf32", "bf16", "fp16")
     assert by["collectives"].configs[1].nproc_per_node == 8
@@ -101,8 +103,8 @@ NODES = suite.Nodes(3, "1gbit", node_link_bandwidth="2=100mbit", node_cpu_quota=
 def test_emulated_nodes_lay_out_every_check_on_nodes():
     plan = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=NODES)
     by = {p.check: p for p in plan.checks}
-    assert list(by) == ["memory", "gemm", "collectives", "collectives_nodes", "links", "train_alone", "train",
-                        "inference"]
+    assert list(by) == ["inventory", "memory", "gemm", "collectives", "collectives_nodes", "links", "train_alone",
+                        "train", "inference"]
     for check in ("collectives_nodes", "links", "train_alone", "train"):
         lay = by[check].configs[-1]
         assert (lay.emulate_nodes, lay.link_bandwidth, lay.nproc_per_node) == (3, "1gbit", 1), check

@@ -11,7 +11,7 @@ import pytest
 import accept_records as ar
 from dlscale.accept import datasheet, explain, figures, run, signif, spec
 from dlscale.accept.expect import Baseline
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
+from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
 
 
 def judge(recs, base=None, refs=(), sp=None, table=None):
@@ -251,7 +251,7 @@ def test_failed_runs_and_health_are_verdicts():
     vs = judge([dead, ar.health()])
     assert [(v.check, v.status) for v in vs if v.check == "health"] == [("health", PASS)] * 8
     assert [(v.check, v.status, v.reason) for v in vs if v.check == "train"] == [
-        ("train", FAIL, "the run failed: RuntimeError: rank 3 was killed")]
+        ("train", ERROR, "the run failed: RuntimeError: rank 3 was killed")]  # nothing sound measured
 
 
 def test_a_system_verdict_lists_its_parts():

@@ -133,3 +133,24 @@ def test_sysinfo_health_without_gpus_is_one_line(cli, monkeypatch):
     assert res.code == 0 and len(res.stdout.strip().splitlines()) == 1 and "no NVIDIA GPU" in res.stdout
     res = cli("sysinfo", "--health", "--format", "json")
     assert res.code == 0 and json.loads(res.stdout)["gpus"] == []
+
+
+def test_a_narrow_pcie_link_and_a_gpu_with_fewer_nvlinks_than_its_peers_warn(monkeypatch):
+    links = [1] * 18  # 18 NVLinks each (the peer's index stands for an NVSwitch port here)
+    fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, nvlinks=links),
+                                 FakeGpu(bus=0x28, nvlinks=links, nvlinks_down=[4, 9]),
+                                 FakeGpu(bus=0x38, nvlinks=links, pcie_width=8)])
+    rep = health.check_host()
+    g0, g1, g2 = rep["gpus"]
+    assert (g0["nvlinks_active"], g1["nvlinks_active"], g1["nvlinks_down"]) == (18, 16, [4, 9])
+    assert (g2["pcie_width"], g2["pcie_width_max"], g2["pcie_gen"], g2["pcie_gen_max"]) == (8, 16, 5, 5)
+    assert g0["warnings"] == []
+    assert g1["warnings"] == ["GPU 1 has 16 of 18 NVLinks active (its peers of the same model have 18); down: 4, 9"]
+    assert g2["warnings"] == ["GPU 2's PCIe link runs at x8 of x16: reseat the card or service its slot"]
+
+
+def test_gpus_without_nvlink_or_of_another_model_are_not_short_of_links(monkeypatch):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, nvlinks=[1] * 12), FakeGpu(bus=0x28, name="NVIDIA L40S"),
+                                 FakeGpu(bus=0x38, name="NVIDIA L40S")])
+    rep = health.check_host()
+    assert [g["nvlinks_active"] for g in rep["gpus"]] == [12, 0, 0] and all(not g["warnings"] for g in rep["gpus"])

@@ -119,3 +119,34 @@ def test_a_tree_weighs_a_page_its_processes_share_once():
     finally:
         procs.kill(procs.tree(parent.pid), signal.SIGKILL)
         parent.wait()
+
+
+@linux_only
+def test_end_tree_ends_a_tree_that_ignores_sigterm_left_its_session_and_orphaned_a_process():
+    marker = f"DLSCALE_TEST_MARK=endtree-{os.getpid()}"
+    # root: a subreaper that ignores SIGTERM; below it a process in a session of its own that ignores
+    # SIGTERM and sleeps, and an orphan (its parent exited at once) that the subreaper inherits
+    root = _python("""
+        import signal, subprocess, sys, time
+        from dlscale.procs import become_subreaper
+        assert become_subreaper()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+        orphaner = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
+        subprocess.run([sys.executable, "-c", orphaner])
+        print("ready", flush=True)
+        time.sleep(600)
+    """, stdout=subprocess.PIPE, text=True, env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})
+    try:
+        assert root.stdout.readline().strip() == "ready"
+        assert wait_until(lambda: len(marked_processes(marker)) == 3, 10)  # root, the stubborn one, the orphan
+        ended = procs.end_tree(root.pid, grace_s=0.5)
+        root.wait(timeout=10)
+        assert len(ended) == 3 and root.pid in ended
+        assert wait_until(lambda: not marked_processes(marker), 10), marked_processes(marker)
+    finally:
+        end_marked(marker)
+        if root.poll() is None:
+            root.kill()
+            root.wait()

@@ -283,30 +283,69 @@ def health(*, tag: str | None = None, db: str | None = None) -> Any:
 __all__ += ["health"]
 
 
-def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None = None, reference: str | None = None,
-           warn_fails: bool | None = None, out_dir: str | None = None, db: str | None = None,
-           emulate_nodes: int | None = None, link_bandwidth: str | None = None, link_latency: str | None = None,
-           node_link_bandwidth: Any = (), node_cpu_quota: Any = (), executor: str = "local",
-           partition: str | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
-           time: str | int | None = None, refs: str | None = None,
-           checks: str | Sequence[str] | None = None) -> Any:
+def inventory(*, tag: str | None = None, db: str | None = None) -> Any:
+    """This node's inventory counted (the acceptance's ``inventory`` check), recorded as a run of kind
+    ``inventory``: the GPUs CUDA sees, the GPUs NVML lists on the host, the logical CPUs and the
+    memory (GiB), with every GPU's name; the record's system is the whole inventory. No load."""
+    import os
+
+    from dlscale.harness.runner import Outcome, execute
+    from dlscale.monitor import nvml
+    from dlscale.store import Store
+    from dlscale.system import collect_cached
+
+    def body(rec: Any) -> Any:
+        inv = rec.system or {}
+        acc = inv.get("accelerators") or {}
+        nv, notes = nvml.start(), []
+        listed = len(nvml.host_gpus(nv, notes)) if nv is not None else 0
+        if nv is not None:
+            nvml.stop(nv)
+        metrics = {"gpus": int(acc.get("count") or 0), "nvml_gpus": listed,
+                   "cpus": int((inv.get("cpu") or {}).get("logical_cpus") or 0),
+                   "memory_gib": round(((inv.get("memory") or {}).get("total_bytes") or 0) / 2**30, 1)}
+        raw = {"gpu_names": [d.get("name") for d in acc.get("devices") or []],
+               "notes": notes + (acc.get("notes") or []), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return Outcome(metrics=metrics, units={"gpus": "GPUs", "nvml_gpus": "GPUs", "cpus": "CPUs",
+                                               "memory_gib": "GiB"}, raw=raw)
+
+    with Store.open(db) as store:
+        return execute(kind="inventory", workload="node", config={}, tag=tag, store=store, system=collect_cached(),
+                       body=body)
+
+
+__all__ += ["inventory"]
+
+
+def accept(spec: str | None = None, *, quick: bool = False, level: int | None = None, baseline: str | None = None,
+           reference: str | None = None, warn_fails: bool | None = None, out_dir: str | None = None,
+           db: str | None = None, emulate_nodes: int | None = None, link_bandwidth: str | None = None,
+           link_latency: str | None = None, node_link_bandwidth: Any = (), node_cpu_quota: Any = (),
+           executor: str = "local", partition: str | None = None, nodes: int | None = None,
+           gpus_per_node: int | None = None, time: str | int | None = None, refs: str | None = None,
+           checks: str | Sequence[str] | None = None, drain_on_fail: bool = False,
+           resume_on_pass: bool = False) -> Any:
     """The acceptance suite (``dlscale accept``): every check of ``spec`` (a YAML file; default the
-    built-in full suite, or the few-minute one with ``quick``) as ordinary recorded runs under one
-    acceptance id, judged against the healthy figures of each device's model (``refs``: a lab's own
-    file, tried before the shipped table), the datasheet, this system's baseline (``baseline``: a selector;
-    default the accepted runs of the same system and suite where each figure passed), a
-    ``reference`` selection and each device's peers. ``emulate_nodes`` (with the link rate and
-    latency, and a node's own link rate or CPU quota as in ``Layout``) runs every check on nodes
-    across that many emulated nodes, and the built-in suites add the collectives across them and
-    every node's link. Returns an ``Acceptance`` (``.verdicts``, ``.outcome``, ``.exit_code``,
-    ``.out_dir`` with the report, JUnit XML and manifest), None on a rank other than 0 under a launcher.
-    ``checks`` (a comma list or names) keeps only those checks of the spec; any check may be named,
-    the burn-in (``burnin``, in no built-in suite) too, with its defaults where the spec has none.
+    built-in ``level``: 1 seconds, health and inventory; 2 or ``quick`` minutes; 3, the default,
+    everything with the burn-in) as ordinary recorded runs under one acceptance id, each check in its
+    own process within its time limit and the level's budget, judged against the healthy figures of
+    each device's model (``refs``: a lab's own file, tried before the shipped table), the datasheet,
+    this system's baseline (``baseline``: a selector; default the accepted runs of the same system and
+    suite where each figure passed), a ``reference`` selection and each device's peers.
+    ``emulate_nodes`` (with the link rate and latency, and a node's own link rate or CPU quota as in
+    ``Layout``) runs every check on nodes across that many emulated nodes, and the built-in suites
+    add the collectives across them and every node's link. Returns an ``Acceptance``
+    (``.verdicts``, ``.outcome``, ``.exit_code``, ``.out_dir`` with the report, JUnit XML and
+    manifest), None on a rank other than 0 under a launcher. ``checks`` (a comma list or names) keeps
+    only those checks of the spec; any check may be named, the burn-in (``burnin``) too, with its
+    defaults where the spec has none.
 
     ``executor="slurm"`` runs the suite as one Slurm job (``accept.slurm``: ``nodes`` nodes of
     ``partition`` with ``gpus_per_node`` GPUs each, ``time`` minutes or ``[D-]H:MM[:SS]``) into
-    ``db``, which the nodes must reach, waits for it and judges here."""
-    from dlscale.accept import slurm
+    ``db``, which the nodes must reach, waits for it and judges here. ``drain_on_fail`` and
+    ``resume_on_pass`` make it this Slurm node's health check (``accept.nodehealth``): a failed
+    acceptance drains the node with its reason, a passed one resumes a node dlscale drained."""
+    from dlscale.accept import nodehealth, slurm
     from dlscale.accept import spec as specs
     from dlscale.accept.run import accept as run_accept
     from dlscale.accept.suite import Nodes
@@ -316,16 +355,27 @@ def accept(spec: str | None = None, *, quick: bool = False, baseline: str | None
     if opts is not None and emulated.emulate_nodes:
         raise UsageError("--executor slurm runs on the allocation's real nodes: leave out --emulate-nodes and the "
                          "emulated link and node options")
-    sp = specs.load(spec) if spec else specs.builtin(quick)
+    if opts is not None and (drain_on_fail or resume_on_pass):
+        raise UsageError("--drain-on-fail/--resume-on-pass act on the node the acceptance runs on: run `dlscale "
+                         "accept --level 1` there (Slurm's HealthCheckProgram, prolog or epilog), not --executor slurm")
+    level = specs.level_of(quick, level)
+    sp = specs.load(spec) if spec else specs.builtin(level=level)
+    if spec and level:
+        sp.level, sp.budget_s = level, sp.budget_s or specs.BUDGET_S[level]
     if checks is not None:
         sp = sp.select(checks)
+    quick = (sp.level or 3) <= 2
     if warn_fails is not None:
         sp.warn_fails = warn_fails
+    node = nodehealth.ready(drain_on_fail, resume_on_pass)
     if opts is not None:
         return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
                                      db=db, healthy=refs)
-    return run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db,
-                      healthy=refs)
+    acc = run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db,
+                     healthy=refs)
+    if acc is not None and node is not None:
+        acc.node_action = nodehealth.apply(acc, node, drain_on_fail, resume_on_pass)
+    return acc
 
 
 def accept_judge(acceptance: str, *, spec: str | None = None, baseline: str | None = None,

@@ -177,3 +177,72 @@ def kill(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             continue
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of every orphan among its descendants (``prctl(PR_SET_CHILD_SUBREAPER)``,
+    Linux >= 3.4): a process that one of them started and left behind (a launcher killed before its
+    workers, a daemon that forked away) stays in this process's tree, where ``end_tree`` finds it.
+    False off Linux or where the kernel refuses."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of a process; None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    """Is the process that had this start time still running (not gone, not a zombie, pid not reused)?"""
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (started is None or st[1] == started)
+
+
+def end_tree(pid: int, grace_s: float = 5.0) -> list[int]:
+    """End ``pid`` and every process below it; the pids that had to be ended.
+
+    SIGTERM goes to ``pid``'s process group first, so that its own handlers end what it started (a
+    dlscale launcher ends torchrun and the ranks and records the run as interrupted); what is left
+    after ``grace_s``, or once ``pid`` is gone, gets SIGKILL: every process seen below ``pid`` at any
+    point, whatever session it moved to (torchrun puts its ranks in sessions of their own), stopped
+    first so none forks past the kill, told apart from a reused pid by its start time. ``pid``
+    itself is left for its parent to reap."""
+    import time
+
+    seen: dict[int, int | None] = {}
+
+    def look(roots: Iterable[int]) -> None:
+        for root in roots:
+            if _alive(root, seen.get(root)):
+                for p in tree(root):
+                    st = _stat(p)
+                    if st is not None:
+                        seen.setdefault(p, st[1])
+
+    look([pid])
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        kill([pid], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(pid, seen.get(pid)):
+        look([pid])
+        time.sleep(0.05)
+    for _ in range(10):
+        look([p for p in list(seen) if _alive(p, seen[p])])
+        live = [p for p, started in seen.items() if _alive(p, started)]
+        if not live:
+            break
+        kill(live, signal.SIGSTOP)
+        look(live)
+        kill([p for p, started in seen.items() if _alive(p, started)], signal.SIGKILL)
+        time.sleep(0.05)
+    return sorted(seen)

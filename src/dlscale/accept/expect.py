@@ -28,7 +28,7 @@ from typing import Any
 
 from dlscale.accept import datasheet, noise
 from dlscale.accept.figures import Figure, figures
-from dlscale.accept.verdict import FAIL, WARN, Expectation
+from dlscale.accept.verdict import ERROR, FAIL, WARN, Expectation
 from dlscale.record import RunRecord
 
 MAX_HISTORY = 50  # acceptances searched for a figure's baseline
@@ -169,10 +169,11 @@ def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], bas
 # -- the baseline in the store --------------------------------------------------------------------------
 def settled_keys(accept_rec: RunRecord) -> set[str]:
     """The figure keys an acceptance can serve as baseline for: judged, and no shortfall proven there
-    (no FAIL; no WARN whose shortfall was significant; a record from before ``significant`` was
+    (no FAIL or ERROR; no WARN whose shortfall was significant; a record from before ``significant`` was
     recorded counts every WARN as proven)."""
     rows = (accept_rec.raw or {}).get("verdicts") or []
-    bad = {r["key"] for r in rows if r.get("status") == FAIL or r.get("status") == WARN and r.get("significant", True)}
+    bad = {r["key"] for r in rows if r.get("status") in (FAIL, ERROR) or r.get("status") == WARN
+           and r.get("significant", True)}
     return {r["key"] for r in rows if r.get("key")} - bad
 
 

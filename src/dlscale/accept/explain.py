@@ -1,4 +1,4 @@
-"""Verdicts that explain each other, and the verdicts that are not comparisons (health, failed runs).
+"""Verdicts that explain each other, and the verdicts that are not comparisons (health, ERRORs).
 
 A verdict that is not PASS is explained by the other non-PASS verdicts about the same part:
 
@@ -17,19 +17,21 @@ Pure functions over verdicts and records (docs/METRICS.md, "Acceptance: explanat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from dlscale.accept.figures import device_subject, host_subject
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, Verdict
+from dlscale.accept.figures import READERS, Figure, Unreadable, device_subject, host_subject
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, Verdict, error
+from dlscale.format import fmt_count
 from dlscale.record import RunRecord
 
 CHECKS = {  # check -> what it is called in sentences and tables
-    "health": "health", "memory": "memory", "p2p": "GPU-GPU copies", "gemm": "GEMM",
+    "health": "health", "inventory": "inventory", "memory": "memory", "p2p": "GPU-GPU copies", "gemm": "GEMM",
     "collectives": "collectives in the node", "collectives_nodes": "collectives across nodes",
     "links": "links between nodes", "train_alone": "training alone", "train": "training on all devices",
     "scale": "scaling", "inference": "inference", "burnin": "burn-in",
 }
-PARTS = ("health", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone", "burnin")
+PARTS = ("health", "inventory", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone",
+         "burnin")
 ACROSS = ("collectives_nodes", "train", "scale")  # system figures whose traffic crosses the nodes' links
 MAX_RELATED = 6
 
@@ -57,6 +59,9 @@ def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:
     record's node, named where the acceptance spans several)."""
     if rec.status != "ok":
         return failed_run_verdicts([rec], {rec.run_id: "health"}, {rec.run_id: host} if host else {})
+    if not (rec.raw or {}).get("gpus"):  # fail closed: a health check that looked at nothing
+        why = (rec.raw or {}).get("note") or "NVML listed no GPU"
+        return [error("health", f"nothing was checked: {why}", figure="health", subject=host, run_ids=[rec.run_id])]
     topo = ((rec.system or {}).get("accelerators") or {}).get("topology") or {}
     cuda_of = {g.get("nvml_index"): g.get("index") for g in topo.get("gpus") or [] if g.get("nvml_index") is not None}
     out = []
@@ -85,22 +90,47 @@ def health_findings(gpu: dict) -> list[str]:
 
 def failed_run_verdicts(records: Sequence[RunRecord], check_of: dict[str, str],
                         hosts: dict[str, str] | None = None) -> list[Verdict]:
-    """A FAIL for every check run that failed: nothing was measured (``hosts``: run id -> its node,
-    where the acceptance spans several)."""
+    """An ERROR for every check run that failed: nothing sound was measured (``hosts``: run id -> its
+    node, where the acceptance spans several)."""
     out = []
     for r in records:
         if r.status != "ok":
             host, check = (hosts or {}).get(r.run_id), check_of.get(r.run_id, r.kind)
-            out.append(Verdict(check=check, figure="run", subject=host, status=FAIL, measured=None, unit="",
-                               reason=f"the run failed: {r.error}", run_ids=[r.run_id], key=f"{check}|run|{host or ''}"))
+            out.append(error(check, f"the run failed: {r.error}", subject=host, run_ids=[r.run_id]))
     return out
 
 
-def missing_run_verdicts(missing: dict[str, str]) -> list[Verdict]:
-    """A FAIL for every check that was to run and did not finish (``missing``: check -> why, e.g. "no
-    run recorded: Slurm job 42 TIMEOUT: ...")."""
-    return [Verdict(check=check, figure="run", subject=None, status=FAIL, measured=None, unit="", reason=why,
-                    key=f"{check}|run|") for check, why in missing.items()]
+def missing_run_verdicts(missing: dict[str, str], runs: dict[str, list[RunRecord]] | None = None) -> list[Verdict]:
+    """An ERROR for every check that was to run and did not finish (``missing``: check -> why, e.g. "ran
+    past its time limit of 60 s", "no run recorded: Slurm job 42 TIMEOUT: ..."), naming the runs it
+    recorded before (``runs``: check -> its records), whose figures are judged on their own."""
+    out = []
+    for check, why in missing.items():
+        mine = (runs or {}).get(check) or []
+        ok = sum(r.status == "ok" for r in mine)
+        had = (f"; before that it recorded {fmt_count(len(mine), 'run')} ({ok} ok"
+               f"{', judged on their own' if ok else ''})" if mine else "")
+        out.append(error(check, why + had, run_ids=[r.run_id for r in mine]))
+    return out
+
+
+def unreadable_verdicts(bad: Sequence[Unreadable]) -> list[Verdict]:
+    """An ERROR for every figure an ok record should have given and did not (``figures.read``)."""
+    return [error(u.check, u.reason, figure=u.figure, subject=u.subject, run_ids=[u.run_id]) for u in bad]
+
+
+def figureless_verdicts(records: Sequence[RunRecord], check_of: dict[str, str], figs: Sequence[Figure],
+                        bad: Sequence[Unreadable], skip: Iterable[str] = ()) -> list[Verdict]:
+    """An ERROR for every check whose ok runs gave no figure at all (and nothing unreadable that says why):
+    a check that measured nothing must not pass for want of a verdict."""
+    have = {f.check for f in figs} | {u.check for u in bad} | set(skip)
+    runs: dict[str, list[str]] = {}
+    for r in records:
+        check = check_of.get(r.run_id)
+        if r.status == "ok" and check in READERS and check not in have:
+            runs.setdefault(check, []).append(r.run_id)
+    return [error(c, f"its {fmt_count(len(ids), 'run')} recorded no figure to judge", run_ids=ids)
+            for c, ids in runs.items()]
 
 
 def explain(verdicts: Sequence[Verdict]) -> None:

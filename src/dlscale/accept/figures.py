@@ -16,6 +16,7 @@ GPU's verdicts in training, GEMM and health meet in one explanation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,8 +73,8 @@ class Figure:
 
 def check_of(rec: RunRecord, rungs: set[str]) -> str | None:
     """Which check a record belongs to (None: not a check's record, e.g. the acceptance itself)."""
-    if rec.kind == "health":
-        return "health"
+    if rec.kind in ("health", "inventory"):
+        return rec.kind
     if rec.kind == "micro":
         if rec.workload == "collectives":
             cfg = rec.config or {}
@@ -91,15 +92,72 @@ def scale_rungs(records: Iterable[RunRecord]) -> set[str]:
     return {i for r in records if r.kind == "scale" for i in (r.raw or {}).get("run_ids") or []}
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """What a check's ok record should have given and did not: a record its reader cannot read (a field
+    missing or of the wrong type), a figure that is not a positive finite number, a GPU with no figure."""
+
+    check: str
+    run_id: str
+    reason: str
+    subject: str | None = None
+    figure: str = "figure"
+
+
+def sound(x: Any) -> bool:
+    """Is ``x`` a rate a verdict can rest on: a positive finite real number (not a bool, NaN, inf, 0, text)?"""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def figures(records: Sequence[RunRecord]) -> list[Figure]:
-    """Every ok record's figures, in record order; on several hosts, each per-node figure names its host."""
+    """Every ok record's sound figures, in record order; on several hosts, each per-node figure names its host."""
+    return read(records)[0]
+
+
+def read(records: Sequence[RunRecord]) -> tuple[list[Figure], list[Unreadable]]:
+    """Every ok record's figures (``figures``) and what could not be read from them (``Unreadable``):
+    judging fails closed on those (docs/METRICS.md, "Acceptance: ERROR"). A sample that is not a
+    finite number is dropped from its figure's samples."""
     rungs = scale_rungs(records)
     hosts = node_hosts(records)
     out: list[Figure] = []
+    bad: list[Unreadable] = []
     for rec in records:
         check = check_of(rec, rungs)
-        if rec.status == "ok" and check in READERS:
-            out.extend(on_host(f, hosts[rec.run_id]) if rec.run_id in hosts else f for f in READERS[check](rec, check))
+        if rec.status != "ok" or check not in READERS:
+            continue
+        try:
+            got = READERS[check](rec, check)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as e:
+            bad.append(Unreadable(check, rec.run_id, f"its record cannot be read ({type(e).__name__}: {e})"))
+            continue
+        for f in got:
+            f = on_host(f, hosts[rec.run_id]) if rec.run_id in hosts else f
+            if not sound(f.value):
+                bad.append(Unreadable(check, rec.run_id, f"measured {f.value!r}: not a positive finite rate",
+                                      f.subject.label if f.subject else None, f.name))
+                continue
+            f.samples = [x for x in f.samples if isinstance(x, (int, float)) and math.isfinite(x)]
+            out.append(f)
+        bad += unmeasured_gpus(rec, check, [f for f in out if f.run_id == rec.run_id])
+    return out, bad
+
+
+def unmeasured_gpus(rec: RunRecord, check: str, figs: Sequence[Figure]) -> list[Unreadable]:
+    """The GPUs of the record's node with no figure of a name the other GPUs have, for the checks that run
+    on every GPU (GEMM and memory): a GPU that vanished mid-check, or rows a record lost."""
+    if check not in ("gemm", "memory"):
+        return []
+    n = ((rec.system or {}).get("accelerators") or {}).get("count") or 0
+    out = []
+    for name in dict.fromkeys(f.name for f in figs if f.subject and f.subject.kind == "device"):
+        have = {f.subject.key.rsplit(" ", 1)[-1] for f in figs if f.name == name and f.subject}
+        if not any(d.startswith("cuda:") for d in have):
+            continue
+        for i in range(int(n)):
+            if f"cuda:{i}" not in have:
+                out.append(Unreadable(check, rec.run_id, f"no {name} figure for GPU {i} ({len(have)} of {n} GPUs "
+                                      "measured)", f"GPU {i}", name))
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from dlscale.record import RunRecord
 
-SEVERITY = {"FAIL": 3, "WARN": 2, "PASS": 1, "NO EXPECTATION": 0}
+SEVERITY = {"FAIL": 4, "ERROR": 3, "WARN": 2, "PASS": 1, "NO EXPECTATION": 0}
 
 
 @dataclass

@@ -3,13 +3,15 @@
 ``write`` fills the output folder::
 
     verdicts.json        the verdict document (the same as ``dlscale accept --format json``)
-    junit.xml            one test case per verdict, for CI systems (FAIL: a failure; WARN: a failure
-                         only with warn_fails; NO EXPECTATION: skipped)
+    junit.xml            one test case per verdict, for CI systems (FAIL: a failure; ERROR: an error;
+                         WARN: a failure only with warn_fails; NO EXPECTATION: skipped)
     report.html          the verdict table first, each check linked to its runs and history plots
     records/RUN_ID.json  every run of the acceptance, the acceptance's own record too
     manifest.json        the sha256 of every file above, the records' and the report's by name
 
-``verify`` recomputes every sum and names each file that is missing, changed or not listed.
+A folder written again (a health check's fixed ``--out``) first loses the records its old manifest
+lists, so it holds one acceptance. ``verify`` recomputes every sum and names each file that is
+missing, changed or not listed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, counts
+from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
 from dlscale.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -35,18 +37,20 @@ def document(acc: Any) -> dict[str, Any]:
             "verdicts": [v.to_dict() for v in acc.verdicts],
             "not_run": [{"check": c, "why": w} for c, w in acc.not_run],
             "check_runs": (rec.raw or {}).get("check_runs") or {},
-            "out_dir": str(acc.out_dir) if acc.out_dir else None}
+            "out_dir": str(acc.out_dir) if acc.out_dir else None,
+            **({"node_action": acc.node_action} if getattr(acc, "node_action", None) else {})}
 
 
 def junit_xml(acc: Any) -> str:
-    """JUnit XML: a test case per verdict (classname ``dlscale.accept.CHECK``)."""
+    """JUnit XML: a test case per verdict (classname ``dlscale.accept.CHECK``): FAIL (and WARN with
+    warn_fails) a <failure>, ERROR an <error>, NO EXPECTATION <skipped>."""
     bad = {FAIL, WARN} if acc.warn_fails else {FAIL}
     n = counts(acc.verdicts)
-    failures = sum(n[s] for s in bad)
-    suites = ET.Element("testsuites", name="dlscale accept", tests=str(len(acc.verdicts)), failures=str(failures),
-                        skipped=str(n[NO_EXPECTATION]))
+    failures, errors = str(sum(n[s] for s in bad)), str(n[ERROR])
+    suites = ET.Element("testsuites", name="dlscale accept", tests=str(len(acc.verdicts)), failures=failures,
+                        errors=errors, skipped=str(n[NO_EXPECTATION]))
     suite = ET.SubElement(suites, "testsuite", name=f"dlscale accept {acc.id}", tests=str(len(acc.verdicts)),
-                          failures=str(failures), errors="0", skipped=str(n[NO_EXPECTATION]),
+                          failures=failures, errors=errors, skipped=str(n[NO_EXPECTATION]),
                           timestamp=acc.record.created_at, hostname=str(acc.record.config.get("system") or ""))
     for v in acc.verdicts:
         name = f"{v.figure}{' on ' + v.subject if v.subject else ''}{' vs ' + v.expectation if v.expectation else ''}"
@@ -54,6 +58,8 @@ def junit_xml(acc: Any) -> str:
         text = _detail(v)
         if v.status in bad:
             ET.SubElement(case, "failure", message=f"{v.status}: {v.reason}", type=v.status).text = text
+        elif v.status == ERROR:
+            ET.SubElement(case, "error", message=f"{ERROR}: {v.reason}", type=ERROR).text = text
         elif v.status == NO_EXPECTATION:
             ET.SubElement(case, "skipped", message=f"{NO_EXPECTATION}: {v.reason}")
         ET.SubElement(case, "system-out").text = f"{v.status}: {text}"
@@ -91,6 +97,7 @@ def write(acc: Any, db: str | None) -> list[Path]:
 
     out = Path(acc.out_dir)
     try:
+        _forget_old(out)
         (out / "records").mkdir(parents=True, exist_ok=True)
         files: list[Path] = []
         for rec in [*acc.records, acc.record]:
@@ -109,6 +116,18 @@ def write(acc: Any, db: str | None) -> list[Path]:
     except OSError as e:
         raise UsageError(f"cannot write the acceptance's outputs into {out}: {e.strerror}; give --out DIR") from None
     return files + [out / MANIFEST]
+
+
+def _forget_old(out: Path) -> None:
+    """Remove the records an earlier acceptance's manifest in ``out`` lists (and only those)."""
+    try:
+        listed = json.loads((out / MANIFEST).read_text()).get("files") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for rel in listed:
+        p = out / rel
+        if p.parent == out / "records" and p.suffix == ".json":
+            p.unlink(missing_ok=True)
 
 
 def _history(acc: Any, db: str | None) -> list[Any]:

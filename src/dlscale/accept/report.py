@@ -10,7 +10,7 @@ from typing import Any
 
 from dlscale.accept import history
 from dlscale.accept.explain import CHECKS
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, STATUSES, WARN, counts
+from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, STATUSES, WARN, counts
 from dlscale.format import fmt_num
 from dlscale.report.model import Figure, Report, Section, TableData
 
@@ -22,6 +22,9 @@ MEANING = [
     "significant at alpha), or without samples to tell the noise. Look, but it is not proven wrong.",
     f"{FAIL}: below the fail threshold and significantly so (one-sided p < alpha on the raw samples), or a health "
     "problem, or a run that failed. This part of the system does not perform as it should.",
+    f"{ERROR}: nothing sound to judge: the check's run failed, ran past its time limit and was killed, recorded "
+    "nothing or no figure, or a figure is not a positive finite number. It exits 1 like a FAIL: an acceptance "
+    "that could not measure a part has not accepted it.",
     f"{NO_EXPECTATION}: nothing to compare with (no datasheet figure, baseline, reference or peer); this run is "
     "the baseline of the next acceptance of the same system and suite.",
 ]
@@ -78,10 +81,11 @@ def verdict_section(acc: Any) -> Section:
     rows, links = [], []
     for v in acc.verdicts:
         rows.append(cells(v))
-        links.append([f"#check-{v.check}"] + [None] * (len(COLUMNS) - 2) + [f"records/{v.run_ids[0]}.json"])
+        run_link = f"records/{v.run_ids[0]}.json" if v.run_ids else None  # a check that recorded nothing: no run
+        links.append([f"#check-{v.check}"] + [None] * (len(COLUMNS) - 2) + [run_link])
     why = [f"{v.status} {CHECKS.get(v.check, v.check)} {v.figure}{' on ' + v.subject if v.subject else ''}: "
            f"{v.reason}" + (f" -- related: {'; '.join(v.related)}" if v.related else "")
-           for v in acc.verdicts if v.status in (FAIL, WARN)]
+           for v in acc.verdicts if v.status in (FAIL, ERROR, WARN)]
     return Section("Verdicts", "Every check's figures against their expectations: the datasheet x a typical "
                    "fraction, this system's baseline, a reference, or the median of its peers. A FAIL needs the "
                    "shortfall past the fail threshold and significant; click a check for its runs and history.",

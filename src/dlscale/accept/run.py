@@ -11,7 +11,7 @@ verdicts of any acceptance from the store, with the thresholds given (``dlscale 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,15 @@ from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
 from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
-from dlscale.accept.verdict import FAIL, WARN, Verdict, counts, judge as judge_figures, outcome
+from dlscale.accept.inventory import verdicts as inventory_verdicts
+from dlscale.accept.verdict import Verdict, counts, exit_code, judge as judge_figures, outcome
 from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
+
+
+OWN_VERDICTS = ("health", "inventory")  # record kinds judged by their own rules, not as figures
+NO_FIGURES = ("inventory",)  # checks that measure nothing a baseline holds: left out of suite_hash
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Acceptance:
     warn_fails: bool = False
     out_dir: Path | None = None
     files: list[Path] = field(default_factory=list)
+    node_action: str | None = None  # what --drain-on-fail / --resume-on-pass did to the Slurm node
 
     @property
     def outcome(self) -> str:
@@ -46,35 +52,51 @@ class Acceptance:
 
     @property
     def exit_code(self) -> int:
-        """0 when nothing FAILed (and, with warn_fails, nothing WARNed), else 1."""
-        bad = {FAIL, WARN} if self.warn_fails else {FAIL}
-        return 1 if any(v.status in bad for v in self.verdicts) else 0
+        """0 when something was judged and nothing FAILed or ERRORed (and, with warn_fails, nothing
+        WARNed), else 1."""
+        return exit_code(self.verdicts, self.warn_fails)
 
 
 def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
           refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None,
           table: Sequence[Any] | None = None, known_good: dict[str, burnin.KnownGood] | None = None) -> list[Verdict]:
-    """Every verdict of an acceptance's records (pure): health, failed runs, the checks that recorded
-    nothing (``missing``: check -> why), the burn-in's bits (``known_good``: burnin.find_known_good's),
-    then each figure against its healthy figure (``table``: ``refs.Row``s, default the shipped table),
-    datasheet, baseline, reference and peers; then the explanations. On several nodes, a per-node
-    check's verdicts name the node."""
+    """Every verdict of an acceptance's records (pure): health, then the ERRORs (failed runs, the checks
+    that did not finish, ``missing``: check -> why, figures that cannot be read, checks that gave no
+    figure), the burn-in's bits (``known_good``: burnin.find_known_good's), then each figure against
+    its healthy figure (``table``: ``refs.Row``s, default the shipped table), datasheet, baseline,
+    reference and peers; then the explanations. On several nodes, a per-node check's verdicts name
+    the node."""
+    missing = missing or {}
     rungs = figures.scale_rungs(records)
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
     hosts = figures.node_hosts(records)
-    figs = figures.figures(records)
+    figs, unreadable = figures.read(records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
-    verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
-    verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health" and not
-                                             burnin.explained_failure(r)], check_of, hosts)
-    verdicts += explain.missing_run_verdicts(missing or {})
+    verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
+                for v in _own_verdicts(r, sp, hosts.get(r.run_id))]
+    verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
+                                             and check_of[r.run_id] not in missing
+                                             and not burnin.explained_failure(r)], check_of, hosts)
+    runs: dict[str, list[RunRecord]] = {}
+    for r in records:
+        runs.setdefault(check_of[r.run_id], []).append(r)
+    verdicts += explain.missing_run_verdicts(missing, runs)
+    verdicts += explain.unreadable_verdicts(unreadable)
+    verdicts += explain.figureless_verdicts(records, check_of, figs, unreadable, missing)
     verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
     order = list(specs.CHECKS) + ["links"]
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
     explain.explain(verdicts)
     return verdicts
+
+
+def _own_verdicts(rec: RunRecord, sp: specs.Spec, host: str | None) -> list[Verdict]:
+    """A health or inventory record's verdicts, by their own rules (``host``: its node among several)."""
+    if rec.kind == "health":
+        return explain.health_verdicts(rec, host)
+    return inventory_verdicts(rec, sp.checks.get("inventory") or {}, host)
 
 
 @dataclass
@@ -116,21 +138,64 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     vs = against(baseline, reference, db, healthy)
     acc_id = new_acceptance_id()
-    info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
+    budget = f", budget {sp.budget_s:g} s" if sp.budget_s else ""
+    info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}{budget}")
     for check, why in plan.not_run:
         info(f"  not run: {check}: {why}")
-    records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
+    if plan.machine.launcher:  # a rank of the launcher's job: the checks across ranks run in place, in its group
+        records, missing, seconds = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)], {}, {}
+    else:
+        records, missing, seconds = run_bounded(plan.checks, sp, acc_id, db)
     if not _rank_zero():
         return None
-    return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db)
+    return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db, missing,
+                    seconds=seconds)
+
+
+MIN_CHECK_S = 1.0  # less of the budget left than this: the check is not started
+
+
+def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db: str | None,
+                clock: Callable[[], float] | None = None
+                ) -> tuple[list[RunRecord], dict[str, str], dict[str, float]]:
+    """Every check in its own process within its time limit and what is left of the suite's budget, one
+    after the other whatever became of the one before; their records, check -> why for every check
+    that did not finish (``bounded``), and check -> its seconds. ``clock``: seconds, default
+    ``time.monotonic``."""
+    import time
+
+    from dlscale.accept import bounded
+
+    clock = clock or time.monotonic
+    t0 = clock()
+    records: list[RunRecord] = []
+    missing: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for p in checks:
+        limit, why = sp.time_limit(p.check), ""
+        if sp.budget_s is not None:
+            left = sp.budget_s - (clock() - t0)
+            if left < MIN_CHECK_S:
+                missing[p.check] = f"not started: the suite's budget of {sp.budget_s:g} s was spent"
+                continue
+            if left < limit:
+                limit, why = left, f" (what was left of the suite's budget of {sp.budget_s:g} s)"
+        ran = bounded.run(p, sp, acc_id, db, limit, why)
+        records += ran.records
+        seconds[p.check] = round(ran.seconds, 3)
+        if ran.problem:
+            info(f"dlscale accept: {p.check}: {ran.problem}")
+            missing[p.check] = ran.problem
+    return records, missing, seconds
 
 
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,
              out_dir: str | None, db: str | None, missing: dict[str, str] | None = None,
-             inventory: dict[str, Any] | None = None) -> Acceptance:
+             inventory: dict[str, Any] | None = None, seconds: dict[str, float] | None = None) -> Acceptance:
     """Judge an acceptance's recorded runs, record the acceptance and write its outputs (``plan``: the
     checks that ran, each with ``.check`` and ``.options``, and ``.not_run``; ``system``: what its
-    baseline is looked up by; ``inventory``: its record's system, default this machine's)."""
+    baseline is looked up by; ``inventory``: its record's system, default this machine's; ``seconds``:
+    how long each check's process took)."""
     from dlscale.accept import outputs
     from dlscale.store import Store
 
@@ -141,7 +206,7 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
     rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
-                  inventory, healthy=vs.healthy)
+                  inventory, seconds, healthy=vs.healthy)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
     acc.out_dir = Path(out_dir or acc_id)
     acc.files = outputs.write(acc, db)
@@ -150,8 +215,10 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
 
 def hash_of(checks: Sequence[suite.Planned]) -> str:
     """What an acceptance measured, to find its baseline by: every check's options, less the faults
-    set into emulated nodes (a node's own link rate or CPU quota)."""
-    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks})
+    set into emulated nodes (a node's own link rate or CPU quota), and the inventory (no figure: a suite
+    with it has the baselines of the same suite without it)."""
+    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks
+                        if p.check not in NO_FIGURES})
 
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
@@ -237,8 +304,9 @@ def _rank_zero() -> bool:
 def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], verdicts: list[Verdict], system: str,
             suite_hash: str, baseline: str | None, reference: str | None, db: str | None,
             missing: dict[str, str] | None = None, inventory: dict[str, Any] | None = None,
-            healthy: str | None = None) -> RunRecord:
-    """The acceptance's own record (kind ``accept``; ``missing``: the checks that recorded nothing, and why)."""
+            seconds: dict[str, float] | None = None, healthy: str | None = None) -> RunRecord:
+    """The acceptance's own record (kind ``accept``; ``missing``: the checks that did not finish, and why;
+    ``seconds``: each check's time)."""
     from dlscale.harness.runner import Outcome, execute
     from dlscale.store import Store
 
@@ -254,7 +322,8 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
               "reference": reference, "checks": {p.check: p.options for p in plan.checks},
               "healthy_refs": healthy_of(healthy)}
     raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run,
-           "devices": identities(records), **({"missing": missing} if missing else {})}
+           "devices": identities(records), **({"missing": missing} if missing else {}),
+           **({"check_seconds": seconds} if seconds else {})}
     with Store.open(db) as store:
         return execute(kind="accept", workload=sp.name, config=config, tag=acc_id, store=store, system=inventory,
                        body=lambda _rec: Outcome(metrics=metrics, units=units, raw=raw))

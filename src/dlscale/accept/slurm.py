@@ -24,8 +24,11 @@ starts its own ranks as on a workstation:
 A part is ``python -m dlscale.accept.slurm JOB_FILE PART`` (the job file: the acceptance id, the
 spec, ``--quick``, the store, the node count), and the first node's part writes what it planned
 (``plan-PART.json``: each check's options, the checks that cannot run there and why, the system)
-beside the job's logs. A planned check that recorded no run (the job ended first: its time
-limit, scancel, a crash) is a FAIL naming why.
+beside the job's logs. On a node each check runs in its own process within its time limit, as a
+local ``dlscale accept`` runs it (``run.run_bounded``), and a check that did not finish is written
+into ``problems-PART-NODE.json``; the checks across the nodes, in place in torchrun's ranks, are
+bounded together by their limits summed. A planned check that recorded no run (the job ended first:
+its time limit, scancel, a crash), or that a node says did not finish, is an ERROR naming why.
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import figures, suite
+from dlscale.accept import bounded, figures, suite
 from dlscale.accept import spec as specs
 from dlscale.errors import UsageError
 from dlscale.log import info
-from dlscale.procs import die_with_parent
+from dlscale.procs import die_with_parent, end_tree
 from dlscale.record import RunRecord
 from dlscale.sweep.spec import SlurmOptions, minutes
 
@@ -138,32 +141,69 @@ class AcceptJob:
         sp = specs.Spec.from_dict(json.loads(Path(self.job_file).read_text())["spec"])
         env = {k: v for k, v in os.environ.items() if k not in STEP_VARS}
         failed = []
-        for part, _ in parts(sp, self.nodes):
+        for part, part_spec in parts(sp, self.nodes):
             launcher = (torchrun_on_node(self.nodes, self.ranks_per_node, env) if part == "across"
                         else [sys.executable])
-            code = subprocess.run([*launcher, "-m", MODULE, self.job_file, part], env=env,
-                                  preexec_fn=die_with_parent()).returncode
-            if code:
+            # the checks across the nodes run in place in torchrun's ranks: bounded together, by their limits summed
+            limit = sum(part_spec.time_limit(c) for c in part_spec.checks) + bounded.GRACE_S if part == "across" \
+                else None
+            code = _part([*launcher, "-m", MODULE, self.job_file, part], env, limit)
+            if code is None:
+                failed.append(f"{PART_NAMES[part]} ran past their summed time limits ({limit:g} s) and were killed")
+            elif code:
                 failed.append(f"{PART_NAMES[part]} exited with {code}")
         if failed:
             raise RuntimeError(f"node {os.environ.get('SLURM_NODEID', '0')}: {'; '.join(failed)}")
         return {"node": os.environ.get("SLURM_NODEID", "0")}
 
 
+def _part(cmd: list[str], env: dict[str, str], limit_s: float | None) -> int | None:
+    """Run one part's process to its end, or past ``limit_s`` end it with its tree; its exit code (None: ended)."""
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(), start_new_session=limit_s is not None)
+    try:
+        return proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        end_tree(proc.pid, bounded.GRACE_S)
+        proc.wait()
+        return None
+
+
 def run_part(job_file: str, part: str) -> None:
     """One part of the suite on this node (or as this rank): plan it here, write the plan (first node,
-    rank 0), run its checks under the acceptance id."""
+    rank 0), run its checks under the acceptance id: on a node, each in its own process within its
+    time limit (``run.run_bounded``), writing why a check did not finish into ``problems-PART-NODE.json``;
+    as a rank, in place."""
+    from dlscale.accept.run import run_bounded
     from dlscale.distributed.env import detect, launcher_of
 
     doc = json.loads(Path(job_file).read_text())
     sp = dict(parts(specs.Spec.from_dict(doc["spec"]), doc["nodes"]))[part]
     plan = suite.plan(sp, doc["quick"])
     env = detect() if launcher_of() else None
-    if (env.rank if env else int(os.environ.get("SLURM_NODEID", "0"))) == 0:
+    node = os.environ.get("SLURM_NODEID", "0")
+    if (env.rank if env else int(node)) == 0:
         _write_plan(Path(job_file).parent / f"plan-{part}.json", plan, doc["nodes"])
     info(f"dlscale accept {doc['acceptance']} ({part}): checks {', '.join(p.check for p in plan.checks) or 'none'}")
-    for p in plan.checks:
-        suite.run_check(p, doc["acceptance"], doc["db"])
+    if env is not None:
+        for p in plan.checks:
+            suite.run_check(p, doc["acceptance"], doc["db"])
+        return
+    _, problems, _ = run_bounded(plan.checks, sp, doc["acceptance"], doc["db"])
+    if problems:
+        from dlscale.system import collect_cached
+
+        host = collect_cached().get("hostname") or f"node {node}"
+        path = Path(job_file).parent / f"problems-{part}-{node}.json"
+        path.write_text(json.dumps({c: f"{host}: {why}" if doc["nodes"] > 1 else why for c, why in problems.items()}))
+
+
+def read_problems(folder: Path) -> dict[str, str]:
+    """Check -> why it did not finish, from every node's ``problems-*.json`` (``run_part``)."""
+    out: dict[str, str] = {}
+    for path in sorted(folder.glob("problems-*.json")):
+        for check, why in json.loads(path.read_text()).items():
+            out[check] = f"{out[check]}; {why}" if check in out else why
+    return out
 
 
 def _write_plan(path: Path, plan: suite.Plan, nodes: int) -> None:
@@ -226,7 +266,8 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     if ran.complete and not ran.plan.checks:
         raise UsageError("no check of the spec can run on the allocation: "
                          + "; ".join(f"{c}: {w}" for c, w in ran.plan.not_run))
-    missing = unrecorded(ran.plan, records, state, job_failure(state, str(folder), opts.nodes))
+    missing = {**unrecorded(ran.plan, records, state, job_failure(state, str(folder), opts.nodes)),
+               **read_problems(folder)}
     inventory = next((r.system for r in records if (r.system or {}).get("hostname") == ran.host), None)
     return run.conclude(acc_id, sp, ran.plan, records, ran.system, vs, out_dir, db, missing,
                         inventory or {"hostname": ran.host or ran.system})

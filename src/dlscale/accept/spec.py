@@ -1,15 +1,21 @@
 """The acceptance spec: which checks run, with which sizes, judged with which thresholds.
 
-Built in: ``full`` (every check but the burn-in) and ``quick`` (a few-minute subset: memory, GEMM,
+Built in, by level (as DCGM's diagnostic levels, each with a fixed budget: ``LEVELS``, ``BUDGET_S``):
+level 1 (seconds, no load: GPU health with its PCIe and NVLink states, and the inventory; what a
+Slurm health check, prolog or epilog runs), level 2 or ``quick`` (minutes: level 1, memory, GEMM,
 collectives in the node, the short test alone and on all devices, inference; on several nodes also
-the collectives across them and every node's link). ``select`` keeps the checks named by
-``--checks`` (any check, the burn-in too, with its defaults where the spec gives none). A YAML
-file chooses its own::
+the collectives across them and every node's link) and level 3 or ``full`` (every check, and the
+burn-in with its silent-corruption comparison: ``LEVEL3_EXTRA``). ``select`` keeps the checks named
+by ``--checks`` (any check, the burn-in too, with its defaults where the spec gives none). Every
+check runs in its own process within its time limit (``TIME_LIMIT_S``, or the spec's
+``time_limit``), and the suite within its level's budget (``run.py``). A YAML file chooses its own::
 
     name: h100-node                 # default: the file's stem
+    budget: 1800                    # seconds for the whole suite (default: none, each check its limit)
     checks:                         # run in this order; a check's options are its command's fields
       health: {}
-      memory: {mem_mib: 512}
+      inventory: {gpus: 8, gpu_model: H100, cpus: 224, memory_gib: 2000}   # what this node must have
+      memory: {mem_mib: 512, time_limit: 120}   # time_limit: seconds before the check is killed (ERROR)
       gemm: {precision: [fp32, bf16], warn: 0.05, fail: 0.15}   # warn/fail: this check's thresholds
       collectives: {sizes: "1M:256M", ops: all_reduce}
       collectives_nodes: {emulate_nodes: 2, link_bandwidth: 1gbit}
@@ -47,6 +53,7 @@ from dlscale.sweep.spec import _Lines, check_point, read_yaml
 # check -> (command whose fields it takes, the command's argument, fields the suite sets itself)
 CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "health": (None, None, ()),
+    "inventory": (None, None, ()),
     "memory": ("micro", "memory", ("kind", "tag")),
     "p2p": ("micro", "p2p", ("kind", "tag")),
     "gemm": ("micro", "gemm", ("kind", "tag")),
@@ -59,14 +66,28 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "inference": ("infer", None, ("tag", "scenario", "find_peak", "latency_bound", "target_qps")),
     "burnin": ("micro", "burnin", ("kind", "tag")),
 }
-BURN_IN = ("burnin",)  # minutes of full load: chosen by name (--checks, a spec), not in the built-in suites
+BURN_IN = ("burnin",)  # minutes of full load: level 3, or chosen by name (--checks, a spec)
 FULL = tuple(c for c in CHECKS if c not in BURN_IN)
-QUICK = ("health", "memory", "gemm", "collectives", "train_alone", "train", "inference")
+QUICK = ("health", "inventory", "memory", "gemm", "collectives", "train_alone", "train", "inference")
+LEVEL1 = ("health", "inventory")  # seconds, no load: what a Slurm health check, prolog or epilog runs
+LEVEL3_EXTRA: tuple[str, ...] = BURN_IN  # the burn-in and silent-corruption checks join level 3
+LEVELS = {1: LEVEL1, 2: QUICK, 3: FULL + LEVEL3_EXTRA}
+LEVEL_NAMES = {1: "level1", 2: "quick", 3: "full"}
+# each level's budget for all its checks (seconds): level 1 inside the 60 s Slurm gives a HealthCheckProgram,
+# with room for the command's own start (Python, torch, the plan) and its outputs
+BUDGET_S = {1: 45.0, 2: 600.0, 3: 900.0}
+# a check's time limit (seconds) unless the spec sets its own: past it the check is killed and is an ERROR.
+# health and inventory read NVML and start CUDA (seconds per GPU without nvidia-persistenced); the burn-in's
+# limit holds its default 300 s burn on GPUs and the ranks' start
+TIME_LIMIT_S = {"health": 30.0, "inventory": 30.0, "memory": 300.0, "p2p": 300.0, "gemm": 600.0,
+                "collectives": 600.0, "collectives_nodes": 600.0, "links": 300.0, "train_alone": 600.0,
+                "train": 600.0, "scale": 1800.0, "inference": 600.0, "burnin": 600.0}
+DEFAULT_TIME_LIMIT_S = 600.0  # a check the table does not list
 ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
 ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
 SCALE_ONLY = ("devices", "layouts")  # scale's own fields beside train's
 SET_BY_SUITE = {"train_alone": {"parallel": "none"}, "inference": {"scenario": "offline"}}  # what makes the check
-TOP_LEVEL = ("name", "description", "checks", "thresholds", "peers", "warn_fails")
+TOP_LEVEL = ("name", "description", "budget", "checks", "thresholds", "peers", "warn_fails")
 
 
 @dataclass
@@ -79,6 +100,13 @@ class Spec:
     warn_fails: bool = False
     source: str = ""  # the file, or "built-in"
     lines: _Lines | None = None
+    time_limits: dict[str, float] = field(default_factory=dict)  # check -> its own limit (seconds)
+    budget_s: float | None = None  # the whole suite's (seconds; None: each check its own limit)
+    level: int | None = None  # a built-in level (1, 2, 3), None: a spec file
+
+    def time_limit(self, check: str) -> float:
+        """The check's time limit: the spec's own, else the default (``TIME_LIMIT_S``)."""
+        return float(self.time_limits.get(check) or TIME_LIMIT_S.get(check, DEFAULT_TIME_LIMIT_S))
 
     def fail(self, path: tuple, msg: str) -> UsageError:
         """A UsageError at the file:line of ``path`` (in the built-in specs: naming the check)."""
@@ -89,7 +117,8 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "checks": self.checks, "thresholds": vars(self.thresholds),
                 "peers": vars(self.peers), "per_check": {k: vars(v) for k, v in self.per_check.items()},
-                "warn_fails": self.warn_fails, "source": self.source}
+                "warn_fails": self.warn_fails, "source": self.source, "time_limits": self.time_limits,
+                "budget_s": self.budget_s, "level": self.level}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Spec":
@@ -97,7 +126,8 @@ class Spec:
         return cls(name=d.get("name") or "", checks=d.get("checks") or {},
                    thresholds=Thresholds(**(d.get("thresholds") or {})), peers=Thresholds(**(d.get("peers") or {})),
                    per_check={k: Thresholds(**v) for k, v in (d.get("per_check") or {}).items()},
-                   warn_fails=bool(d.get("warn_fails")), source=d.get("source") or "")
+                   warn_fails=bool(d.get("warn_fails")), source=d.get("source") or "",
+                   time_limits=dict(d.get("time_limits") or {}), budget_s=d.get("budget_s"), level=d.get("level"))
 
     def select(self, names: str | Iterable[str]) -> "Spec":
         """``--checks``: the named checks (a comma list), each with this spec's options or, where it
@@ -117,9 +147,21 @@ class Spec:
         return replace(self, checks={c: o for c, o in self.checks.items() if c in keep})
 
 
-def builtin(quick: bool) -> Spec:
-    names = QUICK if quick else FULL
-    return Spec(name="quick" if quick else "full", checks={c: {} for c in names}, source="built-in")
+def level_of(quick: bool, level: int | None) -> int | None:
+    """The level ``--quick`` and ``--level`` ask for (``--quick`` is level 2); None when neither is given."""
+    if level is not None and level not in LEVELS:
+        raise UsageError(f"--level {level}: the levels are 1 (seconds: health, inventory, no load), 2 (minutes: "
+                         "the quick suite) and 3 (everything)")
+    if quick and level not in (None, 2):
+        raise UsageError(f"--quick is --level 2; leave it out with --level {level}")
+    return 2 if quick else level
+
+
+def builtin(quick: bool = False, level: int | None = None) -> Spec:
+    """A built-in level (``quick``: level 2; default level 3) with its checks and budget."""
+    level = level_of(quick, level) or 3
+    return Spec(name=LEVEL_NAMES[level], checks={c: {} for c in LEVELS[level]}, source="built-in",
+                budget_s=BUDGET_S[level], level=level)
 
 
 def load(path: str | Path) -> Spec:
@@ -134,12 +176,16 @@ def load(path: str | Path) -> Spec:
     checks = doc.get("checks")
     if not isinstance(checks, dict) or not checks:
         raise lines.fail(("checks",), f"must map check names to their options; checks: {', '.join(CHECKS)}")
-    spec = Spec(name=str(doc.get("name") or p.stem), checks={}, source=str(p), lines=lines)
+    spec = Spec(name=str(doc.get("name") or p.stem), checks={}, source=str(p), lines=lines,
+                budget_s=_seconds(doc.get("budget"), lines, ("budget",)))
     for name, opts in checks.items():
         spec.checks[name] = _check_entry(name, opts, lines)
         th = {k: spec.checks[name].pop(k) for k in ("warn", "fail") if k in spec.checks[name]}
         if th:
             spec.per_check[name] = _thresholds(th, lines, ("checks", name))
+        if "time_limit" in spec.checks[name]:
+            limit = spec.checks[name].pop("time_limit")
+            spec.time_limits[name] = _seconds(limit, lines, ("checks", name, "time_limit"))
     spec.thresholds = _thresholds(doc.get("thresholds") or {}, lines, ("thresholds",), alpha=True)
     spec.peers = _thresholds(doc.get("peers") or {}, lines, ("peers",))
     spec.per_check = {k: v.like(spec.thresholds) for k, v in spec.per_check.items()}
@@ -148,6 +194,15 @@ def load(path: str | Path) -> Spec:
         raise lines.fail(("warn_fails",), "must be true or false")
     spec.warn_fails = bool(doc.get("warn_fails", False))
     return spec
+
+
+def _seconds(v: Any, lines: _Lines, path: tuple) -> float | None:
+    """A time limit or budget in seconds (None where not given)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 7 * 86400:
+        raise lines.fail(path, f"must be seconds, a number above 0 (e.g. 300), got {v!r}")
+    return float(v)
 
 
 def _check_entry(name: Any, opts: Any, lines: _Lines) -> dict[str, Any]:
@@ -185,6 +240,14 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
     """Build a check's typed configs from its options (the machine's defaults under the spec's); a
     bad value is a UsageError at its line in the spec file."""
     command, arg, _ = CHECKS[check]
+    if check == "inventory":
+        from dlscale.accept.inventory import check_options
+
+        bad = check_options(options)
+        if bad:
+            key, problem = next(iter(bad.items()))
+            raise spec.fail(("checks", check, key), problem)
+        return []
     if command is None:
         if options:
             raise spec.fail(("checks", check, next(iter(options))), f"{check} takes no options")

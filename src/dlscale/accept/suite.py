@@ -264,6 +264,8 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
 
     if p.check == "health":
         return [api.health(tag=tag, db=db)]
+    if p.check == "inventory":
+        return [api.inventory(tag=tag, db=db)]
     command, kind, _ = specs.CHECKS[p.check]
     if command == "micro":
         micro_opts = p.configs[0]

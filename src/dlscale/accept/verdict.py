@@ -1,4 +1,4 @@
-"""Verdicts: pure functions from figures, expectations and thresholds to PASS / WARN / FAIL / NO EXPECTATION.
+"""Verdicts: pure functions from figures, expectations and thresholds to PASS / WARN / FAIL / NO EXPECTATION / ERROR.
 
 For a figure (measured rate m) and an expectation (expected rate e, from a healthy figure of its
 model, a datasheet, a baseline, a reference or the median of its peers), ``ratio = m / e`` and the
@@ -12,7 +12,11 @@ shortfall ``1 - ratio``:
   is never declared inside the noise; a healthy *floor* (a published minimum) FAILs below it;
 - WARN: otherwise when the shortfall reaches the warn threshold (saying whether it passed the
   fail line inside the noise, or could not be tested for want of samples);
-- NO EXPECTATION: a figure with no expectation of any kind; its run becomes the baseline next time.
+- NO EXPECTATION: a figure with no expectation of any kind; its run becomes the baseline next time;
+- ERROR: nothing sound was measured or nothing sound to compare with, so no verdict can be given: a
+  check whose run failed, ran past its time limit, recorded nothing or no figure, a figure that is
+  not a positive finite number (NaN, inf, 0, a string), an expectation that is not one. Verdicts
+  fail closed: an ERROR exits 1 like a FAIL and is never shown as PASS or NO EXPECTATION.
 
 Nothing here reads the store or runs anything: re-judging old records with new thresholds is
 calling ``judge`` again (docs/METRICS.md, "Acceptance: verdicts").
@@ -25,10 +29,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlscale.accept import signif
-from dlscale.accept.figures import Figure
+from dlscale.accept.figures import Figure, sound
 
-PASS, WARN, FAIL, NO_EXPECTATION = "PASS", "WARN", "FAIL", "NO EXPECTATION"
-STATUSES = (PASS, WARN, FAIL, NO_EXPECTATION)
+PASS, WARN, FAIL, NO_EXPECTATION, ERROR = "PASS", "WARN", "FAIL", "NO EXPECTATION", "ERROR"
+STATUSES = (PASS, WARN, FAIL, ERROR, NO_EXPECTATION)
+NOT_PASSED = (FAIL, ERROR)  # what exits 1 whatever the thresholds (a WARN does with warn_fails)
 
 
 @dataclass(frozen=True)
@@ -125,16 +130,20 @@ class Verdict:
 
 def compare(fig: Figure, exp: Expectation, th: Thresholds) -> Verdict:
     """One figure against one expectation (the module doc's rules)."""
-    ratio = fig.value / exp.value if exp.value else None
     th = lines_for(exp, th)
-    test = _test(fig, exp, th)
     v = _base(fig, PASS)
-    v.expected, v.expectation, v.source, v.ratio = exp.value, exp.kind, exp.source, ratio
-    v.warn, v.fail, v.test = th.warn, th.fail, test.to_dict() if test else None
+    v.expected, v.expectation, v.source = exp.value, exp.kind, exp.source
+    v.warn, v.fail = th.warn, th.fail
     v.run_ids = [fig.run_id] + ([exp.run_id] if exp.run_id and exp.run_id != fig.run_id else [])
-    if ratio is None:
-        v.status, v.reason = NO_EXPECTATION, f"{exp.kind} expectation is 0: nothing to compare with"
+    if not sound(fig.value) or not sound(exp.value):
+        what = f"measured {fig.value!r}" if not sound(fig.value) else f"the {exp.kind} expectation is {exp.value!r}"
+        v.status, v.reason = ERROR, f"{what}: not a positive finite rate, nothing sound to judge"
+        v.expected = exp.value if sound(exp.value) else None
+        v.measured = fig.value if sound(fig.value) else None
         return v
+    ratio = v.ratio = fig.value / exp.value
+    test = _test(fig, exp, th)
+    v.test = test.to_dict() if test else None
     short = 1 - ratio
     below = f"{short:.1%} below {exp.phrase}" if short > 0 else f"{-short:.1%} above {exp.phrase}"
     significant = v.significant = test is not None and test.p < th.alpha and short > 0
@@ -185,9 +194,20 @@ def _base(fig: Figure, status: str) -> Verdict:
 
 
 def no_expectation(fig: Figure) -> Verdict:
+    if not sound(fig.value):  # fail closed: an unsound figure is no baseline for next time
+        v = _base(fig, ERROR)
+        v.measured, v.reason = None, f"measured {fig.value!r}: not a positive finite rate, nothing sound to judge"
+        return v
     v = _base(fig, NO_EXPECTATION)
     v.reason = "no healthy, datasheet, baseline, reference or peer figure: recorded as the baseline for next time"
     return v
+
+
+def error(check: str, reason: str, *, figure: str = "run", subject: str | None = None,
+          run_ids: Sequence[str] = (), measured: float | None = None, unit: str = "") -> Verdict:
+    """An ERROR about a check (or one of its figures) with nothing sound measured: why, and the runs it had."""
+    return Verdict(check=check, figure=figure, subject=subject, status=ERROR, measured=measured, unit=unit,
+                   reason=reason, run_ids=list(run_ids), key=f"{check}|{figure}|{subject or ''}")
 
 
 def peer_expectations(figs: Sequence[Figure]) -> dict[int, Expectation]:
@@ -232,9 +252,12 @@ def judge(figs: Sequence[Figure], expectations: dict[int, list[Expectation]], th
 
 
 def outcome(verdicts: Sequence[Verdict]) -> str:
-    """FAIL if any FAIL, else WARN if any WARN, else PASS (NO EXPECTATION when nothing had one)."""
+    """FAIL if any FAIL, else ERROR if any ERROR, else WARN if any WARN, else PASS (NO EXPECTATION when
+    nothing had one; ERROR when there is no verdict at all: nothing was judged)."""
     seen = {v.status for v in verdicts}
-    for s in (FAIL, WARN, PASS):
+    if not seen:
+        return ERROR
+    for s in (FAIL, ERROR, WARN, PASS):
         if s in seen:
             return s
     return NO_EXPECTATION
@@ -242,3 +265,9 @@ def outcome(verdicts: Sequence[Verdict]) -> str:
 
 def counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
     return {s: sum(v.status == s for v in verdicts) for s in STATUSES}
+
+
+def exit_code(verdicts: Sequence[Verdict], warn_fails: bool = False) -> int:
+    """0 when nothing FAILed or ERRORed (and, with ``warn_fails``, nothing WARNed) and something was judged; else 1."""
+    bad = set(NOT_PASSED) | ({WARN} if warn_fails else set())
+    return 1 if not verdicts or any(v.status in bad for v in verdicts) else 0

@@ -26,10 +26,18 @@ own baseline (--baseline; default the
 figure's last accepted runs of the same system and suite), a reference (--reference) and, per
 device, node and link, the median of its peers. Verdicts: PASS, WARN, FAIL (past the fail
 threshold and significant: beyond the healthy figure's tolerance, the spread between runs of that
-figure on that class of device, or the samples of its peers; never inside the noise) and NO
-EXPECTATION (recorded as the baseline for next time). A device whose own series (by GPU UUID, or
-the machine's id) dropped over its last acceptances is a WARN of check drift, classed GPU, HBM,
-host or network.
+figure on that class of device, or the samples of its peers; never inside the noise), NO
+EXPECTATION (recorded as the baseline for next time) and ERROR (nothing sound to judge: the
+check's run failed, ran past its time limit, recorded no figure, or a figure is NaN, infinite or
+not a number). A device whose own series (by GPU UUID, or the machine's id) dropped over its last
+acceptances is a WARN of check drift, classed GPU, HBM, host or network.
+
+Levels, each within a fixed budget: --level 1 (seconds, no load: GPU health with the PCIe and
+NVLink link states, and the inventory), --level 2 or --quick (minutes), --level 3 (everything with
+the burn-in, the default). Every check runs in its own process within its time limit (the spec's
+time_limit, else its default); one that hangs is killed with every process it started, is an
+ERROR, and the suite goes on. As Slurm's HealthCheckProgram, prolog or epilog: `dlscale accept
+--level 1 --drain-on-fail --resume-on-pass` (docs/CLUSTER.md).
 
 Several nodes: under srun/torchrun/mpirun across nodes, or on this machine with --emulate-nodes K
 (network namespaces joined by links shaped at --link-bandwidth, default 1gbit; --node-link-bandwidth
@@ -37,8 +45,8 @@ and --node-cpu-quota set one node apart): every check that runs ranks runs acros
 the collectives between them and every node's link (micro links) are judged too.
 
 Prints the verdict table, writes the HTML report, JUnit XML, every record and a sha256 manifest
-into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed, 1 on a FAIL (or a WARN with
---warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
+into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed or ERRORed, 1 on a FAIL or an
+ERROR (or a WARN with --warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
 `dlscale accept judge ID` judges a recorded acceptance again (other thresholds or baseline) without
 running anything. `dlscale accept refs [--model H100]` lists the healthy figures with their
 sources; `dlscale accept refs export --from SELECTOR --out lab.yaml` writes a lab's accepted fleet
@@ -50,8 +58,9 @@ run into --db (which the nodes must reach), waits with its progress on stderr, t
 writes the same outputs with the same exit code (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n
-  dlscale accept --quick\n\n  dlscale accept --checks burnin                        # the burn-in and silent-data-corruption check alone\n\n
-
+  dlscale accept --quick\n\n
+  dlscale accept --checks burnin                        # the burn-in and silent-data-corruption check alone\n\n
+  dlscale accept --level 1 --drain-on-fail --resume-on-pass --out /var/lib/dlscale/health   # Slurm health check\n\n
   dlscale accept --spec node.yaml --out acceptance/ --format json\n\n
   dlscale accept --baseline tag:accept-20261125T101500-1a2b3c4d --warn-fails\n\n
   dlscale accept --reference ref:seed001-table5,system:SN-8xV100-16GB-SXM2\n\n
@@ -74,9 +83,13 @@ def accept(
     target: Annotated[Optional[str], typer.Argument(help="After verify: the folder; after judge: the acceptance id; "
                                                         "after refs: export (or nothing: list).",
                                                    show_default=False)] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="The few-minute subset (memory, GEMM, collectives in the node, "
-                                                        "the short test alone and on all devices, inference) at "
-                                                        "smaller sizes.")] = False,
+    level: Annotated[Optional[int], typer.Option("--level", help="1: seconds, no load (GPU health with PCIe and "
+                                                 "NVLink states, inventory: Slurm's health check); 2: minutes (the "
+                                                 "quick suite); 3: everything (default), each within its budget.",
+                                                 show_default=False)] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="--level 2: the few-minute subset (level 1, memory, GEMM, "
+                                                        "collectives in the node, the short test alone and on all "
+                                                        "devices, inference) at smaller sizes.")] = False,
     spec: Annotated[Optional[str], typer.Option("--spec", help="A YAML spec: checks, their sizes, thresholds "
                                                                "(docs/CLUSTER.md).", show_default=False)] = None,
     checks: Annotated[Optional[str], typer.Option("--checks", help="Only these checks (comma list) of the suite or "
@@ -113,6 +126,11 @@ def accept(
     time: Annotated[Optional[str], typer.Option("--time", help="Slurm: the job's time limit, minutes or "
                                                 "[D-]H:MM[:SS] (default 30 with --quick, else 180).",
                                                 show_default=False)] = None,
+    drain_on_fail: Annotated[bool, typer.Option("--drain-on-fail", help="On a FAIL or ERROR, drain this Slurm node "
+                                                "(scontrol) with a one-line reason starting 'dlscale:'.")] = False,
+    resume_on_pass: Annotated[bool, typer.Option("--resume-on-pass", help="On a pass, return this Slurm node to "
+                                                 "service if dlscale drained it (its reason starts 'dlscale:').")
+                              ] = False,
     emulate_nodes: EmulateOpt = None,
     link_bandwidth: BandwidthOpt = None,
     link_latency: LatencyOpt = None,
@@ -124,8 +142,9 @@ def accept(
     from dlscale import api
     from dlscale.errors import UsageError
 
-    if action is not None and checks is not None:
-        raise UsageError(f"--checks chooses the checks to run; `dlscale accept {action}` runs nothing")
+    if action is not None and (quick or level is not None or drain_on_fail or resume_on_pass or checks is not None):
+        raise UsageError(f"--level, --quick, --checks, --drain-on-fail and --resume-on-pass are for running the suite; "
+                         f"`dlscale accept {action}` runs nothing")
     if action is not None and (executor != "local" or {partition, nodes, gpus_per_node, time} != {None}):
         raise UsageError(f"--executor and its Slurm options are for running the suite; `dlscale accept {action}` "
                          "reads the store here")
@@ -151,7 +170,8 @@ def accept(
         acc = api.accept_judge(target, spec=spec, baseline=baseline, reference=reference, warn_fails=warn_fails,
                                out_dir=out_dir, db=db, refs=refs)
     else:
-        acc = api.accept(spec, quick=quick, baseline=baseline, reference=reference, warn_fails=warn_fails,
+        acc = api.accept(spec, quick=quick, level=level, drain_on_fail=drain_on_fail, resume_on_pass=resume_on_pass,
+                         baseline=baseline, reference=reference, warn_fails=warn_fails,
                          out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
                          gpus_per_node=gpus_per_node, time=time, refs=refs, checks=checks, **emulated)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
@@ -164,12 +184,12 @@ def show(acc: Any, fmt: Format) -> None:
     """The verdict table first (or the JSON document), then why, what did not run, and where the report is."""
     from dlscale.accept.outputs import document
     from dlscale.accept.report import COLUMNS, cells
-    from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, counts
+    from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
 
     if fmt == Format.json:
         print_json(document(acc))
         return
-    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "ERROR": "bold magenta"}
     t = Table(*COLUMNS[:-1], title=f"dlscale accept {acc.id}: {acc.outcome}", title_justify="left")
     for v in acc.verdicts:
         row = cells(v)[:-1]
@@ -177,7 +197,7 @@ def show(acc: Any, fmt: Format) -> None:
         t.add_row(*row)
     out.print(t)
     for v in acc.verdicts:
-        if v.status in (FAIL, WARN):
+        if v.status in (FAIL, ERROR, WARN):
             where = f" on {v.subject}" if v.subject else ""
             out.print(f"{v.status} {v.check} {v.figure}{where}: {v.reason}", markup=False)
             for r in v.related:

@@ -224,7 +224,8 @@ def history(
              f"acceptance history of {selector} ({fmt_count(len(accs), 'acceptance')})")
     t = Table("check", "figure", "on", "unit", *(c[:16].replace("T", " ") for c, _ in order), title=title,
               title_justify="left")
-    mark = {"PASS": "", "WARN": " [yellow]W[/yellow]", "FAIL": " [red]F[/red]", "NO EXPECTATION": " (new)"}
+    mark = {"PASS": "", "WARN": " [yellow]W[/yellow]", "FAIL": " [red]F[/red]", "ERROR": " [magenta]E[/magenta]",
+            "NO EXPECTATION": " (new)"}
     for x in found:
         at = {p.acceptance: p for p in x.points}
         t.add_row(x.check, x.figure, x.subject or "system", x.unit,

@@ -1,4 +1,6 @@
-"""GPU health through NVML: clock-throttle reasons, ECC counts, retired pages, row remapping, Xid events.
+"""GPU health through NVML: clock-throttle reasons, ECC counts, retired pages, row remapping, Xid events,
+and (``check_host``) the state of each GPU's links: its PCIe link's width against the most it can
+train to, and its active NVLinks against its peers of the same model on the host.
 
 A snapshot reads what NVML holds now. A run takes one snapshot before and one after, and at every
 monitor sample reads the clock-event (throttle) reasons and drains an NVML event set registered
@@ -223,8 +225,54 @@ def watch_gpu(cuda_index: int, notes: list[str]) -> HealthWatch | None:
     return HealthWatch(nv, gpu, f"GPU {cuda_index}")
 
 
+def link_state(nv: Any, h: Any, notes: list[str], what: str) -> dict[str, Any]:
+    """One GPU's links now: the PCIe link's current and greatest generation and width, and its NVLinks
+    (``nvlinks_active``; ``nvlinks_down``: the links NVML lists as disabled). NVML answers
+    NOT_SUPPORTED past a GPU's last link, and for every link on a GPU without NVLink."""
+    out: dict[str, Any] = {k: nvml.probe(nv, notes, f"{what} {k}", lambda fn=fn: int(fn(h))) for k, fn in (
+        ("pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration), ("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration),
+        ("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth), ("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth))}
+    active, down = 0, []
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = nv.nvmlDeviceGetNvLinkState(h, link)
+        except nv.NVMLError:
+            break
+        except Exception as e:  # noqa: BLE001 - a health check outlives any NVML surprise
+            notes.append(f"{what} NVLink {link} state: {type(e).__name__}: {e}")
+            break
+        if state == nv.NVML_FEATURE_ENABLED:
+            active += 1
+        else:
+            down.append(link)
+    return {**out, "nvlinks_active": active, "nvlinks_down": down}
+
+
+def link_warnings(gpus: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """NVML index -> what its links say is wrong: a PCIe link trained narrower than the GPU's widest
+    (the generation drops at idle to save power, the width does not), or fewer NVLinks active than
+    the GPU of the same model with the most on this host."""
+    most: dict[str, int] = {}
+    for g in gpus:
+        most[g.get("name") or ""] = max(most.get(g.get("name") or "", 0), g.get("nvlinks_active") or 0)
+    out: dict[int, list[str]] = {}
+    for g in gpus:
+        label, mine = f"GPU {g['index']}", []
+        width, widest = g.get("pcie_width"), g.get("pcie_width_max")
+        if width and widest and width < widest:
+            mine.append(f"{label}'s PCIe link runs at x{width} of x{widest}: reseat the card or service its slot")
+        peak, active = most[g.get("name") or ""], g.get("nvlinks_active") or 0
+        if active < peak:
+            down = g.get("nvlinks_down") or []
+            mine.append(f"{label} has {active} of {peak} NVLinks active (its peers of the same model have {peak})"
+                        + (f"; down: {', '.join(map(str, down))}" if down else ""))
+        out[g["index"]] = mine
+    return out
+
+
 def check_host() -> dict[str, Any]:
-    """``dlscale sysinfo --health``: a snapshot and its warnings for every GPU NVML sees on this host."""
+    """``dlscale sysinfo --health``: a snapshot, the links' state and their warnings for every GPU NVML
+    sees on this host."""
     nv = nvml.start()
     if nv is None:
         return {"gpus": [], "note": "no NVIDIA GPU visible to NVML here (no driver or no nvidia-ml-py): "
@@ -237,10 +285,12 @@ def check_host() -> dict[str, Any]:
             name = nvml.probe(nv, notes, f"{label} name", lambda g=g: nvml.text(nv.nvmlDeviceGetName(g.handle)))
             snap = snapshot(nv, g.handle, notes, label)
             gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid,
-                         "mig_mode": g.mig_mode, **snap,
+                         "mig_mode": g.mig_mode, **snap, **link_state(nv, g.handle, notes, label),
                          "warnings": snapshot_warnings(snap, label)})
     finally:
         nvml.stop(nv)
+    for g in gpus:
+        g["warnings"] += link_warnings(gpus)[g["index"]]
     out: dict[str, Any] = {"gpus": gpus, "notes": notes}
     if not gpus:
         out["note"] = "NVML answered but lists no GPU: nothing to check"

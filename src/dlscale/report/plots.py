@@ -118,7 +118,8 @@ def speedups(series: dict[str, tuple[list[int], list[float]]], title: str) -> by
     return _png(fig)
 
 
-STATUS_COLORS = {"PASS": "#3a9d5d", "WARN": "#e0a339", "FAIL": "#b8433f", "NO EXPECTATION": "#999999"}
+STATUS_COLORS = {"PASS": "#3a9d5d", "WARN": "#e0a339", "FAIL": "#b8433f", "ERROR": "#8e3b8e",
+                 "NO EXPECTATION": "#999999"}
 
 
 def history(series: dict[str, tuple[list[int], list[float], list[str]]], ticks: list[str], ylabel: str,

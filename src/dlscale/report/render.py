@@ -32,6 +32,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 caption{text-align:left;font-weight:600;padding:8px 0 4px;font-size:12px}
 .note{color:#6b4e16;font-size:12px}section>figure{margin:12px 0 0}section>figure img{max-width:100%}
 td.PASS{color:#2d7a46;font-weight:600}td.WARN{color:#9a6700;font-weight:600}td.FAIL{color:#b8433f;font-weight:700}
+td.ERROR{color:#8e3b8e;font-weight:700}
 footer{color:#7a8691;font-size:11px;margin-top:24px}
 """
 
@@ -49,7 +50,7 @@ def _cell(v: str, link: str | None) -> str:
     """One table cell: numbers right-aligned, a verdict coloured, a link where the table gives one."""
     e = html.escape
     text = f'<a href="{e(link)}">{e(v)}</a>' if link else e(v)
-    cls = "num" if _is_num(v) else v if v in ("PASS", "WARN", "FAIL") else ""
+    cls = "num" if _is_num(v) else v if v in ("PASS", "WARN", "FAIL", "ERROR") else ""
     return f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>"
 
 

@@ -1,0 +1,94 @@
+"""The inventory check: what a node must have, judged from its inventory (pure: a record in, verdicts out).
+
+The check records the node's inventory (``dlscale.api.inventory``: a run of kind ``inventory``
+whose metrics count the GPUs CUDA sees, the GPUs NVML lists on the host, the logical CPUs and the
+memory) and is judged here against what the spec says the node has (``inventory: {gpus: 8,
+gpu_model: H100, cpus: 224, memory_gib: 2000}``), and against itself: every GPU NVML lists on the
+host must be a CUDA device where ``CUDA_VISIBLE_DEVICES`` hides none (a GPU that fell off the bus
+or whose driver state broke is listed by one and not the other). A count below the spec's is a
+FAIL, above it a WARN (the node is not the one the spec describes; memory is a least value, as
+the kernel's share of it moves between boots); an item the spec does not give is NO EXPECTATION. Fast and with no load: it belongs to level 1, the Slurm health check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
+from dlscale.record import RunRecord
+
+# option -> (its type, the metric it is compared with, unit, what the item is called)
+OPTIONS: dict[str, tuple[type | tuple[type, ...], str, str, str]] = {
+    "gpus": (int, "gpus", "GPUs", "GPUs"),
+    "cpus": (int, "cpus", "CPUs", "logical CPUs"),
+    "memory_gib": ((int, float), "memory_gib", "GiB", "memory"),
+    "gpu_model": (str, "", "", "GPU model"),
+}
+
+
+FLOORS = ("memory_gib",)  # items the spec gives as a least value, not an exact count
+
+
+def check_options(options: dict[str, Any]) -> dict[str, str]:
+    """Option -> what is wrong with it (empty: all good)."""
+    bad = {}
+    for k, v in options.items():
+        if k not in OPTIONS:
+            bad[k] = f"unknown option {k!r} of inventory; options: {', '.join(OPTIONS)}"
+        elif isinstance(v, bool) or not isinstance(v, OPTIONS[k][0]):
+            bad[k] = f"must be {'text' if OPTIONS[k][0] is str else 'a number'}, got {v!r}"
+        elif not isinstance(v, str) and v <= 0:
+            bad[k] = f"must be above 0, got {v!r}"
+    return bad
+
+
+def verdicts(rec: RunRecord, expect: dict[str, Any], host: str | None = None) -> list[Verdict]:
+    """The inventory record's verdicts: each counted item against the spec's, the GPU model, and CUDA
+    against NVML (``host``: the record's node, named where the acceptance spans several)."""
+    if rec.status != "ok":
+        return [error("inventory", f"the run failed: {rec.error}", subject=host, run_ids=[rec.run_id])]
+    m = rec.metrics or {}
+    out = [_count(rec, key, expect.get(key), host) for key in ("gpus", "cpus", "memory_gib")]
+    if expect.get("gpu_model"):
+        out.append(_model(rec, str(expect["gpu_model"]), host))
+    nvml, cuda = m.get("nvml_gpus"), m.get("gpus")
+    if isinstance(nvml, int) and isinstance(cuda, int) and nvml and not (rec.raw or {}).get("cuda_visible_devices"):
+        out.append(_verdict(rec, "CUDA devices vs NVML", host, PASS if cuda == nvml else FAIL, cuda, "GPUs",
+                            f"CUDA sees {cuda} of the {nvml} GPUs NVML lists"
+                            + ("" if cuda == nvml else ": a GPU is not usable (driver, Xid, fallen off the bus)"),
+                            expected=nvml, kind="NVML"))
+    return out
+
+
+def _count(rec: RunRecord, key: str, want: Any, host: str | None) -> Verdict:
+    _, metric, unit, name = OPTIONS[key]
+    have = (rec.metrics or {}).get(metric)
+    if not isinstance(have, (int, float)) or isinstance(have, bool):
+        return error("inventory", f"the inventory has no {name} count ({have!r})", figure=name, subject=host,
+                     run_ids=[rec.run_id])
+    if want is None:
+        return _verdict(rec, name, host, NO_EXPECTATION, have, unit, f"{have:g} {unit}; the spec gives no {key}")
+    floor = key in FLOORS  # memory: at least what the spec gives (the kernel's share moves it between boots)
+    status = PASS if have == want or floor and have > want else FAIL if have < want else WARN
+    word = {PASS: "at least" if floor else "as the spec says", FAIL: "fewer than the spec's",
+            WARN: "more than the spec's"}[status]
+    return _verdict(rec, name, host, status, have, unit, f"{have:g} {unit}, {word} {want:g}", expected=want)
+
+
+def _model(rec: RunRecord, want: str, host: str | None) -> Verdict:
+    names = (rec.raw or {}).get("gpu_names") or []
+    wrong = [f"GPU {i} is {n}" for i, n in enumerate(names) if want.lower() not in str(n).lower()]
+    if not names:
+        wrong = ["no GPU"]
+    return _verdict(rec, "GPU model", host, FAIL if wrong else PASS, None, "",
+                    f"{'; '.join(wrong)}, not {want}" if wrong else f"every GPU is a {want}", kind="spec",
+                    source=f"gpu_model: {want}")
+
+
+def _verdict(rec: RunRecord, figure: str, host: str | None, status: str, measured: Any, unit: str, reason: str,
+             expected: Any = None, kind: str = "spec", source: str | None = None) -> Verdict:
+    return Verdict(check="inventory", figure=figure, subject=host, status=status, measured=measured, unit=unit,
+                   expected=expected, expectation=kind if expected is not None or source else None,
+                   source=source or (f"the spec's inventory" if kind == "spec" and expected is not None else
+                                     "NVML's GPU list" if kind == "NVML" else None),
+                   reason=reason, run_ids=[rec.run_id], key=f"inventory|{figure}|{host or ''}")
