@@ -101,9 +101,33 @@ def _print_health(fmt: Format) -> None:
                   _pair(g["ecc"], "uncorrected"), _pair(g["ecc"], "corrected"), _retired(g["retired_pages"]),
                   _remapped(g["remapped_rows"]), "WARN" if g["warnings"] else "ok")
     out.print(t)
+    out.print(_links_table(rep["gpus"]))
     for line in [f"warning: {w}" for g in rep["gpus"] for w in g["warnings"]] + \
             [f"note: {n}" for n in rep.get("notes") or []]:
         out.print(line, markup=False, highlight=False)
+
+
+def _links_table(gpus: list[dict[str, Any]]) -> Table:
+    """Each GPU's links and limits: NVLinks up of the model's, their error counters, fabric, PCIe, power."""
+    t = Table(title="links and limits", title_justify="left")
+    for col in ("GPU", "NVLinks up", "NVLink replay/recovery/CRC", "fabric", "PCIe now (max)", "power limit (default)"):
+        t.add_column(col)
+    for g in gpus:
+        nv, fab, p, w = g.get("nvlink") or {}, g.get("fabric"), g.get("pcie") or {}, g.get("power") or {}
+        errs = nv.get("errors") or {}
+        crc = None if errs.get("crc_flit") is None else errs["crc_flit"] + (errs.get("crc_data") or 0)
+        t.add_row(str(g["index"]),
+                  f"{nv['active']} of {nv.get('nominal') or nv['present']}" if nv else "-",
+                  "/".join(_dash(v) for v in (errs.get("replay"), errs.get("recovery"), crc)) if nv else "-",
+                  f"{fab['state']}{' (' + ', '.join(fab['health']) + ')' if fab['health'] else ''}" if fab else "-",
+                  f"Gen{_dash(p.get('gen'))} x{_dash(p.get('width'))} "
+                  f"(Gen{_dash(p.get('gen_max'))} x{_dash(p.get('width_max'))})" if p.get("gen_max") else "-",
+                  f"{_dash(w.get('limit_w'))} W ({_dash(w.get('default_w'))} W)" if w.get("limit_w") else "-")
+    return t
+
+
+def _dash(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _pair(ecc: dict[str, Any], kind: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.format import fmt_count
-from dlscale.monitor import nvml
+from dlscale.monitor import fabric, nvml, xid
 
 # nvmlClocksEventReason* bits (nvml.h; the same values as the older nvmlClocksThrottleReason* names).
 # The last field says whether the reason means the GPU is slowing itself down because something is
@@ -75,21 +75,31 @@ def _remapped(nv: Any, h: Any, notes: list[str], what: str) -> dict[str, Any] | 
     return {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failure": bool(failure)}
 
 
-def snapshot(nv: Any, h: Any, notes: list[str], what: str = "GPU") -> dict[str, Any]:
-    """Throttle reasons now, ECC counts, retired pages and row remapping of one GPU."""
+def snapshot(nv: Any, h: Any, notes: list[str], what: str = "GPU", name: str | None = None,
+             pci_id: int | None = None) -> dict[str, Any]:
+    """Throttle reasons now, ECC counts, retired pages and row remapping of one GPU, and its links and
+    limits (``fabric.snapshot``: NVLinks against the model ``name``'s, fabric, PCIe, power limits)."""
     mask = nvml.probe(nv, notes, f"{what} clock event reasons", lambda: throttle_mask(nv, h))
     return {
         "throttle_reasons": None if mask is None else decode_reasons(mask),
         "ecc": _ecc(nv, h, notes, what),
         "retired_pages": _retired(nv, h, notes, what),
         "remapped_rows": _remapped(nv, h, notes, what),
+        **fabric.snapshot(nv, h, notes, what, name, pci_id),
     }
+
+
+def model(nv: Any, h: Any, notes: list[str], label: str) -> tuple[str | None, int | None]:
+    """A GPU's name and PCI device id, which its datasheet rows are found by."""
+    return (nvml.probe(nv, notes, f"{label} name", lambda: nvml.text(nv.nvmlDeviceGetName(h))),
+            nvml.probe(nv, notes, f"{label} PCI device id", lambda: int(nv.nvmlDeviceGetPciInfo(h).pciDeviceId) >> 16))
 
 
 def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
     """What in one snapshot says the GPU should not be trusted with a benchmark."""
     out = []
-    bad = [r for r in snap.get("throttle_reasons") or [] if r in ALARMING]
+    reasons = snap.get("throttle_reasons")
+    bad = [r for r in reasons or [] if r in ALARMING]
     if bad:
         out.append(f"{label} is slowing its clocks now ({', '.join(bad)}): check cooling and power before measuring")
     ecc = snap.get("ecc") or {}
@@ -97,6 +107,7 @@ def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
         out.append(f"{label} has {ecc['volatile_uncorrected']} uncorrected ECC errors since the driver loaded: "
                    "drain it and run the vendor diagnostics")
     out.extend(_pending(snap, label))
+    out.extend(fabric.warnings(snap, label, idle=reasons is None or "gpu_idle" in reasons))
     return out
 
 
@@ -129,10 +140,12 @@ def run_warnings(report: dict[str, Any]) -> list[str]:
             out.append(f"{label}: uncorrected ECC errors grew during the run ({counter.replace('_', ' ')} {a} -> {b})")
             break
     out.extend(_pending(after, label))
-    if report.get("xid_events"):
-        out.append(f"{label} raised Xid {', '.join(map(str, report['xid_events']))} during the run: "
-                   "see the kernel log (dmesg) and do not trust this run")
-    return out
+    out.extend(fabric.warnings(after, label, idle=True, since_load=False) + fabric.grown(before, after, label))
+    load = report.get("pcie_under_load") or {}
+    if load.get("samples"):
+        out.extend(fabric.pcie_warnings({**(after.get("pcie") or {}), **load}, label, idle=False))
+    out.extend(xid.warnings(report.get("xid_events") or [], label))
+    return list(dict.fromkeys(out))
 
 
 class XidWatch:
@@ -180,9 +193,12 @@ class HealthWatch:
         self.samples = 0
         self.xids: list[int] = []
         self.xid: XidWatch | None = None
+        self.pcie: dict[str, int] = {"samples": 0}  # the PCIe link under load: highest generation, narrowest width
+        self.model: tuple[str | None, int | None] = (None, None)
 
     def start(self) -> None:
-        self.before = snapshot(self.nv, self.gpu.handle, self.notes, self.label)
+        self.model = model(self.nv, self.gpu.handle, self.notes, self.label)
+        self.before = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         self.xid = nvml.probe(self.nv, self.notes, f"{self.label} Xid event registration",
                               lambda: XidWatch(self.nv, [self.gpu.handle]))
 
@@ -193,12 +209,19 @@ class HealthWatch:
             self.samples += 1
             for name in decode_reasons(mask):
                 self.counts[name] = self.counts.get(name, 0) + 1
+        if mask is not None and not mask & 0x1:  # under load: the PCIe link is at the rate it can hold
+            now = nvml.probe(self.nv, self.notes, f"{self.label} PCIe link",
+                             lambda: fabric.pcie_now(self.nv, self.gpu.handle))
+            if now is not None:
+                p = self.pcie
+                p["gen"], p["width"] = max(p.get("gen", 0), now[0]), min(p.get("width", now[1]), now[1])
+                p["samples"] += 1
         if self.xid is not None:
             self.xids.extend(nvml.probe(self.nv, self.notes, f"{self.label} Xid events", self.xid.drain) or [])
 
     def stop(self) -> None:
         """The closing snapshot (the monitor's last sample has already polled)."""
-        self.after = snapshot(self.nv, self.gpu.handle, self.notes, self.label)
+        self.after = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         if self.xid is not None:
             self.xid.close()
             self.xid = None
@@ -206,7 +229,8 @@ class HealthWatch:
     def report(self) -> dict[str, Any]:
         return {"gpu": self.label, "nvml_index": self.gpu.index, "mig_instance": self.gpu.mig,
                 "matched_by": self.gpu.matched_by, "before": self.before, "after": self.after, "samples": self.samples,
-                "throttle_samples": dict(self.counts), "xid_events": list(self.xids), "notes": list(self.notes)}
+                "throttle_samples": dict(self.counts), "xid_events": list(self.xids),
+                "xid_classes": xid.describe(self.xids), "pcie_under_load": dict(self.pcie), "notes": list(self.notes)}
 
     def warnings(self) -> list[str]:
         return run_warnings(self.report())
@@ -234,8 +258,8 @@ def check_host() -> dict[str, Any]:
         gpus = []
         for g in nvml.host_gpus(nv, notes):
             label = f"GPU {g.index}"
-            name = nvml.probe(nv, notes, f"{label} name", lambda g=g: nvml.text(nv.nvmlDeviceGetName(g.handle)))
-            snap = snapshot(nv, g.handle, notes, label)
+            name, pci_id = model(nv, g.handle, notes, label)
+            snap = snapshot(nv, g.handle, notes, label, name, pci_id)
             gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid,
                          "mig_mode": g.mig_mode, **snap,
                          "warnings": snapshot_warnings(snap, label)})
