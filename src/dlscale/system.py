@@ -142,6 +142,16 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     }
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (a container's cpuset, taskset, numactl, Slurm's or
+    dlscale's binding), not the machine's count, which ``os.cpu_count()`` gives. Every thread and worker
+    count dlscale picks divides this."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_info() -> dict[str, Any]:
     info = parse_cpuinfo(_read("/proc/cpuinfo") or "")
     flags = info.pop("flags")

@@ -8,7 +8,8 @@ Three launchers are understood, in this order:
   the master comes from ``MASTER_ADDR`` (``mpirun -x MASTER_ADDR=host``) or ``--master-addr``.
 - Slurm ``srun`` (a job step, i.e. ``SLURM_STEP_ID`` is set, so a batch script's own shell is
   not mistaken for rank 0): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
-  ``SLURM_NODEID``, ``SLURM_NNODES``, ``SLURM_STEP_TASKS_PER_NODE``; the master is
+  ``SLURM_NODEID``, ``SLURM_STEP_NUM_NODES`` (else ``SLURM_NNODES``, the job's: a step may span fewer
+  nodes), ``SLURM_STEP_NUM_TASKS`` (else ``SLURM_NTASKS``), ``SLURM_STEP_TASKS_PER_NODE``; the master is
   ``MASTER_ADDR`` or the first host of ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST``.
 
 No torch at import time.
@@ -98,8 +99,9 @@ def detect(environ: Mapping[str, str] | None = None, master_addr: str | None = N
             master_port=_int(e, "MASTER_PORT", default=master_port or DEFAULT_PORT), launcher=kind,
         )
     else:
-        world = _int(e, "SLURM_NTASKS")
-        nnodes = _int(e, "SLURM_NNODES", default=_int(e, "SLURM_STEP_NUM_NODES", default=1))
+        # a step's own counts first: SLURM_NNODES and SLURM_NTASKS are the job's where the step is smaller
+        world = _int(e, "SLURM_STEP_NUM_TASKS", default=_int(e, "SLURM_NTASKS"))
+        nnodes = _int(e, "SLURM_STEP_NUM_NODES", default=_int(e, "SLURM_NNODES", default=1))
         per_node = e.get("SLURM_STEP_TASKS_PER_NODE") or e.get("SLURM_TASKS_PER_NODE") or ""
         node_rank = _int(e, "SLURM_NODEID", default=0)
         local_world = tasks_on_node(per_node, node_rank) if per_node else -(-world // nnodes)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -183,8 +182,3 @@ def _note_spooled(job_dir: str) -> None:
 
     for entry in faults.read_spooled(job_dir):
         spool.note(entry)
-
-
-def threads_here(layout: Layout) -> int:
-    """CPU threads per rank: as given, else this machine's cores shared by its ranks."""
-    return layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here)

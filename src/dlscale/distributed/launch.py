@@ -81,7 +81,7 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
     env = dict(os.environ)
     env.update(extra_env or {})
     if layout.threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here))
+        env["OMP_NUM_THREADS"] = str(threads_here(layout))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[LAUNCHER_PID_ENV] = str(os.getpid())  # each rank checks that it still has a launcher
     rdzv_timeout = max(1, int(min(layout.timeout_s, RDZV_TIMEOUT_S)))
@@ -99,6 +99,13 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
     cmd = _torchrun_cmd(module, module_args, layout.nproc_per_node, layout.nnodes, layout.node_rank,
                         layout.master_addr, master_port, rdzv_timeout)
     return _supervise([cmd], env, timeout_s)
+
+
+def threads_here(layout: Layout) -> int:
+    """CPU threads per rank: as given, else the CPUs this process may use shared by the ranks here."""
+    from dlscale.system import usable_cpus
+
+    return layout.threads_per_rank or max(1, usable_cpus() // layout.ranks_here)
 
 
 def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: dict[str, str], rdzv_timeout: int,
