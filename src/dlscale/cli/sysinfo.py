@@ -9,6 +9,7 @@ from rich.table import Table
 
 from dlscale.cli.common import Format, FormatOpt, out, print_json
 from dlscale.cli.render import fmt_bytes
+from dlscale.format import fmt_cpus
 
 HELP = """Show this machine's inventory (CPU, memory, accelerators, topology, versions).
 
@@ -42,7 +43,7 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
     t.add_column("value")
     t.add_row("CPU", f"{cpu['model']} ({cpu['architecture']})")
     t.add_row("sockets / cores / threads", f"{cpu['sockets']} / {cpu['physical_cores']} / {cpu['logical_cpus']}")
-    t.add_row("NUMA nodes", ", ".join(f"node{n['node']}: cpus {_ranges(n['cpus'])}" for n in inv["numa"]) or "-")
+    t.add_row("NUMA nodes", ", ".join(f"node{n['node']}: cpus {fmt_cpus(n['cpus'])}" for n in inv["numa"]) or "-")
     t.add_row("ISA", " ".join(k for k, v in cpu["isa"].items() if v) or "-")
     if cpu.get("isa_cap"):
         cap = cpu["isa_cap"]
@@ -58,27 +59,13 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
             t.add_row("GPU-GPU topology", "\n".join(" ".join(f"{c:>5}" for c in row) for row in topo["gpu_gpu"]))
             for g in topo.get("gpus", []):
                 if "cpu_affinity" in g:
-                    t.add_row(f"GPU {g['index']} CPU affinity", _ranges(g["cpu_affinity"]))
+                    t.add_row(f"GPU {g['index']} CPU affinity", fmt_cpus(g["cpu_affinity"]))
         for note in acc.get("notes") or []:
             t.add_row("note", note)
     else:
         t.add_row("accelerators", "none (CUDA not available)")
     t.add_row("software", ", ".join(f"{k} {v}" for k, v in sw.items() if v not in (None, False)))
     out.print(t)
-
-
-def _ranges(cpus: list[int]) -> str:
-    if not cpus:
-        return "-"
-    parts, start, prev = [], cpus[0], cpus[0]
-    for c in cpus[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        parts.append(f"{start}-{prev}" if start != prev else str(start))
-        if c is not None:
-            start = prev = c
-    return ",".join(parts)
 
 
 def _print_health(fmt: Format) -> None:

@@ -30,6 +30,10 @@ DEFAULT_PORT = 29500
 # Set by dlscale's launcher on emulated nodes, which share one host's devices: the host-local index
 # of the node's first rank (node k of g ranks per node: k x g).
 DEVICE_OFFSET_ENV = "DLSCALE_DEVICE_OFFSET"
+# Set by dlscale's launcher: how its ranks are bound to CPUs (distributed/placement.py); unset under a
+# launcher the user started, whose binding stands.
+BINDING_ENV = "DLSCALE_CPU_BINDING"
+RANK_CPUS: list[str] = []  # every rank's CPUs ("0-15,32-47"), gathered as the ranks join their process group
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,25 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     export(env)
     dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s))
+    _gather_cpus(env.world_size)
     return backend
+
+
+def _gather_cpus(world: int) -> None:
+    """Every rank's CPUs (its affinity now, after any binding), for the record (``RANK_CPUS``)."""
+    import torch.distributed as dist
+
+    from dlscale.format import fmt_cpus
+
+    seen: list[Any] = [None] * world
+    dist.all_gather_object(seen, fmt_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    RANK_CPUS[:] = seen
+
+
+def binding() -> str:
+    """How this rank is bound to CPUs: the mode dlscale's launcher chose (placement.py), else the
+    external launcher's own."""
+    return os.environ.get(BINDING_ENV) or "launcher"
 
 
 def tasks_on_node(spec: str, node: int) -> int:
