@@ -223,14 +223,9 @@ def software_info(with_torch: bool = True) -> dict[str, Any]:
         sw["cuda"] = torch.version.cuda
         sw["hip"] = getattr(torch.version, "hip", None)
         sw["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        nccl = None
-        if torch.cuda.is_available():
-            try:
-                v = torch.cuda.nccl.version()
-                nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-            except Exception:  # noqa: BLE001
-                nccl = None
-        sw["nccl"] = nccl
+        from dlscale import nccl
+
+        sw["nccl"] = nccl.version() if torch.cuda.is_available() else None
         sw["mkldnn"] = torch.backends.mkldnn.is_available()
         sw["torch_threads"] = torch.get_num_threads()
     return sw
