@@ -39,7 +39,8 @@ def test_process_group_sets_the_device_for_every_backend(monkeypatch, backend):
     current = fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 4)
     joined = {}
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.update(kw))
-    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj: out.__setitem__(slice(None), [obj] * len(out)))
+    monkeypatch.setattr(dist, "all_gather_object",  # the 4 ranks, each on its own GPU
+                        lambda out, obj: out.__setitem__(slice(None), [{**obj, "gpu": k} for k in range(len(out))]))
     monkeypatch.setenv(DEVICE_OFFSET_ENV, "2")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(var, "")  # init_process_group exports them: undone after the test

@@ -42,11 +42,20 @@ def test_more_ranks_than_gpus_is_refused_before_any_rank_starts(cli, db_path, mo
     placement.check(Layout(nproc_per_node=4), {"device": "cpu"})  # ranks on CPUs: as many as asked
 
 
-def test_ranks_under_an_external_launcher_are_counted_per_node(monkeypatch):
-    fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 4)
-    placement.check(Layout(), {"device": "cuda"}, ranks_here=4, world=8)
-    with pytest.raises(UsageError, match="8 ranks on this node but 4 GPUs"):
-        placement.check(Layout(), {"device": "cuda"}, ranks_here=8, world=16)
+def test_two_ranks_on_one_gpu_under_an_external_launcher_are_refused_as_they_join(monkeypatch):
+    import torch.distributed as dist
+
+    # srun --gpus-per-task 1: every task sees one GPU, its own; the same GPU twice is refused
+    fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"], uuids=["GPU-aaaa"])
+    gpus = ["GPU-aaaa", "GPU-bbbb", "GPU-aaaa"]
+    monkeypatch.setattr(dist, "all_gather_object",
+                        lambda out, obj: out.__setitem__(slice(None), [{**obj, "gpu": g} for g in gpus]))
+    with pytest.raises(UsageError, match=r"^ranks 0 and 2 share one GPU \(.*GPU-aaaa\): dlscale runs one rank per"):
+        dist_env._gather_places(3, "cuda")
+    gpus[2] = "GPU-cccc"
+    dist_env._gather_places(3, "cuda")
+    assert len(dist_env.RANK_CPUS) == 3
+    placement.check_mig(Layout(), {"device": "cuda"}, world=3)  # whole GPUs: nothing to refuse before joining
 
 
 def test_nccl_over_mig_instances_is_refused(monkeypatch):

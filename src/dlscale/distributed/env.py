@@ -199,19 +199,44 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     export(env)
     dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s))
-    _gather_cpus(env.world_size)
+    _gather_places(env.world_size, device_type)
     return backend
 
 
-def _gather_cpus(world: int) -> None:
-    """Every rank's CPUs (its affinity now, after any binding), for the record (``RANK_CPUS``)."""
+def _gpu_id() -> str | None:
+    """The current CUDA device as the driver names it: its UUID, else its PCI address (None: neither)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(p, "uuid", None) is not None:
+        return str(p.uuid)
+    parts = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    return ":".join(map(str, parts)) if all(x is not None for x in parts) else None
+
+
+def _gather_places(world: int, device_type: str) -> None:
+    """Every rank's host, GPU and CPUs (its affinity now, after any binding), gathered as the ranks join:
+    the record's ``RANK_CPUS``, and a one-line refusal where two ranks share one GPU (under a launcher
+    that gave several ranks the same devices; dlscale's own launcher refuses that before starting)."""
+    import socket
+
     import torch.distributed as dist
 
     from dlscale.format import fmt_cpus
 
+    mine = {"host": socket.gethostname(), "gpu": _gpu_id() if device_type == "cuda" else None,
+            "cpus": fmt_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     seen: list[Any] = [None] * world
-    dist.all_gather_object(seen, fmt_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
-    RANK_CPUS[:] = seen
+    dist.all_gather_object(seen, mine)
+    RANK_CPUS[:] = [s["cpus"] for s in seen]
+    first: dict[tuple[str, str], int] = {}
+    for rank, s in enumerate(seen):
+        if s["gpu"] is None:
+            continue
+        other = first.setdefault((s["host"], s["gpu"]), rank)
+        if other != rank:
+            raise UsageError(f"ranks {other} and {rank} share one GPU ({s['host']}, {s['gpu']}): dlscale runs one "
+                             "rank per GPU; give each rank its own (fewer ranks per node, or srun --gpus-per-task 1)")
 
 
 def binding() -> str:

@@ -149,7 +149,7 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
                          f"--nproc-per-node x --nnodes is {asked}")
     from dlscale.distributed import placement
 
-    placement.check(layout, config, env.local_world_size, env.world_size)
+    placement.check_mig(layout, config, env.world_size)  # two ranks on one GPU: found as the ranks join
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db,
                     price=asdict(price) if price is not None else None)
     return rank_function(family)(spec, env)

@@ -1,10 +1,11 @@
 """Where a job's ranks run on a node: one GPU each, and the CPUs near that GPU.
 
-- ``check``: before any rank starts (or, under an external launcher, before a rank runs), refuse in
-  one line what cannot measure anything true: more ranks on a node than the GPUs it shows (two
-  ranks on one GPU share it and each reports half a GPU), and NCCL across MIG instances (MIG
-  gives no CUDA IPC or peer access between instances, so NCCL has no path between them; NVIDIA's
-  MIG user guide).
+- ``check``: before dlscale's launcher starts any rank, refuse in one line what cannot measure
+  anything true: more ranks on a node than the GPUs it shows (two ranks on one GPU share it and
+  each reports half a GPU), and NCCL across MIG instances (MIG gives no CUDA IPC or peer access
+  between instances, so NCCL has no path between them; NVIDIA's MIG user guide). Under a launcher
+  the user started only the MIG rule can be checked before a rank runs (``check_mig``); two ranks
+  on one GPU are found, and refused, as the ranks join (``env.init_process_group``).
 - ``mode``: how the ranks are bound to CPUs. A rank on a GPU runs on the CPUs of the GPU's NUMA
   node: through torchrun's own ``--numa-binding=node`` where the installed torchrun has it and
   numactl is installed (it binds through numactl), else by dlscale in the rank
@@ -59,19 +60,29 @@ def mig_devices(n: int) -> list[int]:
     return sorted(found)
 
 
-def check(layout: Any, config: dict[str, Any], ranks_here: int | None = None, world: int | None = None) -> None:
-    """Refuse more ranks on this node than its GPUs, and NCCL over MIG instances (the module doc)."""
+def check(layout: Any, config: dict[str, Any]) -> None:
+    """Before dlscale's launcher starts the ranks: refuse more ranks on this node than its GPUs, and
+    NCCL over MIG instances (the module doc)."""
     if not uses_cuda(config):
         return
     import torch
 
     gpus = torch.cuda.device_count()
-    ranks, world = ranks_here or layout.ranks_here, world or layout.world_size
-    if ranks > gpus:
-        raise UsageError(f"{fmt_count(ranks, 'rank')} on this node but {fmt_count(gpus, 'GPU')} visible: dlscale runs "
-                         f"one rank per GPU; give --nproc-per-node {gpus} or fewer (or --device cpu)")
-    backend = layout.launch_backend or "nccl"
-    mig = mig_devices(gpus) if backend == "nccl" and world > 1 else []
+    if layout.ranks_here > gpus:
+        raise UsageError(f"{fmt_count(layout.ranks_here, 'rank')} on this node but {fmt_count(gpus, 'GPU')} visible: "
+                         f"dlscale runs one rank per GPU; give --nproc-per-node {gpus} or fewer (or --device cpu)")
+    check_mig(layout, config, layout.world_size)
+
+
+def check_mig(layout: Any, config: dict[str, Any], world: int) -> None:
+    """Refuse NCCL across MIG instances. Under an external launcher this is all that can be checked before
+    the ranks join: each may see GPUs of its own (``srun --gpus-per-task``), so two ranks sharing one GPU
+    is found as they join (``env.init_process_group``)."""
+    if not uses_cuda(config) or (layout.launch_backend or "nccl") != "nccl" or world < 2:
+        return
+    import torch
+
+    mig = mig_devices(torch.cuda.device_count())
     if mig:
         raise UsageError(f"NCCL cannot run across MIG instances (CUDA device {mig[0]} is one: MIG gives no peer "
                          "access between instances); use whole GPUs (MIG mode off) or --backend gloo")
