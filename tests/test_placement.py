@@ -157,3 +157,16 @@ def test_other_modes_leave_the_rank_alone(monkeypatch, affinity):
 
 def test_cpu_lists_are_written_as_ranges():
     assert fmt_cpus([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11" and fmt_cpus([]) == "-" and fmt_cpus({5}) == "5"
+
+
+def test_links_over_gloo_on_a_gpu_machine_are_placed_as_cpu_ranks(monkeypatch):
+    from dlscale.distributed import job
+    from dlscale.micro import run as micro_run
+    from dlscale.micro.links import LinkOptions
+
+    fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"])  # one GPU, three emulated nodes' ranks on the CPU
+    seen = {}
+    monkeypatch.setattr(job, "run_job", lambda kind, config, layout, db, price=None: seen.update(config))
+    micro_run.run_ranked("links", LinkOptions(), Layout(emulate_nodes=3), None)
+    assert seen["device"] == "cpu" and not placement.uses_cuda(seen)
+    placement.check(Layout(emulate_nodes=3), seen)  # three ranks, one GPU: fine, they run on the CPU
