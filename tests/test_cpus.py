@@ -43,14 +43,24 @@ def test_threads_per_rank_workers_and_ladders_divide_the_usable_cpus(monkeypatch
     assert {lay.threads_per_rank for lay in rungs} == {1}  # 3 CPUs // the largest rung's 2 ranks
 
 
+def _calls_cpu_count(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "cpu_count" and isinstance(n.value, ast.Name)
+               and n.value.id == "os" for n in ast.walk(node))
+
+
 def test_no_thread_count_in_the_source_divides_the_machines_cpu_count():
-    # os.cpu_count() is right only where the whole machine is meant: NVML's CPU mask spans every CPU of the
-    # host, and a platform without sched_getaffinity has nothing else
-    allowed = {"system.py", "monitor/nvml.py"}
+    # os.cpu_count() is right only where the whole machine is meant (NVML's CPU mask spans every CPU of the
+    # host) or as the fallback of a function that asks sched_getaffinity first (a platform without it)
+    allowed = {"monitor/nvml.py"}
     found = []
     for path in SRC.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "cpu_count" and isinstance(node.value, ast.Name) \
-                    and node.value.id == "os" and str(path.relative_to(SRC)) not in allowed:
+        if str(path.relative_to(SRC)) in allowed:
+            continue
+        tree = ast.parse(path.read_text())
+        fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        fallback = [f for f in fns if "sched_getaffinity" in ast.unparse(f)]
+        for node in ast.walk(tree):
+            if _calls_cpu_count(node) and isinstance(node, ast.Call) and \
+                    not any(f.lineno <= node.lineno <= f.end_lineno for f in fallback):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not found, found

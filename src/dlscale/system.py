@@ -290,7 +290,8 @@ def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], links: list[_Links], n
     return matrix
 
 
-def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, links: _Links, notes: list[str]) -> dict[str, Any]:
+def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str],
+               links: _Links | None = None) -> dict[str, Any]:
     """One CUDA device's NVML facts: which NVML GPU it is, PCIe link, power limit, clock, CPU affinity,
     NVLinks (nvlink.facts: active, present, to switches, generation, the model's nominal count)."""
     entry: dict[str, Any] = {"index": i}
@@ -313,7 +314,7 @@ def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, links: _Links, notes: li
         value = nvml.probe(nv, notes, f"{what} {key}", fn)
         if value is not None:
             entry[key] = value
-    if links.present:
+    if links is not None and links.present:
         entry["nvlink"] = nvlink.facts(entry.get("name"), entry.get("pci_device_id"), links.version, links.active,
                                        links.present, links.switch)
         if "note" in entry["nvlink"]:
@@ -336,7 +337,7 @@ def _nvml_topology(n: int, notes: list[str]) -> dict[str, Any] | None:
                   if g else None) or _Links() for i, g in enumerate(gpus)]
         matrix = nvml.probe(nv, notes, "GPU-GPU matrix", lambda: _gpu_matrix(nv, gpus, links, notes))
         return {"driver": driver, "gpu_gpu": matrix or [],
-                "gpus": [_gpu_entry(nv, i, g, links[i], notes) for i, g in enumerate(gpus)]}
+                "gpus": [_gpu_entry(nv, i, g, notes, links[i]) for i, g in enumerate(gpus)]}
     except Exception as e:  # noqa: BLE001 - the inventory reports what it can
         notes.append(f"NVML topology: {type(e).__name__}: {e}")
         return None
