@@ -54,9 +54,10 @@ def test_no_thread_count_in_the_source_divides_the_machines_cpu_count():
     allowed = {"monitor/nvml.py"}
     found = []
     for path in SRC.rglob("*.py"):
-        if str(path.relative_to(SRC)) in allowed:
+        text = path.read_text()
+        if str(path.relative_to(SRC)) in allowed or "cpu_count" not in text:
             continue
-        tree = ast.parse(path.read_text())
+        tree = ast.parse(text)
         fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         fallback = [f for f in fns if "sched_getaffinity" in ast.unparse(f)]
         for node in ast.walk(tree):
