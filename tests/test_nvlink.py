@@ -100,3 +100,11 @@ def test_an_inventory_from_before_the_nvlink_facts_falls_back_to_the_model():
     inv["accelerators"]["topology"]["gpus"][0]["name"] = "NVIDIA Future GPU"
     inv["accelerators"]["topology"]["gpus"][0]["pci_device_id"] = 0x9999
     assert _p2p_expectation(inv) is None  # no known generation: no datasheet expectation
+
+
+def test_sysinfo_shows_each_gpus_nvlinks(cli, monkeypatch):
+    host = fake_nvml(monkeypatch, gpus=_switched(2, down=(1,)))
+    cuda_from_host(monkeypatch, host)
+    res = cli("sysinfo")
+    assert res.code == 0, res.stderr
+    assert "16 of 18 up, 16 to NVSwitch, NVLink 4 at 25 GB/s per link and direction" in " ".join(res.stdout.split())

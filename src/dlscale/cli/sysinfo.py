@@ -60,12 +60,21 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
             for g in topo.get("gpus", []):
                 if "cpu_affinity" in g:
                     t.add_row(f"GPU {g['index']} CPU affinity", fmt_cpus(g["cpu_affinity"]))
+                if g.get("nvlink"):
+                    t.add_row(f"GPU {g['index']} NVLinks", _nvlinks(g["nvlink"]))
         for note in acc.get("notes") or []:
             t.add_row("note", note)
     else:
         t.add_row("accelerators", "none (CUDA not available)")
     t.add_row("software", ", ".join(f"{k} {v}" for k, v in sw.items() if v not in (None, False)))
     out.print(t)
+
+
+def _nvlinks(nv: dict[str, Any]) -> str:
+    """'16 of 18 up, 16 to NVSwitch, NVLink 4 at 25 GB/s per link and direction'."""
+    gen = f", NVLink {nv['generation']} at {nv['gbps_per_link']:g} GB/s per link and direction" \
+        if nv.get("generation") and nv.get("gbps_per_link") else ""
+    return f"{nv['active']} of {nv.get('nominal') or nv['present']} up, {nv['to_switch']} to NVSwitch{gen}"
 
 
 def _print_health(fmt: Format) -> None:
