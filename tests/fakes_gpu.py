@@ -64,8 +64,15 @@ class FakeGpu:
     serial: str = ""  # the board's serial number (nvmlDeviceGetSerial); default: derived from the bus
     pci_device_id: int = 0x2330
     nvlinks: list[Any] = field(default_factory=list)  # per active link: the peer's NVML index, or "switch"
-    nvlinks_down: list[int] = field(default_factory=list)  # links (indices into nvlinks) NVML lists as disabled
-    pcie_width: int = 16  # the PCIe link's current width (its widest: 16)
+    nvlinks_down: int = 0  # links after the active ones that NVML lists as disabled
+    nvlink_version: int = 6  # nvmlNvlinkVersion_t: 6 is NVLink 4.0 (Hopper)
+    nvlink_errors: dict[int, int] = field(default_factory=dict)  # NVML_NVLINK_ERROR_* -> count on every active link
+    fabric: tuple[int, int, int] | None = None  # (state, status, healthMask) of nvmlDeviceGetGpuFabricInfoV
+    pcie: tuple[int, int] = (5, 16)  # current PCIe (generation, width)
+    pcie_max: tuple[int, int] = (5, 16)  # maximum PCIe (generation, width) of the GPU in this slot
+    pcie_gpu_max_gen: int = 5  # the GPU's own maximum generation
+    power_limit_mw: int = 700_000  # enforced power limit
+    power_default_mw: int = 700_000  # default power limit
     switch: int = 0  # GPUs behind the same PCIe switch share a number (PXB), else SYS
     throttle: int = 0  # clock event reasons bitmask
     ecc: dict[str, int] | None = field(default_factory=lambda: {
@@ -120,6 +127,8 @@ class FakeNvmlHost:
                 if isinstance(v, int) and (k.startswith("NVML_") or k.startswith("nvml")):
                     setattr(m, k, v)
         m.NVMLError = FakeNVMLError
+        if _real is not None:  # the structs NVML fills through a pointer are the real ones
+            m.c_nvmlGpuFabricInfoV_t = _real.c_nvmlGpuFabricInfoV_t
         for name, fn in _functions(self).items():
             if _real is not None and not hasattr(_real, name):
                 raise AssertionError(f"the fake NVML defines {name}, which the installed pynvml does not have")
@@ -176,9 +185,29 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         return types.SimpleNamespace(gpu=90, memory=40)
 
     def link_state(h: FakeHandle, link: int) -> int:
-        if link >= len(g(h).nvlinks):
-            raise FakeNVMLError(NOT_SUPPORTED if not g(h).nvlinks else INVALID_ARGUMENT)
-        return 0 if link in g(h).nvlinks_down else 1
+        links = len(g(h).nvlinks) + g(h).nvlinks_down
+        if link >= links:
+            raise FakeNVMLError(NOT_SUPPORTED if not links else INVALID_ARGUMENT)
+        return 1 if link < len(g(h).nvlinks) else 0
+
+    def active_link(h: FakeHandle, link: int) -> None:
+        if link >= len(g(h).nvlinks):  # a link that is down, or none
+            raise FakeNVMLError(NOT_SUPPORTED)
+
+    def link_version(h: FakeHandle, link: int) -> int:
+        active_link(h, link)
+        return g(h).nvlink_version
+
+    def link_errors(h: FakeHandle, link: int, counter: int) -> int:
+        active_link(h, link)
+        return g(h).nvlink_errors.get(counter, 0)
+
+    def fabric(h: FakeHandle, ref: Any) -> int:
+        if g(h).fabric is None:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        info = ref._obj  # ctypes.byref(struct): NVML fills the caller's struct
+        info.state, info.status, info.healthMask = g(h).fabric
+        return 0
 
     def remote_pci(h: FakeHandle, link: int) -> Any:
         peer = g(h).nvlinks[link]
@@ -258,11 +287,16 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetNvLinkRemotePciInfo": remote_pci,
         "nvmlDeviceGetNvLinkRemoteDeviceType": lambda h, link: 2 if g(h).nvlinks[link] == "switch" else 0,
         "nvmlDeviceGetTopologyCommonAncestor": ancestor,
-        "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: 5,
-        "nvmlDeviceGetMaxPcieLinkWidth": lambda h: 16,
-        "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: 5,
-        "nvmlDeviceGetCurrPcieLinkWidth": lambda h: g(h).pcie_width,
-        "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700_000,
+        "nvmlDeviceGetNvLinkVersion": link_version,
+        "nvmlDeviceGetNvLinkErrorCounter": link_errors,
+        "nvmlDeviceGetGpuFabricInfoV": fabric,
+        "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: g(h).pcie_max[0],
+        "nvmlDeviceGetMaxPcieLinkWidth": lambda h: g(h).pcie_max[1],
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration": lambda h: g(h).pcie_gpu_max_gen,
+        "nvmlDeviceGetCurrPcieLinkGeneration": lambda h: g(h).pcie[0],
+        "nvmlDeviceGetCurrPcieLinkWidth": lambda h: g(h).pcie[1],
+        "nvmlDeviceGetEnforcedPowerLimit": lambda h: g(h).power_limit_mw,
+        "nvmlDeviceGetPowerManagementDefaultLimit": lambda h: g(h).power_default_mw,
         "nvmlDeviceGetMaxClockInfo": lambda h, clock: 1980,
         "nvmlDeviceGetCpuAffinity": lambda h, words: [sum(1 << c for c in g(h).cpus if c // 64 == w) for w in range(words)],
         "nvmlDeviceGetCurrentClocksEventReasons": lambda h: g(h).throttle,

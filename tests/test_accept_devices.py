@@ -94,7 +94,7 @@ def test_the_health_check_is_a_recorded_run_and_a_verdict_per_gpu(monkeypatch, d
     assert "GPU 1 is slowing its clocks now (hw_thermal_slowdown)" in rec.warnings[0]
     vs = run.judge([rec], spec.builtin(True))
     assert [(v.subject, v.status, v.reason) for v in vs] == [
-        ("GPU 0", "PASS", "no throttling, ECC, retired-page or row-remap problem"),
+        ("GPU 0", "PASS", "no throttling, ECC, retired-page, row-remap, link or limit problem"),
         ("GPU 1", "FAIL", "hw_thermal_slowdown")]
 
 

@@ -59,6 +59,27 @@ def test_bad_combinations_are_one_line_before_anything_is_submitted(cli, db_path
     assert not sbatch_calls.exists()
 
 
+def test_the_acceptance_job_asks_for_whole_nodes_and_its_step_for_all_of_them(tmp_path, monkeypatch):
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    seen = {}
+
+    def submit(folder, params, fn, what):
+        seen.update(params)
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(executor, "submit", submit)
+    monkeypatch.setattr(slurm.shutil, "which", lambda cmd: "/usr/bin/" + cmd)
+    sp = spec.Spec.from_dict({"name": "g", "checks": {"gemm": {}}})
+    with pytest.raises(UsageError, match="stop here"):
+        slurm.accept_on_slurm(sp, slurm.options("slurm", gpus_per_node=8), db=str(tmp_path / "r.db"))
+    assert (seen["exclusive"], seen["mem"], seen["srun_args"], seen["gpus_per_node"]) == (True, "0", ["--whole"], 8)
+    script = _make_sbatch_string(command="python -m submitit.core._submit X", folder=tmp_path / "%j", **seen)
+    lines = script.splitlines()
+    assert "#SBATCH --exclusive" in lines and "#SBATCH --mem=0" in lines  # every CPU and all memory of each node
+    assert " --whole " in next(ln for ln in lines if ln.startswith("srun "))  # the task's step gets all of it
+
+
 def test_each_node_of_a_job_runs_the_checks_across_nodes_then_its_own(tmp_path, monkeypatch):
     sp = spec.Spec("two", {"gemm": {}, "train_alone": {}, "memory": {}, "train": {}})
     assert [(name, list(part.checks)) for name, part in slurm.parts(sp, 2)] == [
@@ -194,6 +215,11 @@ def test_a_slurm_acceptance_records_its_runs_and_judges_them_as_a_local_one(slur
     doc = json.loads(r.stdout)
     acc = doc["acceptance_id"]
     assert f"acceptance {acc} is Slurm job" in r.stderr and "RUNNING" in r.stderr and "recorded gemm" in r.stderr
+    job_id = r.stderr.split(f"acceptance {acc} is Slurm job ")[1].split()[0]
+    job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env).stdout
+    node = subprocess.run(["scontrol", "show", "node"], capture_output=True, text=True, env=env).stdout
+    # the job was given the node's every CPU (exclusive), not the one CPU of a task
+    assert f"NumCPUs={slurm_cluster.cpus} " in job and f"CPUTot={slurm_cluster.cpus} " in node, job
     (v,) = doc["verdicts"]  # judged against the local acceptance of the same node and suite (wide thresholds:
     assert v["status"] != "FAIL" and v["expectation"] == "baseline" and local.id in v["source"]  # a shared CPU)
     with Store.open(db_path) as s:

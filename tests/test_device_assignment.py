@@ -39,12 +39,15 @@ def test_process_group_sets_the_device_for_every_backend(monkeypatch, backend):
     current = fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 4)
     joined = {}
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.update(kw))
+    monkeypatch.setattr(dist, "all_gather_object",  # the 4 ranks, each on its own GPU
+                        lambda out, obj: out.__setitem__(slice(None), [{**obj, "gpu": k} for k in range(len(out))]))
     monkeypatch.setenv(DEVICE_OFFSET_ENV, "2")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(var, "")  # init_process_group exports them: undone after the test
     env = rank_env(3, 1, per_node=2, nodes=2)
     assert dist_env.init_process_group(env, backend, "cuda", 30) == backend
     assert current[0] == 3 and joined["backend"] == backend
+    assert dist_env.RANK_CPUS == [dist_env.RANK_CPUS[0]] * 4 and dist_env.RANK_CPUS[0] != "-"  # every rank's CPUs
 
 
 def test_emulated_launch_gives_each_node_its_device_offset(monkeypatch):

@@ -34,6 +34,7 @@ def test_two_rank_gloo_end_to_end(cli_subprocess, db_path):
     rec = json.loads(res.stdout)
     m, c = rec["metrics"], rec["config"]
     assert (c["world_size"], c["nodes"], c["devices_per_node"], c["backend"]) == (2, 1, 2, "gloo")
+    assert c["cpu_binding"] == "cpu" and len(c["rank_cpus"]) == 2  # CPU ranks: unbound, each rank's CPUs said
     assert m["world_size"] == 2 and len(m["rank_throughputs"]) == 2
     # Global throughput: 2 ranks x 8 samples x 6 steps over the slower rank's window.
     windows = [sum(r[0]) for r in rec["raw"]["rank_step_times_s"]]

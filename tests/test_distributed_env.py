@@ -34,6 +34,14 @@ def test_slurm_srun_step():
     assert (e.master_addr, e.master_port, e.launcher) == ("gpu07", 29500, "slurm")
 
 
+def test_a_slurm_step_on_fewer_nodes_than_its_job_counts_the_steps():
+    # a 4-node job runs `srun -N 2 -n 8`: SLURM_NNODES and SLURM_NTASKS are the job's (4 nodes, 32 tasks)
+    e = detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "32", "SLURM_NNODES": "4", "SLURM_STEP_NUM_NODES": "2",
+                "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_ID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+                "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_NODELIST": "gpu[07-08]"})
+    assert (e.world_size, e.nnodes, e.local_world_size, e.node_rank) == (8, 2, 4, 1)
+
+
 def test_slurm_uneven_tasks_and_hostlists():
     assert tasks_on_node("2(x3),1", 3) == 1 and tasks_on_node("2(x3),1", 0) == 2
     assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]

@@ -135,22 +135,117 @@ def test_sysinfo_health_without_gpus_is_one_line(cli, monkeypatch):
     assert res.code == 0 and json.loads(res.stdout)["gpus"] == []
 
 
-def test_a_narrow_pcie_link_and_a_gpu_with_fewer_nvlinks_than_its_peers_warn(monkeypatch):
-    links = [1] * 18  # 18 NVLinks each (the peer's index stands for an NVSwitch port here)
-    fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, nvlinks=links),
-                                 FakeGpu(bus=0x28, nvlinks=links, nvlinks_down=[4, 9]),
-                                 FakeGpu(bus=0x38, nvlinks=links, pcie_width=8)])
-    rep = health.check_host()
-    g0, g1, g2 = rep["gpus"]
-    assert (g0["nvlinks_active"], g1["nvlinks_active"], g1["nvlinks_down"]) == (18, 16, [4, 9])
-    assert (g2["pcie_width"], g2["pcie_width_max"], g2["pcie_gen"], g2["pcie_gen_max"]) == (8, 16, 5, 5)
-    assert g0["warnings"] == []
-    assert g1["warnings"] == ["GPU 1 has 16 of 18 NVLinks active (its peers of the same model have 18); down: 4, 9"]
-    assert g2["warnings"] == ["GPU 2's PCIe link runs at x8 of x16: reseat the card or service its slot"]
+# -- links and limits (monitor/fabric.py) and Xid classes (monitor/xid.py) ----------------------------------------
+def test_an_h100_with_two_nvlinks_down_warns_against_its_models_eighteen(monkeypatch):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(nvlinks=["switch"] * 16, nvlinks_down=2),
+                                 FakeGpu(bus=0x28, nvlinks=["switch"] * 18)])
+    sick, well = health.check_host()["gpus"]
+    assert (sick["nvlink"]["active"], sick["nvlink"]["present"], sick["nvlink"]["nominal"]) == (16, 18, 18)
+    assert any("2 of its 18 NVLinks down" in w for w in sick["warnings"]) and not well["warnings"]
 
 
-def test_gpus_without_nvlink_or_of_another_model_are_not_short_of_links(monkeypatch):
-    fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, nvlinks=[1] * 12), FakeGpu(bus=0x28, name="NVIDIA L40S"),
-                                 FakeGpu(bus=0x38, name="NVIDIA L40S")])
-    rep = health.check_host()
-    assert [g["nvlinks_active"] for g in rep["gpus"]] == [12, 0, 0] and all(not g["warnings"] for g in rep["gpus"])
+def test_nvlink_counters_are_summed_over_the_active_links_and_a_recovery_warns(monkeypatch):
+    import pynvml
+
+    errors = {pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 2, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1,
+              pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 3}
+    fake_nvml(monkeypatch, gpus=[FakeGpu(nvlinks=["switch"] * 18, nvlink_errors=errors)])
+    (g,) = health.check_host()["gpus"]
+    assert g["nvlink"]["errors"] == {"replay": 36, "recovery": 18, "crc_flit": 54, "crc_data": 0}  # 18 links each
+    # a recovery since the driver loaded is history, not a fault now: an advisory (accept WARNs), not a warning
+    assert any("recovered (retrained) 18 times" in w for w in g["advisories"]) and not g["warnings"]
+
+
+@pytest.mark.parametrize("state, status, mask, expect", [
+    (1, 0, 0, "not registered with the NVLink fabric (state not_started"),
+    (3, 3, 0, "not registered with the NVLink fabric (state completed, status 3)"),
+    (3, 0, 1 | 1 << 4, "fabric reports degraded_bandwidth, route_unhealthy"),
+    (3, 0, 2 | 2 << 2 | 2 << 4 | 2 << 6, None),  # every health field FALSE: healthy
+])
+def test_the_nvswitch_fabric_state_and_health(monkeypatch, state, status, mask, expect):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(nvlinks=["switch"] * 18, fabric=(state, status, mask))])
+    (g,) = health.check_host()["gpus"]
+    assert g["fabric"]["state"] == {1: "not_started", 3: "completed"}[state]
+    said = [w for w in g["warnings"] if "fabric" in w]
+    assert said == [] if expect is None else (len(said) == 1 and expect in said[0]), said
+
+
+def test_a_gpu_without_a_fabric_or_nvlink_says_nothing_of_them(monkeypatch):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(name="NVIDIA H100 PCIe", pci_device_id=0x2331)])
+    (g,) = health.check_host()["gpus"]
+    assert g["nvlink"] is None and g["fabric"] is None and not g["warnings"]
+
+
+@pytest.mark.parametrize("gpu, expect, kind", [
+    (FakeGpu(pcie=(5, 8)), "runs at x8 of x16", "warnings"),  # a lane width problem shows idle or not
+    (FakeGpu(pcie=(1, 16), throttle=0x4), "runs at Gen1 under load, below its Gen5", "warnings"),
+    (FakeGpu(pcie_max=(4, 16), pcie=(4, 16)), "slot limits its PCIe link to Gen4; the GPU can do Gen5", "advisories"),
+    (FakeGpu(power_limit_mw=500_000), "power limit is 500 W, below its default 700 W", "advisories"),
+])
+def test_pcie_below_its_maximum_and_a_power_cap_warn(monkeypatch, gpu, expect, kind):
+    """A link working below its own maximum is a fault; a slot or a power cap is how the GPU is set up."""
+    fake_nvml(monkeypatch, gpus=[gpu])
+    (g,) = health.check_host()["gpus"]
+    assert any(expect in w for w in g[kind]), g
+    other = "advisories" if kind == "warnings" else "warnings"
+    assert not any(expect in w for w in g[other])
+
+
+def test_accept_fails_a_fault_and_warns_on_a_setup(monkeypatch):
+    from dlscale.accept.explain import health_verdicts
+    from dlscale.record import RunRecord
+
+    fake_nvml(monkeypatch, gpus=[FakeGpu(pcie=(5, 8)), FakeGpu(bus=0x28, power_limit_mw=500_000), FakeGpu(bus=0x38)])
+    rec = RunRecord(kind="health", workload="gpus", config={}, system={}, raw=health.check_host())
+    got = [(v.status, v.reason[:40]) for v in health_verdicts(rec)]
+    assert [s for s, _ in got] == ["FAIL", "WARN", "PASS"], got
+    assert "x8 of x16" in got[0][1] and "power limit is 500 W" in got[1][1]
+
+
+def test_an_idle_gpu_at_a_lower_pcie_generation_is_saving_power(monkeypatch):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(pcie=(1, 16), throttle=0x1)])
+    (g,) = health.check_host()["gpus"]
+    assert g["pcie"] == {"gen": 1, "gen_max": 5, "gen_gpu_max": 5, "width": 16, "width_max": 16}
+    assert not g["warnings"]
+
+
+def test_a_run_judges_the_pcie_generation_under_load_and_nvlink_error_growth(monkeypatch):
+    import pynvml
+
+    host = fake_nvml(monkeypatch, gpus=[FakeGpu(nvlinks=["switch"] * 18, pcie=(1, 16), throttle=0x1)])
+    cuda_from_host(monkeypatch, host)
+    w = health.watch_gpu(0, [])
+    w.start()
+    host.gpus[0].throttle = 0x0  # busy, but its link stays at Gen4
+    host.gpus[0].pcie = (4, 16)
+    w.poll()
+    host.gpus[0].throttle, host.gpus[0].pcie = 0x1, (1, 16)  # idle again at the end: Gen1 is no fault
+    w.poll()
+    host.gpus[0].nvlink_errors = {pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: 1}
+    w.stop()
+    rep = w.report()
+    assert rep["pcie_under_load"] == {"samples": 1, "gen": 4, "width": 16}
+    text = " ".join(w.warnings())
+    assert "Gen4 under load, below its Gen5" in text and "crc_data 0 -> 18" in text
+
+
+def test_xids_are_classed_as_the_programs_or_the_gpus():
+    from dlscale.monitor import xid
+
+    assert [xid.classify(c) for c in (13, 31, 43, 45, 68, 109)] == [xid.APPLICATION] * 6
+    assert {xid.classify(c) for c in (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 999)} == {xid.HARDWARE}
+    assert xid.describe([13, 79, 13]) == [
+        {"xid": 13, "name": "graphics engine exception", "class": "application", "count": 2},
+        {"xid": 79, "name": "GPU has fallen off the bus", "class": "hardware/driver", "count": 1}]
+    hw, app = health.run_warnings({"gpu": "GPU 2", "xid_events": [13, 79, 13]})
+    assert hw.startswith("GPU 2 raised hardware/driver Xid 79 (GPU has fallen off the bus)") and "suspect" in hw
+    assert app.startswith("GPU 2 raised application Xid 13 (graphics engine exception)") and "not the GPU's" in app
+
+
+def test_sysinfo_health_shows_links_and_limits(cli, monkeypatch):
+    fake_nvml(monkeypatch, gpus=[FakeGpu(nvlinks=["switch"] * 16, nvlinks_down=2, fabric=(3, 0, 0),
+                                         power_limit_mw=500_000)])
+    res = cli("sysinfo", "--health")
+    assert res.code == 0, res.stderr
+    assert "16 of 18" in res.stdout and "completed" in res.stdout and "500 W (700 W)" in res.stdout
+    assert "Gen5 x16 (Gen5 x16)" in res.stdout

@@ -243,3 +243,8 @@ def test_find_measured_passes_over_nodes_set_apart(db_path):
         for rec in (healthy, slow_node, quota):
             store.insert(rec)
         assert find_measured(store, "inter", "1gbit").fit["run_id"] == healthy.run_id
+
+
+def test_nvlink5_rows_take_the_generations_per_link_rate():
+    assert DATASHEET["nvlink5"].bandwidth == 18 * 50e9 and "B200" in DATASHEET["nvlink5"].source
+    assert link("nvlink-b200") is DATASHEET["nvlink5"]

@@ -125,6 +125,22 @@ def fmt_gain(gain: Any, ci: Any = None) -> str:
     return f"{gain:.2f}x" + (f" (95% CI {fmt_ci(ci[0], ci[1], lambda v: f'{v:.2f}x')})" if ci else "")
 
 
+def fmt_cpus(cpus: Any) -> str:
+    """CPU numbers as ranges, the way taskset and numactl write them: [0, 1, 2, 3, 8] -> '0-3,8'."""
+    xs = sorted(set(int(c) for c in cpus or ()))
+    if not xs:
+        return "-"
+    parts, start, prev = [], xs[0], xs[0]
+    for c in xs[1:] + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+        if c is not None:
+            start = prev = c
+    return ",".join(parts)
+
+
 def fmt_count(n: Any, noun: str, plural: str | None = None) -> str:
     """A count and its noun, singular for exactly one: "1 point", "3 points", "2 classes" (``plural``
     where +s is wrong), "1,200 runs"; the number as ``fmt_num`` writes it ("-" when missing)."""

@@ -39,6 +39,7 @@ class Layout:
     timeout_s: float = DEFAULT_TIMEOUT_S  # rendezvous and collective timeout
     threads_per_rank: int | None = None  # CPU threads per rank; None: cores / ranks on this machine
     force: bool = False  # run through the launcher even with one rank (the ladder's 1x1 DDP baseline)
+    cpu_binding: bool = True  # each rank on a GPU bound to the CPUs of its GPU's NUMA node (distributed/placement.py)
     # Emulated nodes only, ((node, value), ...) sorted by node; also given as "2=100mbit,0=1gbit",
     # a list of such strings or {node: value}:
     node_link_bandwidth: tuple[tuple[int, str], ...] = ()  # this node's link rate instead of link_bandwidth

@@ -29,6 +29,9 @@ class PeakRow:
     tflops: dict[str, float]  # precision -> dense TFLOP/s (no structured sparsity)
     source: str
     pci_ids: tuple[int, ...] = ()  # PCI device ids (vendor 0x10de / 0x1002), only where known
+    # (NVLink generation, links) of a part whose datasheet gives its NVLink rate, all links wired on the
+    # board (SXM): the datasheet's GB/s both directions / (2 x the generation's per-link rate, nvlink.py)
+    nvlink: tuple[int, int] | None = None
 
 
 def _h(fp32: float, sparse_tf32: float, sparse_16: float, sparse_fp8: float) -> dict[str, float]:
@@ -47,35 +50,35 @@ _DENSE = "; tensor rates dense = half the with-sparsity figures"
 # --precision fp32. tf32/bf16/fp16/fp8 are dense tensor-core (matrix-core) rates.
 GPU_PEAKS: tuple[PeakRow, ...] = (
     PeakRow("NVIDIA H100 SXM5", ("NVIDIA H100 80GB HBM3",), _h(67.0, 989.0, 1979.0, 3958.0),
-            f"{_NV_H100} (2023), H100 SXM column{_DENSE}", (0x2330,)),
+            f"{_NV_H100} (2023), H100 SXM column{_DENSE}", (0x2330,), nvlink=(4, 18)),
     PeakRow("NVIDIA H100 PCIe", ("NVIDIA H100 PCIe",), _h(51.0, 756.0, 1513.0, 3026.0),
             f"{_NV_H100} (2022), H100 PCIe column{_DENSE}", (0x2331,)),
     PeakRow("NVIDIA H100 NVL", ("NVIDIA H100 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
             f"{_NV_H100} (2023), H100 NVL column, per GPU{_DENSE}"),
     PeakRow("NVIDIA H200 SXM", ("NVIDIA H200",), _h(67.0, 989.0, 1979.0, 3958.0),
-            f"{_NV_H200}, H200 SXM column{_DENSE}", (0x2335,)),
+            f"{_NV_H200}, H200 SXM column{_DENSE}", (0x2335,), nvlink=(4, 18)),
     PeakRow("NVIDIA H200 NVL", ("NVIDIA H200 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
             f"{_NV_H200}, H200 NVL column{_DENSE}"),
     PeakRow("NVIDIA GH200", ("NVIDIA GH200 480GB",), _h(67.0, 989.0, 1979.0, 3958.0),
             f"NVIDIA GH200 Grace Hopper Superchip datasheet (2023), GPU figures{_DENSE}"),
     PeakRow("NVIDIA B200", ("NVIDIA B200",), _h(75.0, 2250.0, 4500.0, 9000.0),
-            f"NVIDIA HGX B200 specifications (2024): the 8-GPU figures / 8{_DENSE}"),
+            f"NVIDIA HGX B200 specifications (2024): the 8-GPU figures / 8{_DENSE}", nvlink=(5, 18)),
     PeakRow("NVIDIA A100 SXM4", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"),
             {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-            f"{_NV_A100}, A100 SXM column (dense figures as printed)", (0x20B2, 0x20B0)),
+            f"{_NV_A100}, A100 SXM column (dense figures as printed)", (0x20B2, 0x20B0), nvlink=(3, 12)),
     PeakRow("NVIDIA A100 PCIe", ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"),
             {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
             f"{_NV_A100}, A100 PCIe column (dense figures as printed)", (0x20F1, 0x20B5)),
     PeakRow("NVIDIA L40S", ("NVIDIA L40S",), {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
             "NVIDIA L40S GPU datasheet (2023), dense figures as printed"),
     PeakRow("NVIDIA V100 SXM2", ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"), {"fp32": 15.7, "fp16": 125.0},
-            f"{_NV_V100}, SXM2 column (fp16 = Tensor Performance)", (0x1DB1,)),
+            f"{_NV_V100}, SXM2 column (fp16 = Tensor Performance)", (0x1DB1,), nvlink=(2, 6)),
     PeakRow("NVIDIA V100 PCIe", ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), {"fp32": 14.0, "fp16": 112.0},
             f"{_NV_V100}, PCIe column (fp16 = Tensor Performance)", (0x1DB4,)),
     PeakRow("NVIDIA P100 PCIe", ("Tesla P100-PCIE-16GB", "Tesla P100-PCIE-12GB"), {"fp32": 9.3, "fp16": 18.7},
             "NVIDIA Tesla P100 datasheet (2016), PCIe column"),
     PeakRow("NVIDIA P100 SXM2", ("Tesla P100-SXM2-16GB",), {"fp32": 10.6, "fp16": 21.2},
-            "NVIDIA Tesla P100 datasheet (2016), NVLink (SXM2) column"),
+            "NVIDIA Tesla P100 datasheet (2016), NVLink (SXM2) column", nvlink=(1, 4)),
     PeakRow("NVIDIA T4", ("Tesla T4",), {"fp32": 8.1, "fp16": 65.0},
             "NVIDIA T4 Tensor Core GPU datasheet (2018); fp16 = mixed-precision tensor rate"),
     PeakRow("AMD Instinct MI300X", ("AMD Instinct MI300X",),

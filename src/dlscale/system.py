@@ -16,9 +16,11 @@ import re
 import socket
 import sys
 from importlib import metadata
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlscale import nvlink
 from dlscale.monitor import nvml
 from dlscale.stores.url import redact_text
 
@@ -140,6 +142,16 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     }
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (a container's cpuset, taskset, numactl, Slurm's or
+    dlscale's binding), not the machine's count, which ``os.cpu_count()`` gives. Every thread and worker
+    count dlscale picks divides this."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_info() -> dict[str, Any]:
     info = parse_cpuinfo(_read("/proc/cpuinfo") or "")
     flags = info.pop("flags")
@@ -211,14 +223,9 @@ def software_info(with_torch: bool = True) -> dict[str, Any]:
         sw["cuda"] = torch.version.cuda
         sw["hip"] = getattr(torch.version, "hip", None)
         sw["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        nccl = None
-        if torch.cuda.is_available():
-            try:
-                v = torch.cuda.nccl.version()
-                nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-            except Exception:  # noqa: BLE001
-                nccl = None
-        sw["nccl"] = nccl
+        from dlscale import nccl
+
+        sw["nccl"] = nccl.version() if torch.cuda.is_available() else None
         sw["mkldnn"] = torch.backends.mkldnn.is_available()
         sw["torch_threads"] = torch.get_num_threads()
     return sw
@@ -227,32 +234,40 @@ def software_info(with_torch: bool = True) -> dict[str, Any]:
 _LEVELS = {0: "SAME_BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvmlGpuTopologyLevel_t
 
 
-def _nvlinks(nv: Any, h: Any, notes: list[str], what: str) -> tuple[dict[str, int], int]:
-    """Active NVLinks of one GPU: links per peer GPU (by PCI bus id) and links to NVSwitches."""
-    peers: dict[str, int] = {}
-    switch = 0
-    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        try:
-            if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
-                continue
-        except nv.NVMLError:
-            break  # past the GPU's last link, or no NVLink at all
+@dataclass
+class _Links:
+    """One GPU's NVLinks as NVML lists them."""
+
+    peers: dict[str, int] = field(default_factory=dict)  # active links per peer GPU (by PCI bus id)
+    switch: int = 0  # active links to NVSwitches
+    active: int = 0
+    present: int = 0  # links NVML answers for, active or not
+    version: int | None = None  # nvmlDeviceGetNvLinkVersion of the first active link
+
+
+def _nvlinks(nv: Any, h: Any, notes: list[str], what: str) -> _Links:
+    """Every NVLink of one GPU: where each active one goes, and NVML's version of the first."""
+    states = nvml.nvlink_states(nv, h)
+    out = _Links(present=len(states), active=sum(states))
+    for link in (k for k, up in enumerate(states) if up):
+        if out.version is None:
+            out.version = nvml.probe(nv, notes, f"{what} link {link} version",
+                                     lambda link=link: int(nv.nvmlDeviceGetNvLinkVersion(h, link)))
         kind = nvml.probe(nv, notes, f"{what} link {link} remote type",
                           lambda link=link: nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
         if kind == getattr(nv, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
-            switch += 1
+            out.switch += 1
             continue
         pci = nvml.probe(nv, notes, f"{what} link {link} remote PCI info",
                          lambda link=link: nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link))
         if pci is not None:
             bus = nvml.text(pci.busId).upper()
-            peers[bus] = peers.get(bus, 0) + 1
-    return peers, switch
+            out.peers[bus] = out.peers.get(bus, 0) + 1
+    return out
 
 
-def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], notes: list[str]) -> list[list[str]]:
+def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], links: list[_Links], notes: list[str]) -> list[list[str]]:
     """nvidia-smi-like GPU-GPU matrix: NV<links> (direct or through NVSwitches), else the PCIe level."""
-    links = [_nvlinks(nv, g.handle, notes, f"GPU {i}") if g else ({}, 0) for i, g in enumerate(gpus)]
     matrix = []
     for i, gi in enumerate(gpus):
         row = []
@@ -263,8 +278,8 @@ def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], notes: list[str]) -> l
             if gi is None or gj is None:
                 row.append("?")
                 continue
-            direct = links[i][0].get((gj.bus_id or "").upper(), 0)
-            via_switch = min(links[i][1], links[j][1])
+            direct = links[i].peers.get((gj.bus_id or "").upper(), 0)
+            via_switch = min(links[i].switch, links[j].switch)
             if direct or via_switch:
                 row.append(f"NV{direct or via_switch}")
                 continue
@@ -275,12 +290,10 @@ def _gpu_matrix(nv: Any, gpus: list[nvml.NvmlGpu | None], notes: list[str]) -> l
     return matrix
 
 
-def _cpu_list(mask: Any) -> list[int]:
-    return [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
-
-
-def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dict[str, Any]:
-    """One CUDA device's NVML facts: which NVML GPU it is, PCIe link, power limit, clock, CPU affinity."""
+def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str],
+               links: _Links | None = None) -> dict[str, Any]:
+    """One CUDA device's NVML facts: which NVML GPU it is, PCIe link, power limit, clock, CPU affinity,
+    NVLinks (nvlink.facts: active, present, to switches, generation, the model's nominal count)."""
     entry: dict[str, Any] = {"index": i}
     if g is None:
         return {**entry, "nvml_index": None}
@@ -288,7 +301,6 @@ def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dic
     entry.update(nvml_index=g.index, matched_by=g.matched_by, pci_bus_id=g.bus_id, uuid=g.uuid)
     if g.mig is not None:
         entry["mig_instance"] = g.mig  # the figures below are the instance's where NVML gives them
-    words = max(1, -(-(os.cpu_count() or 64) // 64))
     probes: dict[str, Any] = {
         "name": lambda: nvml.text(nv.nvmlDeviceGetName(h)),
         "serial": lambda: nvml.text(nv.nvmlDeviceGetSerial(h)),
@@ -297,12 +309,17 @@ def _gpu_entry(nv: Any, i: int, g: nvml.NvmlGpu | None, notes: list[str]) -> dic
         "pcie_width_max": lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
         "power_limit_w": lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
         "sm_clock_max_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
-        "cpu_affinity": lambda: _cpu_list(nv.nvmlDeviceGetCpuAffinity(h, words)),
+        "cpu_affinity": lambda: nvml.gpu_cpus(nv, h),
     }
     for key, fn in probes.items():
         value = nvml.probe(nv, notes, f"{what} {key}", fn)
         if value is not None:
             entry[key] = value
+    if links is not None and links.present:
+        entry["nvlink"] = nvlink.facts(entry.get("name"), entry.get("pci_device_id"), links.version, links.active,
+                                       links.present, links.switch)
+        if "note" in entry["nvlink"]:
+            notes.append(f"{what}: {entry['nvlink']['note']}")
     return entry
 
 
@@ -317,8 +334,11 @@ def _nvml_topology(n: int, notes: list[str]) -> dict[str, Any] | None:
     try:
         gpus = nvml.cuda_gpus(nv, n, notes)
         driver = nvml.probe(nv, notes, "driver version", lambda: nvml.text(nv.nvmlSystemGetDriverVersion()))
-        matrix = nvml.probe(nv, notes, "GPU-GPU matrix", lambda: _gpu_matrix(nv, gpus, notes))
-        return {"driver": driver, "gpu_gpu": matrix or [], "gpus": [_gpu_entry(nv, i, g, notes) for i, g in enumerate(gpus)]}
+        links = [(nvml.probe(nv, notes, f"GPU {i} NVLinks", lambda g=g, i=i: _nvlinks(nv, g.handle, notes, f"GPU {i}"))
+                  if g else None) or _Links() for i, g in enumerate(gpus)]
+        matrix = nvml.probe(nv, notes, "GPU-GPU matrix", lambda: _gpu_matrix(nv, gpus, links, notes))
+        return {"driver": driver, "gpu_gpu": matrix or [],
+                "gpus": [_gpu_entry(nv, i, g, notes, links[i]) for i, g in enumerate(gpus)]}
     except Exception as e:  # noqa: BLE001 - the inventory reports what it can
         notes.append(f"NVML topology: {type(e).__name__}: {e}")
         return None

@@ -67,7 +67,21 @@ FRACTIONS: dict[str, Fraction] = {
                              "busbw to be compared with exactly that rate (nccl-tests doc/PERFORMANCE.md)"),
 }
 
-NVLINK_PER_LINK_GBPS = 25.0  # NVLink 2, 3 and 4: 25 GB/s per link and direction (predict.links' nvlink rows)
+
+_COLL = ("dlscale's choice, against one GPU's NVLink rate per direction (nccl-tests' busbw is defined to be "
+         "compared with it, doc/PERFORMANCE.md), on the plateau of large messages: ")
+COLLECTIVE_FRACTIONS: dict[str, Fraction] = {
+    "all_reduce": Fraction(0.75, _COLL + "ring and NVLink SHARP all-reduce come within a quarter of the rate on "
+                                         "healthy NVSwitch boards (NVLS can pass it)"),
+    "reduce_scatter": Fraction(0.7, _COLL + "one pass over the ring instead of two, so less pipelining hides each "
+                                            "step's latency; a healthy board comes within 30%"),
+    "all_gather": Fraction(0.7, _COLL + "the same traffic as reduce_scatter without the reduction: within 30%"),
+    "broadcast": Fraction(0.6, _COLL + "a chain from one root: the root's sends and the chain's latency cost more "
+                                       "than a ring's, so 0.6"),
+    "reduce": Fraction(0.6, _COLL + "a broadcast's chain run backwards with a reduction: as broadcast"),
+    "all_to_all": Fraction(0.6, _COLL + "every rank sends to every other at once; the switches' all-to-all "
+                                        "traffic and many small transfers per rank keep it lowest"),
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,41 @@ def nvlinks(system: dict[str, Any], i: int, j: int) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _link_facts(system: dict[str, Any], i: int) -> dict[str, Any]:
+    """A GPU's NVLink facts from the inventory; for a record from before they were taken, what its
+    model's datasheet says (nvlink.nominal)."""
+    from dlscale import nvlink
+
+    facts = gpu_facts(system, i)
+    if facts.get("nvlink"):
+        return facts["nvlink"]
+    model = nvlink.nominal(facts.get("name"), facts.get("pci_device_id"))
+    if model is None:
+        return {}
+    return {"generation": model[0], "nominal": model[1], "gbps_per_link": nvlink.GENERATIONS[model[0]].gbps}
+
+
+def nvlink_pair(system: dict[str, Any], i: int, j: int) -> tuple[float, str] | None:
+    """The NVLink rate (GB/s per direction) GPUs i and j should reach and where it comes from: the links
+    the pair should have (nvlink.expected_links: the models' nominal count through NVSwitches, else the
+    pair's own) x the slower GPU's per-link rate of its generation; None without NVLink between them or
+    with no known generation."""
+    from dlscale import nvlink
+
+    seen = nvlinks(system, i, j)
+    if not seen:
+        return None
+    fi, fj = _link_facts(system, i), _link_facts(system, j)
+    rates = [f.get("gbps_per_link") for f in (fi, fj)]
+    if not all(rates):
+        return None
+    links, rate = nvlink.expected_links(fi, fj, seen), min(rates)
+    gen = fi["generation"] if rate == rates[0] else fj["generation"]
+    down = f" ({seen} active: a link down does not lower it)" if links > seen else ""
+    return links * rate, (f"{links} NVLinks{down} x {rate:g} GB/s per link and direction "
+                          f"(NVLink {gen}: {nvlink.GENERATIONS[gen].source})")
+
+
 def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
     """The datasheet expectation of a figure (``figures.Figure``), or None where no rated figure applies."""
     ctx = fig.context
@@ -121,11 +170,10 @@ def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
     if fig.check == "memory" and on_device:
         return _memory(fig, ctx["op"], ctx["device"], system)
     if fig.check == "p2p":
-        n = nvlinks(system, ctx["src"], ctx["dst"])
-        if n and ctx.get("path") == "p2p":
-            return Rated(n * NVLINK_PER_LINK_GBPS * FRACTIONS["nvlink"].value, n * NVLINK_PER_LINK_GBPS,
-                         FRACTIONS["nvlink"], f"NV{n} between the pair (inventory) x {NVLINK_PER_LINK_GBPS:g} GB/s per "
-                                              "link and direction (NVLink 2-4 datasheets)")
+        pair = nvlink_pair(system, ctx["src"], ctx["dst"]) if ctx.get("path") == "p2p" else None
+        if pair is not None:
+            frac = FRACTIONS["nvlink"]
+            return Rated(pair[0] * frac.value, pair[0], frac, f"GPU {ctx['src']}->{ctx['dst']}: {pair[1]}")
     if fig.check == "collectives" and fig.context.get("world_size"):
         return _busbw(fig, system)
     return None
@@ -162,12 +210,14 @@ def _memory(fig: Any, op: str, device: str, system: dict[str, Any]) -> Rated | N
 
 
 def _busbw(fig: Any, system: dict[str, Any]) -> Rated | None:
-    """Within a node: all-reduce busbw against the slowest GPU pair's NVLink rate (every pair NVLinked)."""
+    """Within a node: a collective's plateau busbw against the slowest GPU pair's NVLink rate (every pair
+    NVLinked) x the fraction of that rate the collective attains (``COLLECTIVE_FRACTIONS``)."""
     n = int(fig.context["world_size"])
-    links = [nvlinks(system, i, j) for i in range(n) for j in range(n) if i != j]
-    if n < 2 or not links or min(links) == 0:
+    frac = COLLECTIVE_FRACTIONS.get(fig.context.get("op") or "")
+    if n < 2 or frac is None or (fig.context.get("nodes") or 1) > 1:
         return None
-    rated = min(links) * NVLINK_PER_LINK_GBPS
-    frac = FRACTIONS["nvlink"]
-    return Rated(rated * frac.value, rated, frac, f"NV{min(links)} between every GPU pair (inventory) x "
-                                                  f"{NVLINK_PER_LINK_GBPS:g} GB/s per link and direction")
+    pairs = [nvlink_pair(system, i, j) for i in range(n) for j in range(n) if i != j]
+    if not pairs or any(p is None for p in pairs):
+        return None
+    rated, source = min(pairs, key=lambda p: p[0])  # type: ignore[arg-type, return-value]
+    return Rated(rated * frac.value, rated, frac, f"the slowest GPU pair of the {n}: {source}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dlscale.accept.figures import READERS, Figure, Unreadable, device_subject, host_subject
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, Verdict, error
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
 from dlscale.format import fmt_count
 from dlscale.record import RunRecord
 
@@ -70,10 +70,11 @@ def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:
         subject = device_subject(f"cuda:{idx}") if idx is not None else None
         subject = host_subject(subject, host) if host and subject else subject
         label = subject.label if subject else f"{host + ' ' if host else ''}GPU {g.get('index')} (NVML)"
-        found = health_findings(g)
-        out.append(Verdict(check="health", figure="health", subject=label, status=FAIL if found else PASS,
-                           measured=None, unit="", reason="; ".join(found) if found
-                           else "no throttling, ECC, retired-page or row-remap problem",
+        found, advised = health_findings(g), list(g.get("advisories") or [])
+        status = FAIL if found else WARN if advised else PASS
+        out.append(Verdict(check="health", figure="health", subject=label, status=status,
+                           measured=None, unit="", reason="; ".join(found or advised) if found or advised
+                           else "no throttling, ECC, retired-page, row-remap, link or limit problem",
                            run_ids=[rec.run_id], key=f"health|health|{subject.key if subject else label}",
                            subject_key=subject.key if subject else None, devices=list(subject.devices) if subject else []))
     return out

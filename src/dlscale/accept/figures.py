@@ -27,7 +27,8 @@ from dlscale.record import RunRecord
 END_TO_END = ("train", "scale", "inference")  # checks whose figures are results: energy and cost ride beside
 ENERGY_KEYS = ("energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour",
                "cost_per_million_units")
-LARGE_SIZES = 8  # collectives: the sizes within 1/8 of the largest are "large" (the bandwidth regime)
+PLATEAU = 0.9  # collectives: the sizes around the best one whose busbw is within 10% of it have levelled off
+MODES = ("out-of-place", "in-place")  # a collectives row's cells
 ACROSS_NODES = ("collectives_nodes", "links", "train_alone", "train")  # one run spans the nodes; the rest are per node
 
 
@@ -288,22 +289,43 @@ def p2p_figures(rec: RunRecord, check: str) -> list[Figure]:
     return out
 
 
+def plateau(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One collective's rows on its bandwidth plateau: the consecutive sizes around the best size (the
+    geometric mean busbw of its modes) that stay within ``PLATEAU`` of it; latency-bound small sizes and
+    a dip past the plateau fall outside."""
+    cells: dict[int, list[float]] = {}
+    for r in rows:
+        cells.setdefault(r["size"], []).extend(r[m]["busbw"] for m in MODES if r.get(m))
+    bw = {s: geometric_mean_ci95(v)[0] for s, v in cells.items() if any(x > 0 for x in v)}
+    sizes = sorted(bw)
+    if not sizes:
+        return []
+    lo = hi = best = max(range(len(sizes)), key=lambda k: bw[sizes[k]])
+    while lo > 0 and bw[sizes[lo - 1]] >= PLATEAU * bw[sizes[best]]:
+        lo -= 1
+    while hi + 1 < len(sizes) and bw[sizes[hi + 1]] >= PLATEAU * bw[sizes[best]]:
+        hi += 1
+    return [r for r in rows if sizes[lo] <= r["size"] <= sizes[hi]]
+
+
 def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
-    """Per collective the busbw at the large sizes (within 1/LARGE_SIZES of the largest): the geometric
-    mean of its (size, mode) cells, each cell a sample."""
+    """Per collective the geometric mean busbw of its (size, mode) cells on its ``plateau``, each a sample;
+    ``levelled`` is False where the plateau is the largest size alone (larger sizes may go faster)."""
     rows = (rec.raw or {}).get("rows") or []
     out = []
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = [r for r in rows if r["op"] == op]
-        top = max(r["size"] for r in mine)
-        vals = [r[m]["busbw"] for r in mine if r["size"] * LARGE_SIZES >= top for m in ("out-of-place", "in-place")
-                if r.get(m)]
+        flat = plateau(mine)
+        vals = [r[m]["busbw"] for r in flat for m in MODES if r.get(m)]
         if not vals:
             continue
         value, ci = geometric_mean_ci95(vals)
+        sizes, top = sorted({r["size"] for r in flat}), max(r["size"] for r in mine)
+        span = {"from_bytes": sizes[0], "to_bytes": sizes[-1], "levelled": len(sizes) > 1 or sizes[-1] < top}
         out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, ci95=ci,
                           context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
-                                   "link_bandwidth": rec.config.get("link_bandwidth"), "max_size": top}))
+                                   "link_bandwidth": rec.config.get("link_bandwidth"), "max_size": top,
+                                   "plateau": span}))
     return out
 
 

@@ -3,8 +3,9 @@
 The submitter (a login node) checks what it can before submitting: the spec (``file:line``), every
 check's options on a node of the allocation's shape (``--gpus-per-node`` GPUs, else a CPU node),
 the combinations the allocation rules out, the baseline and reference selectors, the store. It
-then submits one job through ``sweep.slurm`` (submitit; one task per node; the nodes exclusive,
-since an acceptance measures them whole) named ``dlscale-accept-<id>``, waits for it with the
+then submits one job through ``sweep.slurm`` (submitit; one task per node; the nodes exclusive with
+all their CPUs and memory, and the task's step given all of it with ``srun --whole``, since an
+acceptance measures them whole) named ``dlscale-accept-<id>``, waits for it with the
 sweep's wait loop (a controller outage is waited through and said once when it begins and once
 when it ends), saying on stderr where the job stands and each run as it is recorded, and then
 judges the runs recorded under the acceptance id and writes the outputs as a local ``dlscale
@@ -254,8 +255,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
         job_file.write_text(json.dumps({"acceptance": acc_id, "spec": sp.to_dict(), "quick": quick,
                                         "db": str(store.path), "nodes": opts.nodes}, indent=1, default=str))
         params = slurm.resources(JOB_PREFIX + acc_id, opts.nodes, opts.time_min or DEFAULT_TIME_MIN[quick], opts,
-                                 opts.gpus_per_node)
-        params["exclusive"] = True  # an acceptance measures whole nodes: nothing else runs beside it
+                                 opts.gpus_per_node, whole_node=True)  # an acceptance measures whole nodes
         job = AcceptJob(str(job_file), opts.nodes, int(opts.gpus_per_node or 1))
         job_id = slurm.submit(folder, params, job, f"the acceptance job of {acc_id}")
         info(f"dlscale accept {sp.name}: acceptance {acc_id} is Slurm job {job_id} ({opts.nodes} node(s), "

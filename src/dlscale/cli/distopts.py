@@ -20,14 +20,15 @@ LatencyOpt = Annotated[Optional[str], typer.Option("--link-latency", help="Emula
 NodeBandwidthOpt = Annotated[Optional[list[str]], typer.Option("--node-link-bandwidth", help="One emulated node's link rate instead of --link-bandwidth, NODE=RATE, e.g. 2=100mbit (repeat the option or separate with commas).", show_default=False)]
 NodeQuotaOpt = Annotated[Optional[list[str]], typer.Option("--node-cpu-quota", help="Run one emulated node's torchrun and ranks under a CPU quota (a cgroup; needs root), NODE=CORES, e.g. 1=0.5 (repeat the option or separate with commas).", show_default=False)]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds a rank may wait in the rendezvous or a collective; a crashed or hung rank ends the job after at most this long.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="CPU threads per rank (default: cores / ranks on this machine).", show_default=False)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="CPU threads per rank (default: the CPUs this process may use / ranks on this machine).", show_default=False)]
+CpuBindingOpt = Annotated[bool, typer.Option("--cpu-binding/--no-cpu-binding", help="Bind each rank on a GPU to the CPUs of its GPU's NUMA node (torchrun --numa-binding where it has it, else NVML's CPU affinity); the record says how and each rank's CPUs.")]
 
 
 def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
            master_port: int | None = None, backend: str | None = None, emulate_nodes: int | None = None,
            link_bandwidth: str | None = None, link_latency: str | None = None, timeout: float = 300.0,
            threads_per_rank: int | None = None, default_nproc: int = 1, node_link_bandwidth: list[str] | None = None,
-           node_cpu_quota: list[str] | None = None) -> Any:
+           node_cpu_quota: list[str] | None = None, cpu_binding: bool = True) -> Any:
     """The options above as the one Layout (validated there). ``--nproc-per-node`` given at all,
     even 1, runs the job through the launcher (the ladder's one-rank DDP baseline)."""
     from dlscale.layout import Layout
@@ -37,4 +38,4 @@ def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 
                   master_port=master_port, backend=backend, emulate_nodes=emulate_nodes,
                   link_bandwidth=link_bandwidth, link_latency=link_latency, timeout_s=timeout,
                   threads_per_rank=threads_per_rank, node_link_bandwidth=node_link_bandwidth or (),
-                  node_cpu_quota=node_cpu_quota or ())
+                  node_cpu_quota=node_cpu_quota or (), cpu_binding=cpu_binding)

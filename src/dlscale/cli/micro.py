@@ -141,10 +141,12 @@ def collectives(
     backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
     link_latency: dopt.LatencyOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
     node_link_bandwidth: dopt.NodeBandwidthOpt = None, node_cpu_quota: dopt.NodeQuotaOpt = None,
+    cpu_binding: dopt.CpuBindingOpt = True,
 ) -> None:
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank,
-                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
+                         cpu_binding=cpu_binding)
     options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, budget=budget, min_busbw=min_busbw,
                    plant_wrong=plant_wrong, device=device, tag=tag)
     _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
@@ -165,10 +167,12 @@ def links(
     backend: dopt.BackendOpt = None, emulate_nodes: dopt.EmulateOpt = None, link_bandwidth: dopt.BandwidthOpt = None,
     link_latency: dopt.LatencyOpt = None, timeout: dopt.TimeoutOpt = 300.0, threads_per_rank: dopt.ThreadsOpt = None,
     node_link_bandwidth: dopt.NodeBandwidthOpt = None, node_cpu_quota: dopt.NodeQuotaOpt = None,
+    cpu_binding: dopt.CpuBindingOpt = True,
 ) -> None:
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank,
-                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
+                         cpu_binding=cpu_binding)
     options = dict(sizes=sizes, warmup=warmup, iters=iters, budget=budget, device=device, tag=tag)
     _run("links", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
          copt.price(price_per_hour, systems_file, system))

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from dlscale.cli.common import Format, FormatOpt, out, print_json
 from dlscale.cli.render import fmt_bytes
+from dlscale.format import fmt_cpus
 
 HELP = """Show this machine's inventory (CPU, memory, accelerators, topology, versions).
 
@@ -42,7 +43,7 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
     t.add_column("value")
     t.add_row("CPU", f"{cpu['model']} ({cpu['architecture']})")
     t.add_row("sockets / cores / threads", f"{cpu['sockets']} / {cpu['physical_cores']} / {cpu['logical_cpus']}")
-    t.add_row("NUMA nodes", ", ".join(f"node{n['node']}: cpus {_ranges(n['cpus'])}" for n in inv["numa"]) or "-")
+    t.add_row("NUMA nodes", ", ".join(f"node{n['node']}: cpus {fmt_cpus(n['cpus'])}" for n in inv["numa"]) or "-")
     t.add_row("ISA", " ".join(k for k, v in cpu["isa"].items() if v) or "-")
     if cpu.get("isa_cap"):
         cap = cpu["isa_cap"]
@@ -58,7 +59,9 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
             t.add_row("GPU-GPU topology", "\n".join(" ".join(f"{c:>5}" for c in row) for row in topo["gpu_gpu"]))
             for g in topo.get("gpus", []):
                 if "cpu_affinity" in g:
-                    t.add_row(f"GPU {g['index']} CPU affinity", _ranges(g["cpu_affinity"]))
+                    t.add_row(f"GPU {g['index']} CPU affinity", fmt_cpus(g["cpu_affinity"]))
+                if g.get("nvlink"):
+                    t.add_row(f"GPU {g['index']} NVLinks", _nvlinks(g["nvlink"]))
         for note in acc.get("notes") or []:
             t.add_row("note", note)
     else:
@@ -67,18 +70,11 @@ def sysinfo(fmt: FormatOpt = Format.human, health: HealthOpt = False) -> None:
     out.print(t)
 
 
-def _ranges(cpus: list[int]) -> str:
-    if not cpus:
-        return "-"
-    parts, start, prev = [], cpus[0], cpus[0]
-    for c in cpus[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        parts.append(f"{start}-{prev}" if start != prev else str(start))
-        if c is not None:
-            start = prev = c
-    return ",".join(parts)
+def _nvlinks(nv: dict[str, Any]) -> str:
+    """'16 of 18 up, 16 to NVSwitch, NVLink 4 at 25 GB/s per link and direction'."""
+    gen = f", NVLink {nv['generation']} at {nv['gbps_per_link']:g} GB/s per link and direction" \
+        if nv.get("generation") and nv.get("gbps_per_link") else ""
+    return f"{nv['active']} of {nv.get('nominal') or nv['present']} up, {nv['to_switch']} to NVSwitch{gen}"
 
 
 def _print_health(fmt: Format) -> None:
@@ -99,11 +95,37 @@ def _print_health(fmt: Format) -> None:
         reasons = g["throttle_reasons"]
         t.add_row(str(g["index"]), str(g["name"]), "-" if reasons is None else (", ".join(reasons) or "none"),
                   _pair(g["ecc"], "uncorrected"), _pair(g["ecc"], "corrected"), _retired(g["retired_pages"]),
-                  _remapped(g["remapped_rows"]), "WARN" if g["warnings"] else "ok")
+                  _remapped(g["remapped_rows"]),
+                  "WARN" if g["warnings"] else "check setup" if g.get("advisories") else "ok")
     out.print(t)
+    out.print(_links_table(rep["gpus"]))
     for line in [f"warning: {w}" for g in rep["gpus"] for w in g["warnings"]] + \
+            [f"setup: {w}" for g in rep["gpus"] for w in g.get("advisories") or []] + \
             [f"note: {n}" for n in rep.get("notes") or []]:
         out.print(line, markup=False, highlight=False)
+
+
+def _links_table(gpus: list[dict[str, Any]]) -> Table:
+    """Each GPU's links and limits: NVLinks up of the model's, their error counters, fabric, PCIe, power."""
+    t = Table(title="links and limits", title_justify="left")
+    for col in ("GPU", "NVLinks up", "NVLink replay/recovery/CRC", "fabric", "PCIe now (max)", "power limit (default)"):
+        t.add_column(col)
+    for g in gpus:
+        nv, fab, p, w = g.get("nvlink") or {}, g.get("fabric"), g.get("pcie") or {}, g.get("power") or {}
+        errs = nv.get("errors") or {}
+        crc = None if errs.get("crc_flit") is None else errs["crc_flit"] + (errs.get("crc_data") or 0)
+        t.add_row(str(g["index"]),
+                  f"{nv['active']} of {nv.get('nominal') or nv['present']}" if nv else "-",
+                  "/".join(_dash(v) for v in (errs.get("replay"), errs.get("recovery"), crc)) if nv else "-",
+                  f"{fab['state']}{' (' + ', '.join(fab['health']) + ')' if fab['health'] else ''}" if fab else "-",
+                  f"Gen{_dash(p.get('gen'))} x{_dash(p.get('width'))} "
+                  f"(Gen{_dash(p.get('gen_max'))} x{_dash(p.get('width_max'))})" if p.get("gen_max") else "-",
+                  f"{_dash(w.get('limit_w'))} W ({_dash(w.get('default_w'))} W)" if w.get("limit_w") else "-")
+    return t
+
+
+def _dash(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _pair(ecc: dict[str, Any], kind: str) -> str:

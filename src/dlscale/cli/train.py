@@ -76,6 +76,7 @@ def train(
     link_latency: dopt.LatencyOpt = None,
     node_link_bandwidth: dopt.NodeBandwidthOpt = None,
     node_cpu_quota: dopt.NodeQuotaOpt = None,
+    cpu_binding: dopt.CpuBindingOpt = True,
     timeout: dopt.TimeoutOpt = 300.0,
     threads_per_rank: dopt.ThreadsOpt = None,
     parallel: sopt.ParallelOpt = "ddp",
@@ -116,7 +117,8 @@ def train(
     price = copt.price(price_per_hour, systems_file, system)
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank,
-                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
+                         cpu_binding=cpu_binding)
     cfg.check_layout(layout.distributed)
     if threads_per_rank is not None and not layout.distributed:
         import torch  # one process: its intra-op threads (ranks of a job get theirs from the launcher)

@@ -77,6 +77,7 @@ def tta(
     link_latency: dopt.LatencyOpt = None,
     node_link_bandwidth: dopt.NodeBandwidthOpt = None,
     node_cpu_quota: dopt.NodeQuotaOpt = None,
+    cpu_binding: dopt.CpuBindingOpt = True,
     timeout: dopt.TimeoutOpt = 300.0,
     tag: TagOpt = None,
     db: DbOpt = None,
@@ -91,7 +92,8 @@ def tta(
 
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout,
-                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota)
+                         node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
+                         cpu_binding=cpu_binding)
     cfg = TTAConfig(
         model=model, data=data, target_top1=target_top1, target_top5=target_top5, target=target, max_epochs=max_epochs,
         eval_every=eval_every, batch_size=batch_size, image_size=image_size, optimizer=optimizer, lr=lr,

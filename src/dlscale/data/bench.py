@@ -22,6 +22,7 @@ from dlscale.analysis.formulas import scaling_efficiency
 from dlscale.data import loader as ld
 from dlscale.errors import UsageError
 from dlscale.format import fmt_count
+from dlscale.system import usable_cpus
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def run_bench(cfg: DataBenchConfig, on_stage=None) -> tuple[dict[str, Any], dict
     per_core = decode_rate_per_core(ds, cfg.images)
     m["decode_rate_per_core"], u["decode_rate_per_core"] = per_core, "images/s/core"
 
-    cores = ld.available_cores()
+    cores = usable_cpus()
     top = cores if cfg.max_workers is None else cfg.max_workers
     batches = max(2, math.ceil(cfg.images / cfg.batch_size))
     if len(samples) < cfg.batch_size:

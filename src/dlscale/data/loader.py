@@ -16,7 +16,6 @@ persistent; a batch that takes longer than ``timeout`` seconds fails instead of 
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,16 +41,11 @@ class CorruptImage(RuntimeError):
     """An image that cannot be read or decoded; the message names its path."""
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def default_workers(local_world_size: int = 1) -> int:
     """One worker per core left after the training process, per local rank (at least 1, at most 16)."""
-    return max(1, min(16, available_cores() // max(1, local_world_size) - 1))
+    from dlscale.system import usable_cpus
+
+    return max(1, min(16, usable_cpus() // max(1, local_world_size) - 1))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Three launchers are understood, in this order:
   the master comes from ``MASTER_ADDR`` (``mpirun -x MASTER_ADDR=host``) or ``--master-addr``.
 - Slurm ``srun`` (a job step, i.e. ``SLURM_STEP_ID`` is set, so a batch script's own shell is
   not mistaken for rank 0): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
-  ``SLURM_NODEID``, ``SLURM_NNODES``, ``SLURM_STEP_TASKS_PER_NODE``; the master is
+  ``SLURM_NODEID``, ``SLURM_STEP_NUM_NODES`` (else ``SLURM_NNODES``, the job's: a step may span fewer
+  nodes), ``SLURM_STEP_NUM_TASKS`` (else ``SLURM_NTASKS``), ``SLURM_STEP_TASKS_PER_NODE``; the master is
   ``MASTER_ADDR`` or the first host of ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST``.
 
 No torch at import time.
@@ -31,6 +32,10 @@ DEFAULT_PORT = 29500
 # Set by dlscale's launcher on emulated nodes, which share one host's devices: the host-local index
 # of the node's first rank (node k of g ranks per node: k x g).
 DEVICE_OFFSET_ENV = "DLSCALE_DEVICE_OFFSET"
+# Set by dlscale's launcher: how its ranks are bound to CPUs (distributed/placement.py); unset under a
+# launcher the user started, whose binding stands.
+BINDING_ENV = "DLSCALE_CPU_BINDING"
+RANK_CPUS: list[str] = []  # every rank's CPUs ("0-15,32-47"), gathered as the ranks join their process group
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,9 @@ def detect(environ: Mapping[str, str] | None = None, master_addr: str | None = N
             master_port=_int(e, "MASTER_PORT", default=master_port or DEFAULT_PORT), launcher=kind,
         )
     else:
-        world = _int(e, "SLURM_NTASKS")
-        nnodes = _int(e, "SLURM_NNODES", default=_int(e, "SLURM_STEP_NUM_NODES", default=1))
+        # a step's own counts first: SLURM_NNODES and SLURM_NTASKS are the job's where the step is smaller
+        world = _int(e, "SLURM_STEP_NUM_TASKS", default=_int(e, "SLURM_NTASKS"))
+        nnodes = _int(e, "SLURM_STEP_NUM_NODES", default=_int(e, "SLURM_NNODES", default=1))
         per_node = e.get("SLURM_STEP_TASKS_PER_NODE") or e.get("SLURM_TASKS_PER_NODE") or ""
         node_rank = _int(e, "SLURM_NODEID", default=0)
         local_world = tasks_on_node(per_node, node_rank) if per_node else -(-world // nnodes)
@@ -196,7 +202,50 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     with stdout_to_stderr():  # gloo of some torch releases (2.9) prints its connection banner to stdout
         dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=timeout_s))
+    _gather_places(env.world_size, device_type)
     return backend
+
+
+def _gpu_id() -> str | None:
+    """The current CUDA device as the driver names it: its UUID, else its PCI address (None: neither)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(p, "uuid", None) is not None:
+        return str(p.uuid)
+    parts = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    return ":".join(map(str, parts)) if all(x is not None for x in parts) else None
+
+
+def _gather_places(world: int, device_type: str) -> None:
+    """Every rank's host, GPU and CPUs (its affinity now, after any binding), gathered as the ranks join:
+    the record's ``RANK_CPUS``, and a one-line refusal where two ranks share one GPU (under a launcher
+    that gave several ranks the same devices; dlscale's own launcher refuses that before starting)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from dlscale.format import fmt_cpus
+
+    mine = {"host": socket.gethostname(), "gpu": _gpu_id() if device_type == "cuda" else None,
+            "cpus": fmt_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    seen: list[Any] = [None] * world
+    dist.all_gather_object(seen, mine)
+    RANK_CPUS[:] = [s["cpus"] for s in seen]
+    first: dict[tuple[str, str], int] = {}
+    for rank, s in enumerate(seen):
+        if s["gpu"] is None:
+            continue
+        other = first.setdefault((s["host"], s["gpu"]), rank)
+        if other != rank:
+            raise UsageError(f"ranks {other} and {rank} share one GPU ({s['host']}, {s['gpu']}): dlscale runs one "
+                             "rank per GPU; give each rank its own (fewer ranks per node, or srun --gpus-per-task 1)")
+
+
+def binding() -> str:
+    """How this rank is bound to CPUs: the mode dlscale's launcher chose (placement.py), else the
+    external launcher's own."""
+    return os.environ.get(BINDING_ENV) or "launcher"
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -101,17 +100,19 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
     if env is not None:
         return run_in_place(family, config, layout, db, env, price)
+    from dlscale.distributed import placement
     from dlscale.distributed.env import check_backend
     from dlscale.store import Store
 
     check_backend(layout.backend, launcher="torchrun")  # e.g. mpi without MPI: refused before any rank starts
+    placement.check(layout, config)  # more ranks than GPUs, NCCL over MIG: refused before any rank starts
     with Store.open(db) as store:  # an unwritable database is a usage error before anything starts
         path = str(store.path)
     job_dir = tempfile.mkdtemp(prefix="dlscale-job-")
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir,
                     price=asdict(price) if price is not None else None)
     try:
-        res = _launch(spec, layout)
+        res = _launch(spec, layout, placement.mode(layout, config))
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
         _note_spooled(job_dir)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
@@ -147,15 +148,21 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
     if asked is not None and asked != env.world_size:
         raise UsageError(f"mismatched world size: {env.launcher} started {fmt_count(env.world_size, 'rank')} but "
                          f"--nproc-per-node x --nnodes is {asked}")
+    from dlscale.distributed import placement
+
+    placement.check_mig(layout, config, env.world_size)  # two ranks on one GPU: found as the ranks join
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db,
                     price=asdict(price) if price is not None else None)
     return rank_function(family)(spec, env)
 
 
-def _launch(spec: RankSpec, layout: Layout) -> Any:
+def _launch(spec: RankSpec, layout: Layout, binding: str) -> Any:
+    """torchrun over the ranks, each told how it is bound to CPUs (``placement.mode``)."""
+    from dlscale.distributed.env import BINDING_ENV
     from dlscale.distributed.launch import launch
 
-    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None)
+    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None, extra_env={BINDING_ENV: binding},
+                  numa_binding=binding == "torchrun")
 
 
 def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, run_id: str | None,
@@ -184,8 +191,3 @@ def _note_spooled(job_dir: str) -> None:
 
     for entry in faults.read_spooled(job_dir):
         spool.note(entry)
-
-
-def threads_here(layout: Layout) -> int:
-    """CPU threads per rank: as given, else this machine's cores shared by its ranks."""
-    return layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here)

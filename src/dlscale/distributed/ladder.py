@@ -9,7 +9,6 @@ scale-up vs scale-out table (``analysis.scaling``), every rung's run id in ``raw
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from dlscale.errors import RunFailure, UsageError
 from dlscale.layout import Layout
 from dlscale.log import info, warn
+from dlscale.system import usable_cpus
 
 
 def parse_devices(text: str) -> list[int]:
@@ -68,7 +68,7 @@ def rung_layouts(todo: list[tuple[int, int]], *, emulate_nodes: int | None, link
     if beyond:
         raise UsageError(f"--node-link-bandwidth/--node-cpu-quota name node {beyond[0]}, but the largest layout "
                          f"has {most_nodes} node(s)")
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // max(n * g for n, g in todo))
+    threads = threads_per_rank or max(1, usable_cpus() // max(n * g for n, g in todo))
     return [Layout(nproc_per_node=g, backend=backend, emulate_nodes=n if n > 1 else None,
                    link_bandwidth=link_bandwidth if n > 1 else None, link_latency=link_latency if n > 1 else None,
                    timeout_s=timeout_s, threads_per_rank=threads, force=True,

@@ -74,14 +74,15 @@ def run_torchrun(module: str, module_args: list[str], layout: Layout, *, timeout
 
 
 def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: float | None = None,
-           extra_env: dict[str, str] | None = None) -> LaunchResult:
+           extra_env: dict[str, str] | None = None, numa_binding: bool = False) -> LaunchResult:
     """``run_torchrun`` with the failure details: see there. The layout's ``threads_per_rank`` sets
-    OMP_NUM_THREADS (default: cores / ranks here); its ``timeout_s`` bounds the rendezvous and the
-    wait for an unreachable master (at most 300 s)."""
+    OMP_NUM_THREADS (default: the usable CPUs / ranks here); its ``timeout_s`` bounds the rendezvous and
+    the wait for an unreachable master (at most 300 s). ``numa_binding``: torchrun binds each rank to
+    its GPU's NUMA node (``--numa-binding=node``, placement.py decides)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     if layout.threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(layout.threads_per_rank or max(1, (os.cpu_count() or 1) // layout.ranks_here))
+        env["OMP_NUM_THREADS"] = str(threads_here(layout))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[LAUNCHER_PID_ENV] = str(os.getpid())  # each rank checks that it still has a launcher
     rdzv_timeout = max(1, int(min(layout.timeout_s, RDZV_TIMEOUT_S)))
@@ -97,8 +98,15 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
     if layout.nnodes == 1 and _is_loopback(layout.master_addr):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = _torchrun_cmd(module, module_args, layout.nproc_per_node, layout.nnodes, layout.node_rank,
-                        layout.master_addr, master_port, rdzv_timeout)
+                        layout.master_addr, master_port, rdzv_timeout, numa_binding)
     return _supervise([cmd], env, timeout_s)
+
+
+def threads_here(layout: Layout) -> int:
+    """CPU threads per rank: as given, else the CPUs this process may use shared by the ranks here."""
+    from dlscale.system import usable_cpus
+
+    return layout.threads_per_rank or max(1, usable_cpus() // layout.ranks_here)
 
 
 def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: dict[str, str], rdzv_timeout: int,
@@ -129,12 +137,14 @@ def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: d
 
 
 def _torchrun_cmd(module: str, module_args: list[str], nproc: int, nnodes: int, node_rank: int,
-                  master_addr: str, master_port: int, rdzv_timeout: int) -> list[str]:
+                  master_addr: str, master_port: int, rdzv_timeout: int, numa_binding: bool = False) -> list[str]:
     """torchrun's command line, with only the flags the installed torchrun has (compat): an older
-    torchrun without ``--shutdown-timeout`` ends a failed job's ranks after its own 30 s instead of 5 s."""
+    torchrun without ``--shutdown-timeout`` ends a failed job's ranks after its own 30 s instead of 5 s.
+    ``numa_binding`` only where the caller found ``--numa-binding`` there (placement.mode)."""
     from dlscale import compat
 
     optional = ["--shutdown-timeout=5"] if compat.available("torchrun_shutdown_timeout") else []
+    optional += ["--numa-binding=node"] if numa_binding else []
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",

@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: dlscale.distributed.rank is started by a launcher (torchrun, srun, mpirun); "
               "use `dlscale train|tta|micro collectives --nproc-per-node N`", file=sys.stderr)
         return 2
+    from dlscale.distributed.placement import bind_rank
+
+    bind_rank(env)  # before the rank's work starts threads: they inherit its CPUs
     return run(spec, env)
 
 

@@ -49,11 +49,15 @@ def run_rank(spec: Any, env: DistEnv) -> Any:
 
 
 def rank_layout_config(env: DistEnv, backend: str, layout: Any) -> dict[str, Any]:
-    """The layout part of the recorded config, as the ranks found it (world, nodes, launcher)."""
+    """The layout part of the recorded config, as the ranks found it (world, nodes, launcher), with how
+    the ranks were bound to CPUs and each rank's CPUs (placement.py)."""
     import torch
 
-    return layout.config(backend=backend, launcher=env.launcher, threads=torch.get_num_threads(),
-                         world_size=env.world_size, nodes=env.nnodes, devices_per_node=env.local_world_size)
+    from dlscale.distributed.env import RANK_CPUS, binding
+
+    return {**layout.config(backend=backend, launcher=env.launcher, threads=torch.get_num_threads(),
+                            world_size=env.world_size, nodes=env.nnodes, devices_per_node=env.local_world_size),
+            "cpu_binding": binding(), "rank_cpus": list(RANK_CPUS) or None}
 
 
 def check_same_job(env: DistEnv, config: dict[str, Any]) -> None:

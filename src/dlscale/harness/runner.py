@@ -53,15 +53,18 @@ def describe_failure(exc: BaseException) -> str:
 
 def _note_features(rec: RunRecord) -> None:
     """The version-dependent features the installed stack had (compat.features), where the run used
-    torch; the record's system is replaced, not mutated, since callers may share it."""
+    torch, and NCCL as it ran (nccl.info: version, NCCL_* variables, net plugin), where it joined a
+    process group over NCCL; the record's system is replaced, not mutated, since callers may share it."""
     import sys
 
     if "torch" not in sys.modules or not isinstance(rec.system, dict):
         return
-    from dlscale import compat
+    from dlscale import compat, nccl
 
     software = dict(rec.system.get("software") or {})
     software["features"] = compat.features()
+    if nccl.used():
+        software["nccl_runtime"] = nccl.info()
     rec.system = {**rec.system, "software": software}
 
 

@@ -175,7 +175,12 @@ def run_ranked(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = No
     what = f"for {cfg.duration:g} s" if kind == "burnin" else f"sizes {cfg.sizes}"
     info(f"dlscale micro {kind}: {fmt_count(layout.world_size, 'rank')} ({layout.nproc_per_node} per node, "
          f"{fmt_count(layout.nodes, 'node')}{', emulated' if layout.emulate_nodes else ''}), {what}")
-    rec = run_job(kind, cfg.to_dict(), layout, db, price)
+    config = cfg.to_dict()
+    if kind == "links":  # over gloo its exchanges use CPU tensors: the launcher places the ranks by that
+        from dlscale.micro.links import device_for
+
+        config["device"] = device_for(cfg.device, layout.launch_backend)
+    rec = run_job(kind, config, layout, db, price)
     if rec is None:
         info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
     return rec

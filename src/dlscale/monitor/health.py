@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.format import fmt_count
-from dlscale.monitor import nvml
+from dlscale.monitor import fabric, nvml, xid
 
 # nvmlClocksEventReason* bits (nvml.h; the same values as the older nvmlClocksThrottleReason* names).
 # The last field says whether the reason means the GPU is slowing itself down because something is
@@ -77,21 +77,31 @@ def _remapped(nv: Any, h: Any, notes: list[str], what: str) -> dict[str, Any] | 
     return {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failure": bool(failure)}
 
 
-def snapshot(nv: Any, h: Any, notes: list[str], what: str = "GPU") -> dict[str, Any]:
-    """Throttle reasons now, ECC counts, retired pages and row remapping of one GPU."""
+def snapshot(nv: Any, h: Any, notes: list[str], what: str = "GPU", name: str | None = None,
+             pci_id: int | None = None) -> dict[str, Any]:
+    """Throttle reasons now, ECC counts, retired pages and row remapping of one GPU, and its links and
+    limits (``fabric.snapshot``: NVLinks against the model ``name``'s, fabric, PCIe, power limits)."""
     mask = nvml.probe(nv, notes, f"{what} clock event reasons", lambda: throttle_mask(nv, h))
     return {
         "throttle_reasons": None if mask is None else decode_reasons(mask),
         "ecc": _ecc(nv, h, notes, what),
         "retired_pages": _retired(nv, h, notes, what),
         "remapped_rows": _remapped(nv, h, notes, what),
+        **fabric.snapshot(nv, h, notes, what, name, pci_id),
     }
+
+
+def model(nv: Any, h: Any, notes: list[str], label: str) -> tuple[str | None, int | None]:
+    """A GPU's name and PCI device id, which its datasheet rows are found by."""
+    return (nvml.probe(nv, notes, f"{label} name", lambda: nvml.text(nv.nvmlDeviceGetName(h))),
+            nvml.probe(nv, notes, f"{label} PCI device id", lambda: int(nv.nvmlDeviceGetPciInfo(h).pciDeviceId) >> 16))
 
 
 def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
     """What in one snapshot says the GPU should not be trusted with a benchmark."""
     out = []
-    bad = [r for r in snap.get("throttle_reasons") or [] if r in ALARMING]
+    reasons = snap.get("throttle_reasons")
+    bad = [r for r in reasons or [] if r in ALARMING]
     if bad:
         out.append(f"{label} is slowing its clocks now ({', '.join(bad)}): check cooling and power before measuring")
     ecc = snap.get("ecc") or {}
@@ -99,7 +109,14 @@ def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
         out.append(f"{label} has {ecc['volatile_uncorrected']} uncorrected ECC errors since the driver loaded: "
                    "drain it and run the vendor diagnostics")
     out.extend(_pending(snap, label))
+    out.extend(fabric.faults(snap, label, idle=reasons is None or "gpu_idle" in reasons))
     return out
+
+
+def snapshot_advisories(snap: dict[str, Any], label: str) -> list[str]:
+    """What in one snapshot is the GPU's configuration or history rather than a fault now (a power cap,
+    a slot below its PCIe generation, NVLink recoveries since the driver loaded): an acceptance WARNs."""
+    return fabric.configured(snap, label)
 
 
 def _pending(snap: dict[str, Any], label: str) -> list[str]:
@@ -131,10 +148,12 @@ def run_warnings(report: dict[str, Any]) -> list[str]:
             out.append(f"{label}: uncorrected ECC errors grew during the run ({counter.replace('_', ' ')} {a} -> {b})")
             break
     out.extend(_pending(after, label))
-    if report.get("xid_events"):
-        out.append(f"{label} raised Xid {', '.join(map(str, report['xid_events']))} during the run: "
-                   "see the kernel log (dmesg) and do not trust this run")
-    return out
+    out.extend(fabric.warnings(after, label, idle=True, since_load=False) + fabric.grown(before, after, label))
+    load = report.get("pcie_under_load") or {}
+    if load.get("samples"):
+        out.extend(fabric.pcie_warnings({**(after.get("pcie") or {}), **load}, label, idle=False))
+    out.extend(xid.warnings(report.get("xid_events") or [], label))
+    return list(dict.fromkeys(out))
 
 
 class XidWatch:
@@ -182,9 +201,12 @@ class HealthWatch:
         self.samples = 0
         self.xids: list[int] = []
         self.xid: XidWatch | None = None
+        self.pcie: dict[str, int] = {"samples": 0}  # the PCIe link under load: highest generation, narrowest width
+        self.model: tuple[str | None, int | None] = (None, None)
 
     def start(self) -> None:
-        self.before = snapshot(self.nv, self.gpu.handle, self.notes, self.label)
+        self.model = model(self.nv, self.gpu.handle, self.notes, self.label)
+        self.before = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         self.xid = nvml.probe(self.nv, self.notes, f"{self.label} Xid event registration",
                               lambda: XidWatch(self.nv, [self.gpu.handle]))
 
@@ -195,12 +217,19 @@ class HealthWatch:
             self.samples += 1
             for name in decode_reasons(mask):
                 self.counts[name] = self.counts.get(name, 0) + 1
+        if mask is not None and not mask & 0x1:  # under load: the PCIe link is at the rate it can hold
+            now = nvml.probe(self.nv, self.notes, f"{self.label} PCIe link",
+                             lambda: fabric.pcie_now(self.nv, self.gpu.handle))
+            if now is not None:
+                p = self.pcie
+                p["gen"], p["width"] = max(p.get("gen", 0), now[0]), min(p.get("width", now[1]), now[1])
+                p["samples"] += 1
         if self.xid is not None:
             self.xids.extend(nvml.probe(self.nv, self.notes, f"{self.label} Xid events", self.xid.drain) or [])
 
     def stop(self) -> None:
         """The closing snapshot (the monitor's last sample has already polled)."""
-        self.after = snapshot(self.nv, self.gpu.handle, self.notes, self.label)
+        self.after = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         if self.xid is not None:
             self.xid.close()
             self.xid = None
@@ -208,7 +237,8 @@ class HealthWatch:
     def report(self) -> dict[str, Any]:
         return {"gpu": self.label, "nvml_index": self.gpu.index, "mig_instance": self.gpu.mig,
                 "matched_by": self.gpu.matched_by, "before": self.before, "after": self.after, "samples": self.samples,
-                "throttle_samples": dict(self.counts), "xid_events": list(self.xids), "notes": list(self.notes)}
+                "throttle_samples": dict(self.counts), "xid_events": list(self.xids),
+                "xid_classes": xid.describe(self.xids), "pcie_under_load": dict(self.pcie), "notes": list(self.notes)}
 
     def warnings(self) -> list[str]:
         return run_warnings(self.report())
@@ -225,51 +255,6 @@ def watch_gpu(cuda_index: int, notes: list[str]) -> HealthWatch | None:
     return HealthWatch(nv, gpu, f"GPU {cuda_index}")
 
 
-def link_state(nv: Any, h: Any, notes: list[str], what: str) -> dict[str, Any]:
-    """One GPU's links now: the PCIe link's current and greatest generation and width, and its NVLinks
-    (``nvlinks_active``; ``nvlinks_down``: the links NVML lists as disabled). NVML answers
-    NOT_SUPPORTED past a GPU's last link, and for every link on a GPU without NVLink."""
-    out: dict[str, Any] = {k: nvml.probe(nv, notes, f"{what} {k}", lambda fn=fn: int(fn(h))) for k, fn in (
-        ("pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration), ("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration),
-        ("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth), ("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth))}
-    active, down = 0, []
-    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        try:
-            state = nv.nvmlDeviceGetNvLinkState(h, link)
-        except nv.NVMLError:
-            break
-        except Exception as e:  # noqa: BLE001 - a health check outlives any NVML surprise
-            notes.append(f"{what} NVLink {link} state: {type(e).__name__}: {e}")
-            break
-        if state == nv.NVML_FEATURE_ENABLED:
-            active += 1
-        else:
-            down.append(link)
-    return {**out, "nvlinks_active": active, "nvlinks_down": down}
-
-
-def link_warnings(gpus: list[dict[str, Any]]) -> dict[int, list[str]]:
-    """NVML index -> what its links say is wrong: a PCIe link trained narrower than the GPU's widest
-    (the generation drops at idle to save power, the width does not), or fewer NVLinks active than
-    the GPU of the same model with the most on this host."""
-    most: dict[str, int] = {}
-    for g in gpus:
-        most[g.get("name") or ""] = max(most.get(g.get("name") or "", 0), g.get("nvlinks_active") or 0)
-    out: dict[int, list[str]] = {}
-    for g in gpus:
-        label, mine = f"GPU {g['index']}", []
-        width, widest = g.get("pcie_width"), g.get("pcie_width_max")
-        if width and widest and width < widest:
-            mine.append(f"{label}'s PCIe link runs at x{width} of x{widest}: reseat the card or service its slot")
-        peak, active = most[g.get("name") or ""], g.get("nvlinks_active") or 0
-        if active < peak:
-            down = g.get("nvlinks_down") or []
-            mine.append(f"{label} has {active} of {peak} NVLinks active (its peers of the same model have {peak})"
-                        + (f"; down: {', '.join(map(str, down))}" if down else ""))
-        out[g["index"]] = mine
-    return out
-
-
 def check_host() -> dict[str, Any]:
     """``dlscale sysinfo --health``: a snapshot, the links' state and their warnings for every GPU NVML
     sees on this host."""
@@ -282,15 +267,13 @@ def check_host() -> dict[str, Any]:
         gpus = []
         for g in nvml.host_gpus(nv, notes):
             label = f"GPU {g.index}"
-            name = nvml.probe(nv, notes, f"{label} name", lambda g=g: nvml.text(nv.nvmlDeviceGetName(g.handle)))
-            snap = snapshot(nv, g.handle, notes, label)
+            name, pci_id = model(nv, g.handle, notes, label)
+            snap = snapshot(nv, g.handle, notes, label, name, pci_id)
             gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid,
-                         "mig_mode": g.mig_mode, **snap, **link_state(nv, g.handle, notes, label),
-                         "warnings": snapshot_warnings(snap, label)})
+                         "mig_mode": g.mig_mode, **snap, "warnings": snapshot_warnings(snap, label),
+                         "advisories": snapshot_advisories(snap, label)})
     finally:
         nvml.stop(nv)
-    for g in gpus:
-        g["warnings"] += link_warnings(gpus)[g["index"]]
     out: dict[str, Any] = {"gpus": gpus, "notes": notes}
     if not gpus:
         out["note"] = "NVML answered but lists no GPU: nothing to check"

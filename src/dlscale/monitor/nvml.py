@@ -50,6 +50,27 @@ def stop(nv: Any) -> None:
         pass
 
 
+def nvlink_states(nv: Any, h: Any) -> list[bool]:
+    """Whether each NVLink of a GPU is up, for every link it has: NVML answers for each of them (enabled
+    or disabled) and errs past the last one, or at once on a GPU without NVLink."""
+    states = []
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            states.append(nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED)
+        except nv.NVMLError:
+            break
+    return states
+
+
+def gpu_cpus(nv: Any, h: Any) -> list[int]:
+    """The CPUs NVML names ideal for this GPU (its NUMA node's, as a bitmask of 64-bit words): the mask
+    spans every CPU of the host, so its length comes from the host's CPU count, not this process's
+    affinity."""
+    words = max(1, -(-(os.cpu_count() or 64) // 64))
+    mask = nv.nvmlDeviceGetCpuAffinity(h, words)
+    return [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
+
+
 def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.nvlink import GENERATIONS
 
 LEVELS = ("intra", "inter")
 GB = 1e9
@@ -109,10 +110,11 @@ def _pcie(gen: int, gts: int, spec: str) -> Link:
                 f"= {bw / GB:.2f} GB/s per direction; {_TYPICAL_P2P}")
 
 
-def _nvlink(name: str, links: int, gpu: str, sheet: str, total: int) -> Link:
-    bw = links * 25 * GB
+def _nvlink(name: str, links: int, gpu: str, sheet: str, total: int, generation: int) -> Link:
+    per_link = GENERATIONS[generation].gbps
+    bw = links * per_link * GB
     return Link(name, 5e-6, bw,
-                f"{sheet}: NVLink {total} GB/s per GPU (both directions) = {links} links x 25 GB/s "
+                f"{sheet}: NVLink {total} GB/s per GPU (both directions) = {links} links x {per_link:g} GB/s "
                 f"= {bw / GB:.0f} GB/s per direction, all of the {gpu}'s links (a ring over any GPUs of the node "
                 f"reaches them through NVSwitch); {_TYPICAL_P2P}")
 
@@ -130,7 +132,7 @@ def links_within(gpus: range, nvlinks: dict[tuple[int, int], int] = DGX1_NVLINKS
 
 
 def _nvlink_cube_mesh() -> Link:
-    rings = {g: links_within(range(g)) * 25 * GB for g in DGX1_RINGS}
+    rings = {g: links_within(range(g)) * GENERATIONS[2].gbps * GB for g in DGX1_RINGS}
     per = ", ".join(f"{g} GPUs {bw / GB:.0f} GB/s" for g, bw in rings.items())
     return Link("nvlink2", 5e-6, rings[8],
                 "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 6 NVLinks x 25 GB/s per direction; NVIDIA DGX-1 "
@@ -157,9 +159,10 @@ DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
     _pcie(4, 16, "PCI-SIG PCI Express Base Specification Revision 4.0 (2017)"),
     _pcie(5, 32, "PCI-SIG PCI Express Base Specification Revision 5.0 (2019)"),
     _nvlink_cube_mesh(),
-    _nvlink("nvlink2-nvswitch", 6, "V100", "NVIDIA DGX-2 datasheet (2018), 16 V100 through NVSwitch", 300),
-    _nvlink("nvlink3", 12, "A100", "NVIDIA A100 Tensor Core GPU datasheet (2021)", 600),
-    _nvlink("nvlink4", 18, "H100", "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM", 900),
+    _nvlink("nvlink2-nvswitch", 6, "V100", "NVIDIA DGX-2 datasheet (2018), 16 V100 through NVSwitch", 300, 2),
+    _nvlink("nvlink3", 12, "A100", "NVIDIA A100 Tensor Core GPU datasheet (2021)", 600, 3),
+    _nvlink("nvlink4", 18, "H100", "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM", 900, 4),
+    _nvlink("nvlink5", 18, "B200", "NVIDIA HGX B200 specifications (2024), per GPU", 1800, 5),
     _ib("EDR", 100),
     _ib("HDR", 200),
     _ib("NDR", 400),
@@ -171,7 +174,7 @@ DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
 
 ALIASES = {"pcie3": "pcie-gen3-x16", "pcie4": "pcie-gen4-x16", "pcie5": "pcie-gen5-x16",
            "nvlink-v100": "nvlink2", "dgx1": "nvlink2", "dgx2": "nvlink2-nvswitch", "nvlink-a100": "nvlink3",
-           "nvlink-h100": "nvlink4",
+           "nvlink-h100": "nvlink4", "nvlink-b200": "nvlink5",
            "edr": "ib-edr", "hdr": "ib-hdr", "ndr": "ib-ndr",
            "eth-10g": "10gbe", "eth-25g": "25gbe", "eth-100g": "100gbe", "eth-400g": "400gbe"}
 

@@ -72,13 +72,22 @@ def job_parameters(point: Point, opts: SlurmOptions) -> dict[str, Any]:
                      opts, gpus=ranks if opts.gpus_per_node == "auto" else opts.gpus_per_node)
 
 
-def resources(name: str, nodes: int, time_min: int, opts: SlurmOptions, gpus: int | str | None) -> dict[str, Any]:
+def resources(name: str, nodes: int, time_min: int, opts: SlurmOptions, gpus: int | str | None,
+              whole_node: bool = False) -> dict[str, Any]:
     """A dlscale job's submitit parameters: named ``name``, one task per node (which starts that node's
-    ranks itself), ``time_min`` minutes, ``gpus`` per node, and the rest of ``opts`` as given."""
-    params: dict[str, Any] = {"job_name": name, "nodes": nodes, "ntasks_per_node": 1, "time": time_min}
+    ranks itself), ``time_min`` minutes, ``gpus`` per node, and the rest of ``opts`` as given. The
+    task's job step asks for every resource the job has on its node (``srun --whole``, Slurm >= 20.11):
+    the ranks it starts share what the job was given, not the one CPU a step's task gets by default.
+    ``whole_node``: the job asks for whole nodes, every CPU and all memory (``--exclusive --mem=0``),
+    whatever their count, which the submitting host cannot know."""
+    params: dict[str, Any] = {"job_name": name, "nodes": nodes, "ntasks_per_node": 1, "time": time_min,
+                              "srun_args": ["--whole"]}
     for key in ("partition", "cpus_per_task", "account", "constraint", "qos", "mem"):
         if getattr(opts, key) is not None:
             params[key] = getattr(opts, key)
+    if whole_node:
+        params["exclusive"] = True
+        params.setdefault("mem", "0")  # --exclusive gives every CPU and GPU but only the memory asked for
     if gpus:
         params["gpus_per_node"] = gpus
     if opts.setup:

@@ -22,6 +22,7 @@ from typing import Any
 from dlscale.errors import UsageError
 from dlscale.memsize import parse_memory, total_memory
 from dlscale.record import RunRecord
+from dlscale.system import usable_cpus
 from dlscale.tune.search import KNOBS, Outcome, Search, TrialRunner
 
 SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "data", "optimizer")
@@ -80,14 +81,14 @@ def device_knobs(device_type: str, images: bool, data: bool) -> tuple[dict[str, 
         if not bf16:
             left.append("precision bf16: this CPU has neither AVX512-BF16 nor AMX (bf16 would be emulated)")
         left.append("compile mode reduce-overhead: CUDA graphs need a CUDA device")
-        n = os.cpu_count() or 1
+        n = usable_cpus()
         cands["threads_per_rank"] = sorted({n, max(1, n // 2), torch.get_num_threads()})
     if images:
         cands["channels_last"] = [True, False]
     else:
         left.append("memory format: only image models have one")
     if data:
-        n = os.cpu_count() or 1
+        n = usable_cpus()
         cands["workers"] = sorted({0, max(1, n // 2), n})
         cands["prefetch_factor"] = [4]  # torch's default is 2 batches per worker
         if device_type == "cuda":
