@@ -250,7 +250,7 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
     system = collect_cached()
     info(f"dlscale infer {resolved.model}: batch {','.join(map(str, resolved.batch_sizes))}, "
          f"{shape_words(resolved.train_config())}, {resolved.precision}, {resolved.runtime}"
-         f"{', compiled' if resolved.compile else ''} on {device}")
+         f"{f', decode {resolved.decode}' if resolved.decode else ', compiled' if resolved.compile else ''} on {device}")
     with store:
         return execute(kind="inference", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
                        store=store, system=system, price=as_price(price),
