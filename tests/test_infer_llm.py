@@ -86,11 +86,12 @@ def test_collect_headlines_at_the_largest_batch_and_throughput_at_the_best():
 
 # -- the generation ------------------------------------------------------------------------------------
 def test_generation_times_come_from_the_clock(tiny):
-    """Two clock reads per span: prefill 0 -> 0.5, decode steps 1 -> 1.25 and 2 -> 2.5."""
+    """One clock read per mark, the spans tiling the generation: prefill 0 -> 0.5, decode steps
+    0.5 -> 0.75 and 0.75 -> 1.25."""
     import torch
 
     model, cfg = tiny
-    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.5])
+    ticks = iter([0.0, 0.5, 0.75, 1.25])
     with torch.inference_mode():
         g = greedy_generate(model, _prompt(cfg, 2), 3, torch.device("cpu"), clock=lambda: next(ticks))
     assert g.prefill_s == 0.5 and g.decode_step_s == [0.25, 0.5]
@@ -152,6 +153,8 @@ def test_run_reports_every_figure_with_units():
         assert [len(d) for d in run["decode_step_s"]] == [3, 3] and len(run["first_row_tokens"]) == 4
     assert m["decode_tokens_per_s"] == m["decode_tokens_per_s_by_batch"][1]
     assert all(w.count("\n") == 0 for w in warnings)
+    assert raw["decode_mode"] == "eager" and raw["decode"].startswith("greedy") and "eager" in raw["decode"]
+    assert "compile_s_by_batch" not in m  # nothing compiled: no compile time to record
     json.dumps(raw)  # the record stores it
 
 
@@ -206,7 +209,7 @@ def test_other_models_are_refused():
 def test_cache_keyword_follows_the_installed_forward_signature():
     """transformers 5.x takes the KV cache as ``cache``; 4.x as ``past_key_values``: the adapter reads
     the model's own forward, so either end of the declared range gets the keyword it knows."""
-    from dlscale.infer.llm import cache_keyword
+    from dlscale.infer.decode import cache_keyword
 
     class Old:
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -218,3 +221,69 @@ def test_cache_keyword_follows_the_installed_forward_signature():
 
     assert cache_keyword(Old()) == "past_key_values"
     assert cache_keyword(New()) == "cache"
+
+
+# -- the command ---------------------------------------------------------------------------------------
+_LLM_ARGS = ("infer", "llama_tiny", "--prompt-len", "4", "--output-len", "3", "--batch-sizes", "1,2", "--iters", "2",
+             "--warmup", "0", "--device", "cpu")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--decode", "fast"], "--decode 'fast'"),
+    (["--decode", "eager", "--compile"], "--compile"),
+    (["--decode", "graph"], "--decode graph captures a CUDA graph"),
+    (["--scenario", "offline"], "--scenario does not apply to LLM"),
+    (["--find-max-batch"], "--find-max-batch does not apply to LLM"),
+    (["--runtime", "onnxruntime"], "--runtime onnxruntime does not apply to LLM"),
+])
+def test_bad_llm_options_exit_2_with_one_line(cli, db_path, args, words):
+    r = cli(*_LLM_ARGS, *args)
+    assert r.code == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and r.stdout == ""
+
+
+def test_decode_needs_an_llm_prefill_run():
+    from dlscale.infer.config import InferConfig
+
+    assert "--prompt-len" in _refused(InferConfig, model="llama_tiny", decode="compiled")
+    assert InferConfig(model="llama_tiny", prompt_len=4, output_len=3, compile=True).resolve("cpu").decode == "compiled"
+    assert InferConfig(model="llama_tiny", prompt_len=4, output_len=3).resolve("cpu").decode == "eager"
+    assert InferConfig(model="tinycnn").resolve("cpu").decode is None
+
+
+def test_the_table_and_the_record_say_the_decode_mode(cli, db_path):
+    r = cli(*_LLM_ARGS)
+    assert r.code == 0, r.stderr
+    assert "decode eager" in r.stdout and "decode tokens per s (eager)" in r.stdout
+    assert "compile time" not in r.stdout
+
+
+def test_compile_runs_the_compiled_decode_and_keeps_the_eager_tokens(cli, db_path, monkeypatch, tmp_path):
+    """--compile is --decode compiled: a static cache and a compiled step (traced here by Dynamo's eager
+    backend, on a one-layer llama_tiny: the wiring, not Inductor, is under test), one compile per batch
+    size, recorded apart, and the same greedy tokens as the eager run of the same seed."""
+    from dlscale.infer import decode, llm
+
+    one_layer = tmp_path / "one_layer.json"
+    one_layer.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 1}))
+
+    def traced_only(mode, model, device, output_len):
+        if mode == "compiled":
+            return decode.CompiledDecoder(model, device, output_len, backend="eager")
+        return decode.make_decoder(mode, model, device, output_len)
+
+    monkeypatch.setattr(llm, "make_decoder", traced_only)
+    runs = {}
+    for extra in ([], ["--compile"]):
+        r = cli(*_LLM_ARGS, "--model-config", str(one_layer), "--format", "json", *extra)
+        assert r.code == 0, r.stderr
+        runs[bool(extra)] = json.loads(r.stdout)
+    eager, compiled = runs[False], runs[True]
+    assert compiled["config"]["decode"] == "compiled" == compiled["raw"]["decode_mode"]
+    assert eager["config"]["decode"] == "eager" and "compile_s_by_batch" not in eager["metrics"]
+    m = compiled["metrics"]
+    assert len(m["compile_s_by_batch"]) == 2 and all(s > 0 for s in m["compile_s_by_batch"])
+    assert m["compiles_by_batch"] in ([1, 1], [None, None]) and compiled["units"]["compile_s_by_batch"] == "s"
+    assert [b["first_row_tokens"] for b in compiled["raw"]["by_batch"]] == \
+        [b["first_row_tokens"] for b in eager["raw"]["by_batch"]]

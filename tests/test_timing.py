@@ -62,3 +62,44 @@ def test_cuda_callback_sits_outside_the_event_pair(monkeypatch):
 def test_stop_without_start_is_an_error():
     with pytest.raises(RuntimeError, match="without start"):
         StepClock(None).stop()
+
+
+def test_mark_clock_spans_tile_the_marks_on_the_cpu():
+    from dlscale.harness.timing import MarkClock
+
+    ticks = iter([1.0, 1.5, 1.75, 3.0, 10.0, 10.25])
+    clock = MarkClock(None, 4, clock=lambda: next(ticks))
+    for _ in range(4):
+        clock.mark()
+    assert clock.spans() == [0.5, 0.25, 1.25]
+    clock.restart()  # the next run reuses the clock
+    clock.mark()
+    clock.mark()
+    assert clock.spans() == [0.25]
+
+
+def test_mark_clock_makes_its_events_up_front_and_synchronises_once(monkeypatch):
+    import torch
+
+    from dlscale.harness.timing import MarkClock
+
+    made, syncs = [], []
+
+    class Event(_FakeEvent):
+        def __init__(self, enable_timing: bool = False):
+            super().__init__(enable_timing)
+            made.append(self)
+
+    _FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    clock = MarkClock(torch.device("cuda"), 3)
+    assert len(made) == 3 and _FakeEvent.log == []
+    for _ in range(3):
+        clock.mark()
+        _FakeEvent.log.append("work")
+    assert clock.spans() == pytest.approx([2e-3, 2e-3]) and len(syncs) == 1 and len(made) == 3
+    with pytest.raises(RuntimeError, match="3 marks"):
+        clock.mark()
+    with pytest.raises(ValueError):
+        MarkClock(None, 1)

@@ -234,8 +234,8 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
           on_batch: Callable[[int, dict[str, Any]], None] | None = None, price: Any = None, **options: Any) -> Any:
     """Inference throughput and latency by batch size (``dlscale infer``); the run's record (kind
     ``inference``). ``options`` are ``InferConfig`` fields (batch_sizes, precision, runtime, compile,
-    iters, find_max_batch, scenario, prompt_len, ...). ``on_batch(batch_size, figures)`` is called
-    after each batch size is measured."""
+    iters, find_max_batch, scenario, prompt_len, output_len, decode, ...). ``on_batch(batch_size,
+    figures)`` is called after each batch size is measured."""
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
     from dlscale.infer.config import InferConfig
@@ -251,11 +251,16 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
     system = collect_cached()
     info(f"dlscale infer {resolved.model}: batch {','.join(map(str, resolved.batch_sizes))}, "
          f"{shape_words(resolved.train_config())}, {resolved.precision}, {resolved.runtime}"
-         f"{', compiled' if resolved.compile else ''} on {device}")
+         f"{_infer_how(resolved)} on {device}")
     with store:
         return execute(kind="inference", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
                        store=store, system=system, price=as_price(price),
                        body=lambda _rec: run_inference(resolved, device, on_batch))
+
+
+def _infer_how(cfg: Any) -> str:
+    """', decode MODE' for an LLM prefill/decode run, ', compiled' for a compiled forward sweep."""
+    return f", decode {cfg.decode}" if cfg.decode else ", compiled" if cfg.compile else ""
 
 
 __all__ += ["infer"]

@@ -21,7 +21,10 @@ Prints samples/s in the family's unit with its 95% CI and CV, and latency per ba
 (single-/multi-stream: LoadGen's early-stopping 90th/99th percentile latency; server: completed
 samples/s; offline: samples/s) with the raw one beside it; a server run far above what the model
 sustains stops at LoadGen's max query count, INVALID. llm models with --prompt-len/--output-len
-measure prefill and decode with a KV cache instead of the forward sweep."""
+measure prefill and decode with a KV cache instead of the forward sweep; --decode picks how a token
+is decoded: eager (DynamicCache, one Python forward per token), compiled (= --compile: a static KV
+cache and the one-token step under torch.compile, CUDA graphs on a GPU) or graph (static cache, the
+step captured as one CUDA graph; CUDA only). Compile/capture time is recorded apart from the figures."""
 
 EPILOG = """Examples:\n\n
   dlscale infer resnet50 --batch-sizes 1,8,32\n\n
@@ -29,7 +32,8 @@ EPILOG = """Examples:\n\n
   dlscale infer resnet50 --runtime onnxruntime --batch-sizes 1,16\n\n
   dlscale infer resnet50 --find-max-batch --max-memory 16G\n\n
   dlscale infer tinycnn --scenario server --find-peak --latency-bound 0.01\n\n
-  dlscale infer llama_tiny --prompt-len 128 --output-len 32 --batch-sizes 1,4"""
+  dlscale infer llama_tiny --prompt-len 128 --output-len 32 --batch-sizes 1,4\n\n
+  dlscale infer llama_small --prompt-len 128 --output-len 64 --batch-sizes 1 --decode compiled"""
 
 
 def infer(
@@ -41,7 +45,7 @@ def infer(
     max_table_rows: sopt.MaxRowsOpt = None,
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | bf16 | fp16 (autocast) | int8 (PT2E, CPU).")] = "fp32",
     runtime: Annotated[str, typer.Option("--runtime", help="torch | onnxruntime (ONNX export, CPU or CUDA provider).")] = "torch",
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up); llm decode: --decode compiled.")] = False,
     channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Image memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Uncounted forwards before the timed ones, at each batch size.")] = 3,
     iters: Annotated[int, typer.Option("--iters", "-n", help="Timed forwards at each batch size.")] = 20,
@@ -57,6 +61,7 @@ def infer(
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of each LoadGen run (default: short).", show_default=False)] = None,
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="llm: prompt tokens (prefill) per sequence.", show_default=False)] = None,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
+    decode: Annotated[Optional[str], typer.Option("--decode", help="llm: eager | compiled (static KV cache + torch.compile; CUDA graphs on a GPU) | graph (static KV cache + one CUDA graph; CUDA only). Default eager, compiled with --compile.", show_default=False)] = None,
     tag: TagOpt = None,
     db: DbOpt = None,
     price_per_hour: copt.PriceOpt = None,
@@ -74,7 +79,7 @@ def infer(
         channels_last=channels_last, warmup=warmup, iters=iters, device=device, seed=seed, tag=tag,
         find_max_batch=find_max_batch, max_memory=max_memory, scenario=scenario, find_peak=find_peak,
         latency_bound=latency_bound, target_qps=target_qps, mlperf_durations=mlperf_durations, duration=duration,
-        prompt_len=prompt_len, output_len=output_len,
+        prompt_len=prompt_len, output_len=output_len, decode=decode,
     )
     price = copt.price(price_per_hour, systems_file, system)
     with failed_as_json(fmt, db):
@@ -103,9 +108,9 @@ def batch_table(rec):
 
     m, c = rec.metrics, rec.config
     unit = c.get("sample_unit", "samples")
+    how = f", decode {c['decode']}" if c.get("decode") else ", compiled" if c.get("compile") else ""
     t = Table(title=f"dlscale infer {rec.workload}  [{rec.status}]  {c.get('precision')}, {c.get('runtime_version')}"
-                    f"{', compiled' if c.get('compile') else ''}, {c.get('device')} ({c.get('device_name')})  "
-                    f"run {rec.run_id}", title_justify="left")
+                    f"{how}, {c.get('device')} ({c.get('device_name')})  run {rec.run_id}", title_justify="left")
     for col in ("batch", f"{unit}/s", "95% CI", "CV", "p50", "p90", "p99", "max"):
         t.add_column(col, justify="right")
     best = m.get("best_batch_size")
@@ -125,6 +130,7 @@ _EXTRA = ("max_batch_size", "max_batch_peak_memory", "max_memory_cap", "scenario
           "scenario_metric", "mlperf_result_key", "latency_bound_s", "latency_bound_source", "probed_samples_per_s",
           "max_query_count", "valid", "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s",
           "time_per_output_token_s")
+_LLM = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
 
 
 def extra_table(rec):
@@ -132,18 +138,23 @@ def extra_table(rec):
     named as such) and the LLM headline, where measured."""
     from rich.table import Table
 
-    from dlscale.format import format_metric
+    from dlscale.format import fmt_seconds, format_metric
 
-    m = rec.metrics
+    m, mode = rec.metrics, rec.config.get("decode")
     t = Table(show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     for k in _EXTRA:
         if m.get(k) is not None:
-            t.add_row(k.replace("_", " "), format_metric(k, m[k], rec.units.get(k)))
+            label = k.replace("_", " ") + (f" ({mode})" if mode and k in _LLM else "")
+            t.add_row(label, format_metric(k, m[k], rec.units.get(k)))
         elif k == "scenario_metric" and m.get("scenario"):
             t.add_row("scenario metric", "none (the warnings say why)")
         raw = m.get("scenario_raw_name")
         if k == "scenario_metric" and raw and m.get(raw) is not None:
             t.add_row(f"{raw.replace('_', ' ')} (raw, not MLPerf's figure)", format_metric(raw, m[raw], rec.units.get(raw)))
+    if m.get("compile_s_by_batch"):
+        what = "capture" if mode == "graph" else "compile"
+        t.add_row(f"{what} time by batch (not in any figure)",
+                  ", ".join(f"{b}: {fmt_seconds(s)}" for b, s in zip(m["batch_sizes"], m["compile_s_by_batch"])))
     return t

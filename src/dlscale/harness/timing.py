@@ -1,4 +1,6 @@
-"""The timed loop: warm-up steps not counted, then measured steps timed one by one.
+"""The timed loop: warm-up steps not counted, then measured steps timed one by one (and MarkClock:
+consecutive spans of one stream of work, e.g. a generation's prefill and decode steps, with events made
+up front and one synchronise).
 
 Each measured step sits between its own start and end mark, and nothing else does: the progress
 callback runs after a step's end mark and before the next step's start mark, so a slow callback
@@ -94,3 +96,50 @@ def timed_loop(
     if meter is not None:
         meter.end()
     return times, outputs
+
+
+class MarkClock:
+    """Points along one stream of work: ``mark()`` up to ``marks`` times, then ``spans()`` gives the
+    seconds between consecutive marks.
+
+    On CUDA the marks are events made here, before any work, and recorded on the current stream;
+    ``spans()`` synchronises once (so a run of marks costs one host wait, not one per span). On the CPU
+    ``clock`` (``time.perf_counter``; a test injects one) is read at each mark. ``restart()`` reuses the
+    same events for the next run.
+    """
+
+    def __init__(self, device: Any, marks: int, clock: Callable[[], float] = time.perf_counter):
+        if marks < 2:
+            raise ValueError("a MarkClock needs at least 2 marks (one span)")
+        self.device = device
+        self._cuda = getattr(device, "type", "cpu") == "cuda"
+        self._clock = clock
+        self._at: list[Any] = []
+        if self._cuda:
+            import torch
+
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
+        else:
+            self._events = [None] * marks
+
+    def restart(self) -> None:
+        self._at = []
+
+    def mark(self) -> None:
+        i = len(self._at)
+        if i == len(self._events):
+            raise RuntimeError(f"MarkClock: more than the {len(self._events)} marks it was made for")
+        if self._cuda:
+            self._events[i].record()
+            self._at.append(self._events[i])
+        else:
+            self._at.append(self._clock())
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks (one device synchronise on CUDA)."""
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._at, self._at[1:])]
+        return [b - a for a, b in zip(self._at, self._at[1:])]

@@ -76,6 +76,7 @@ class InferConfig:
     # LLM prefill/decode (dlscale.infer.llm)
     prompt_len: int | None = None
     output_len: int | None = None
+    decode: str | None = None  # eager | compiled | graph (dlscale.infer.decode); resolved: --compile -> compiled
 
     def __post_init__(self) -> None:
         from dlscale import workloads
@@ -104,6 +105,25 @@ class InferConfig:
         if (self.prompt_len is None) != (self.output_len is None):
             raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
         self._check_runtime(w)
+        self._check_llm()
+
+    def _check_llm(self) -> None:
+        """--decode applies to LLM prefill/decode, which runs neither LoadGen, the largest-batch search nor
+        onnxruntime: each said before anything is built, not accepted and ignored."""
+        from dlscale.infer.decode import resolve_mode
+
+        if self.prompt_len is None:
+            if self.decode is not None:
+                raise UsageError("--decode applies to LLM prefill/decode runs: add --prompt-len and --output-len "
+                                 "with an llm model")
+            return
+        resolve_mode(self.decode, self.compile, "cuda")  # an unknown mode or a contradiction; the device comes later
+        others = {"--scenario": self.scenario is not None, "--find-max-batch": self.find_max_batch,
+                  "--runtime onnxruntime": self.runtime != "torch"}
+        given = [opt for opt, on in others.items() if on]
+        if given:
+            raise UsageError(f"{given[0]} does not apply to LLM prefill/decode (--prompt-len/--output-len); run it "
+                             "without them, or drop it")
 
     def _check_scenario(self) -> None:
         if self.scenario is not None:
@@ -185,6 +205,10 @@ class InferConfig:
         fields = {k: v for k, v in shape.items() if k in ("image_size", "seq_len", "model_config", "max_table_rows")}
         if w.family == "llm" and self.seq_len is None and self.prompt_len is not None:
             fields["seq_len"] = self.prompt_len  # the forward sweep is the prompt's prefill
+        if self.prompt_len is not None:
+            from dlscale.infer.decode import resolve_mode
+
+            fields["decode"] = resolve_mode(self.decode, self.compile, device_type)
         return replace(self, device=device_type, channels_last=bool(channels_last), **fields)
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,42 +2,48 @@
 
 The model is the registered ``llm`` workload built from a ``TrainConfig`` (so ``--model-config``
 selects or varies it exactly as for training), random weights, eval mode, under
-``torch.inference_mode``. bf16/fp16 hold the weights in that dtype, as inference servers load them,
-and run under autocast: autocast over fp32 weights would re-cast every weight at every forward,
-because its weight-cast cache is off under ``inference_mode`` (a one-token decode step is mostly
-reading weights, so that made bf16 decode slower than fp32 on a CPU). The prompts are ``batch`` rows of ``prompt_len`` random token ids: the workload's
-own synthetic batch, deterministic from the seed.
+``torch.inference_mode``. bf16/fp16 cast the model to that dtype (``model.to(dtype)``), as inference
+servers load their weights, and run without autocast: autocast over fp32 weights would re-cast every
+weight at every forward, because its weight-cast cache is off under ``inference_mode`` (a one-token
+decode step is mostly reading weights, so that made bf16 decode slower than fp32 on a CPU). The
+prompts are ``batch`` rows of ``prompt_len`` random token ids: the workload's own synthetic batch,
+deterministic from the seed.
 
-One generation of ``output_len`` tokens (all rows at once, no padding):
+One generation of ``output_len`` tokens (all rows at once, no padding), in the decode mode
+``--decode`` names (``dlscale.infer.decode``: eager DynamicCache, or a static cache with the
+one-token step compiled or captured as a CUDA graph):
 
-- **prefill**: one forward over the whole prompt that fills a fresh ``transformers.DynamicCache``
-  and returns the logits of the last position only (``logits_to_keep=1``, as ``generate`` does);
-  their argmax is the first generated token. Its time is the **time to first token** (TTFT): from
-  the request's start to the first token's id, i.e. the prefill forward plus the argmax.
+- **prefill**: one forward over the whole prompt into the KV cache that returns the logits of the
+  last position only (``logits_to_keep=1``, as ``generate`` does); their argmax is the first
+  generated token. Its time is the **time to first token** (TTFT): from the request's start to the
+  first token's id, i.e. the prefill forward plus the argmax.
 - **decode**: ``output_len - 1`` steps, each feeding the previous step's greedy (argmax) token,
-  one token per row, with the cache, and taking the argmax of the new logits. Each step is timed
-  on its own. The first token is not a decode step, so ``output_len`` must be at least 2.
+  one token per row, with the cache, and taking the argmax of the new logits. The first token is
+  not a decode step, so ``output_len`` must be at least 2.
 
-The device is synchronised at the end of every timed span. The cache ends holding
-``prompt_len + output_len - 1`` positions; ``prompt_len + output_len`` may not exceed the model's
-``max_position_embeddings``. ``warmup`` whole generations run first and are not counted; then
-``iters`` measured generations. Figures (see :func:`llm_figures`, and docs/METRICS.md):
-prefill tokens/s ``batch·prompt_len / mean TTFT``, decode tokens/s ``batch / mean step time``,
-time per output token (TPOT) the mean decode step time, p50/p90 of the pooled step times; CIs
-are the t-intervals of the mean per-generation time, mapped through the reciprocal.
+The spans are consecutive marks of ``harness.timing.MarkClock`` (CUDA events with one synchronise
+per generation; ``perf_counter`` on the CPU). The cache ends holding ``prompt_len + output_len - 1``
+positions; ``prompt_len + output_len`` may not exceed the model's ``max_position_embeddings``. At
+each batch size the decoder is prepared first (compiled/graph: compile or capture and untimed whole
+generations, their wall time recorded as ``compile_s_by_batch``, never in a figure), then ``warmup``
+whole generations run and are not counted; then ``iters`` measured generations. Figures (see
+:func:`llm_figures`, and docs/METRICS.md): prefill tokens/s ``batch·prompt_len / mean TTFT``, decode
+tokens/s ``batch / mean step time``, time per output token (TPOT) the mean decode step time, p50/p90
+of the pooled step times; CIs are the t-intervals of the mean per-generation time, mapped through
+the reciprocal.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from dlscale import stats
 from dlscale.errors import UsageError
+from dlscale.infer.decode import Generation, make_decoder, resolve_mode
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NO_CI = "one measured generation per batch size: no confidence interval; use --iters >= 2"
@@ -74,6 +80,8 @@ UNITS = {
     "time_to_first_token_s": "s",
     "time_per_output_token_s": "s",
     "iters": "generations",
+    "compile_s_by_batch": "s",
+    "compiles_by_batch": "graphs",
 }
 
 # Per-batch figure (from llm_figures) -> the metric that lists it across batch sizes.
@@ -94,15 +102,6 @@ _BY_BATCH = {
     "cv": "cv_by_batch",
 }
 _HEADLINES = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
-
-
-@dataclass
-class Generation:
-    """One greedy generation: the tokens it produced (batch x output_len) and its timed spans."""
-
-    tokens: Any
-    prefill_s: float
-    decode_step_s: list[float]
 
 
 def check_inputs(batch_sizes: Sequence[int], prompt_len: int, output_len: int, precision: str,
@@ -146,41 +145,19 @@ def llm_config(model: str, model_config: str | None, prompt_len: int, output_len
     return replace(cfg, seq_len=prompt_len)
 
 
-def cache_keyword(model: Any) -> str:
-    """The keyword a causal LM's forward takes its KV cache under: ``cache`` from transformers 5.x
-    (which deprecates ``past_key_values`` and drops it in 5.40), ``past_key_values`` before it."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def greedy_generate(model: Any, prompt: Any, output_len: int, device: Any, amp_dtype: Any = None,
+def greedy_generate(model: Any, prompt: Any, output_len: int, device: Any, mode: str = "eager",
                     clock: Callable[[], float] = time.perf_counter) -> Generation:
-    """Prefill ``prompt`` into a fresh KV cache, then ``output_len - 1`` one-token greedy decode steps.
+    """One generation of ``output_len`` tokens in a decode mode (its decoder prepared first).
 
-    Call it under ``torch.inference_mode``. ``clock`` is read twice per timed span (start, end after
-    the device is synchronised), so a test can feed it known times.
+    Call it under ``torch.inference_mode``. On the CPU ``clock`` is read at each of the
+    ``output_len + 1`` marks, so a test can feed it known times.
     """
-    import torch
-    from transformers import DynamicCache
+    from dlscale.harness.timing import MarkClock
 
-    from dlscale.harness.device import synchronize
-
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        start = clock()
-        cache = DynamicCache(config=model.config)
-        key = cache_keyword(model)
-        out = model(prompt, **{key: cache}, use_cache=True, logits_to_keep=1)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        synchronize(device)
-        prefill = clock() - start
-        tokens, steps = [token], []
-        for _ in range(output_len - 1):
-            start = clock()
-            out = model(token, **{key: cache}, use_cache=True, logits_to_keep=1)
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            synchronize(device)
-            steps.append(clock() - start)
-            tokens.append(token)
-    return Generation(tokens=torch.cat(tokens, dim=1), prefill_s=prefill, decode_step_s=steps)
+    decoder = make_decoder(mode, model, device, output_len)
+    decoder.prepare(prompt)
+    with decoder.frozen():
+        return decoder.generate(prompt, MarkClock(device, output_len + 1, clock))
 
 
 def _ci(ci: tuple[float, float] | None) -> list[float] | None:
@@ -255,16 +232,24 @@ def _device(device: Any) -> Any:
     return select_device(str(device)) if str(device) in ("auto", "cpu", "cuda") else torch.device(device)
 
 
-def _measure_batch(w: Any, cfg: Any, model: Any, batch: int, output_len: int, device: Any, amp_dtype: Any,
-                   warmup: int, iters: int, seed: int, meter: Any = None) -> list[Generation]:
-    """``warmup`` uncounted generations, then ``iters`` measured ones, of one batch of prompts
-    (``meter``, an EnergyMeter, read after the warm-up's last synchronisation and the last generation's)."""
+def _measure_batch(w: Any, cfg: Any, decoder: Any, batch: int, output_len: int, device: Any, warmup: int,
+                   iters: int, seed: int, meter: Any = None) -> list[Generation]:
+    """The decoder prepared for one batch of prompts (compile/capture, untimed), ``warmup`` uncounted
+    generations, then ``iters`` measured ones (``meter``, an EnergyMeter, read after the warm-up's
+    last synchronisation and the last generation's)."""
+    from dlscale.harness.device import synchronize
+    from dlscale.harness.timing import MarkClock
+
     prompt, _ = w.make_batch(replace(cfg, batch_size=batch), device, seed)
-    for _ in range(warmup):
-        greedy_generate(model, prompt, output_len, device, amp_dtype)
-    if meter is not None:
-        meter.begin()
-    gens = [greedy_generate(model, prompt, output_len, device, amp_dtype) for _ in range(iters)]
+    decoder.prepare(prompt)
+    clock = MarkClock(device, output_len + 1)  # its events are made once, before any timed generation
+    with decoder.frozen():
+        for _ in range(warmup):
+            decoder.generate(prompt, clock)
+        synchronize(device)
+        if meter is not None:
+            meter.begin()
+        gens = [decoder.generate(prompt, clock) for _ in range(iters)]
     if meter is not None:
         meter.end()
     return gens
@@ -272,8 +257,10 @@ def _measure_batch(w: Any, cfg: Any, model: Any, batch: int, output_len: int, de
 
 def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, output_len: int, precision: str,
                       device: Any, model_config: str | None = None, warmup: int = 1, iters: int = 3,
-                      seed: int = 0) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[str]]:
-    """(metrics, units, raw, warnings) of prefill and decode with a KV cache at each batch size."""
+                      seed: int = 0, decode: str = "eager"
+                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[str]]:
+    """(metrics, units, raw, warnings) of prefill and decode with a KV cache at each batch size, in the
+    decode mode ``decode`` (eager, compiled or graph: ``dlscale.infer.decode``)."""
     import torch
 
     from dlscale import workloads
@@ -284,17 +271,20 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     check_inputs(batch_sizes, prompt_len, output_len, precision, warmup, iters)
     cfg = llm_config(model, model_config, prompt_len, output_len, precision)
     w, dev = workloads.get(model), _device(device)
+    mode = resolve_mode(decode, False, dev.type)
     check_precision(precision, dev)
     set_matmul_precision(precision, dev)
     torch.manual_seed(seed)
-    amp, per_batch, raw_runs = autocast_dtype(precision), [], []
+    dtype, per_batch, raw_runs, prepared = autocast_dtype(precision), [], [], []
     net = w.build(cfg).to(dev).eval()
-    if amp is not None:
-        net = net.to(amp)  # reduced-precision weights: see the module docstring
+    if dtype is not None:
+        net = net.to(dtype)  # cast, not autocast: see the module docstring
+    decoder = make_decoder(mode, net, dev, output_len)
     energy_by_batch = []
     with torch.inference_mode(), EnergyMeter(dev) as meter:
         for b in batch_sizes:
-            gens = _measure_batch(w, cfg, net, b, output_len, dev, amp, warmup, iters, seed, meter)
+            gens = _measure_batch(w, cfg, decoder, b, output_len, dev, warmup, iters, seed, meter)
+            prepared.append((decoder.compile_s, decoder.compiles))
             per_batch.append(llm_figures(b, prompt_len, output_len, [g.prefill_s for g in gens],
                                          [g.decode_step_s for g in gens]))
             energy_by_batch.append(energy.figures(meter.take(), b * output_len * iters, "tokens"))
@@ -303,17 +293,27 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
                              "first_row_tokens": gens[-1].tokens[0].tolist()})
     metrics = {**collect(batch_sizes, per_batch), "prompt_len": prompt_len, "output_len": output_len,
                "iters": iters}
+    if mode != "eager":
+        metrics["compile_s_by_batch"] = [c for c, _ in prepared]
+        metrics["compiles_by_batch"] = [n for _, n in prepared]
     units = dict(UNITS)
     if any(m for m, _, _ in energy_by_batch):  # J per generated token, prefill included; headline at the top batch
         metrics["energy_per_unit_j_by_batch"] = [m.get("energy_per_unit_j") for m, _, _ in energy_by_batch]
         top = energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])]
         metrics.update(top[0])
         units.update(top[1], energy_per_unit_j_by_batch="J/tokens")
-    raw = {"by_batch": raw_runs, "decode": "greedy (argmax) tokens, one per row per step, DynamicCache",
+    raw = {"by_batch": raw_runs, "decode_mode": mode, "decode": f"greedy (argmax) tokens, one per row per step; "
+           f"{decoder.description}", "timing": _timing_words(dev),
            "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
            "model_config": cfg.model_config, "precision": precision, "device": str(dev),
            **energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])][2]}
     return metrics, units, raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
+
+
+def _timing_words(dev: Any) -> str:
+    if dev.type == "cuda":
+        return "CUDA events at every token, one device synchronise per generation"
+    return "time.perf_counter at every token (CPU work is synchronous)"
 
 
 def _warnings(batch_sizes: Sequence[int], cvs: Sequence[float], iters: int) -> list[str]:

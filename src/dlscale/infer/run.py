@@ -341,9 +341,9 @@ def run_llm(cfg: Any, device: Any) -> tuple[dict[str, Any], dict[str, Any], list
     """Prefill and decode with a KV cache at each batch size (dlscale.infer.llm)."""
     from dlscale.infer.llm import run_llm_inference
 
-    info(f"LLM prefill/decode: prompt {cfg.prompt_len}, output {cfg.output_len} tokens")
+    info(f"LLM prefill/decode: prompt {cfg.prompt_len}, output {cfg.output_len} tokens, decode {cfg.decode}")
     metrics, units, raw, warnings = run_llm_inference(
         cfg.model, batch_sizes=list(cfg.batch_sizes), prompt_len=cfg.prompt_len, output_len=cfg.output_len,
         precision=cfg.precision, device=device, model_config=cfg.model_config, warmup=cfg.warmup,
-        iters=cfg.iters, seed=cfg.seed)
+        iters=cfg.iters, seed=cfg.seed, decode=cfg.decode or "eager")
     return metrics, raw, warnings, units

@@ -145,6 +145,7 @@ INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferCon
     "duration": Opt("infer", "duration", "--duration"),
     "prompt_len": Opt("infer", "prompt_len", "--prompt-len"),
     "output_len": Opt("infer", "output_len", "--output-len"),
+    "decode": Opt("infer", "decode", "--decode"),
     "tag": Opt("infer", "tag", "--tag"),
     **COST,
 }
