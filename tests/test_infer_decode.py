@@ -17,8 +17,8 @@ import pytest
 from conftest import requires_cuda
 from dlscale import workloads
 from dlscale.errors import UsageError
-from dlscale.infer.decode import (CompiledDecoder, EagerDecoder, GraphDecoder, make_decoder, resolve_mode,
-                                  set_stance_available)
+from dlscale import compat
+from dlscale.infer.decode import CompiledDecoder, EagerDecoder, GraphDecoder, make_decoder, resolve_mode
 from dlscale.infer.llm import llm_config
 
 OUT = 5
@@ -114,7 +114,7 @@ def test_static_modes_give_the_eager_tokens_at_each_batch_and_prompt_length(tiny
     assert capture.captures == 2
 
 
-@pytest.mark.skipif(not set_stance_available(), reason="torch.compiler.set_stance needs torch >= 2.6")
+@pytest.mark.skipif(not compat.available("compile_set_stance"), reason="torch.compiler.set_stance needs torch >= 2.6")
 def test_a_recompile_inside_the_measured_window_is_an_error(tiny):
     """Prepared for batch 1, then a batch-2 cache swapped in without preparing: the step would
     recompile for it inside the measured window, and is refused."""

@@ -111,6 +111,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("onnx_dynamo_export", "torch 2.5 with onnxscript", "--runtime onnxruntime (torch.onnx.export(dynamo=True))",
             _onnx_dynamo),
     Feature("compile", "torch 2.0 with Inductor", "--compile (torch.compile)", _compile),
+    Feature("compile_set_stance", "torch 2.6", "compiled LLM decode refuses a recompile in its measured window "
+            "(torch.compiler.set_stance)", _importable("torch.compiler", "set_stance")),
     Feature("cuda_graphs", "torch 2.1", "CUDA graphs (torch.cuda.CUDAGraph, torch.compiler.cudagraph_mark_step_begin)",
             _cuda_graphs),
     Feature("pt2e_quantization", "torch 2.1 or torchao", "--precision int8 (PT2E prepare/convert)", _pt2e),

@@ -78,14 +78,6 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def set_stance_available() -> bool:
-    """Whether this torch has ``torch.compiler.set_stance`` (2.6+), which the compiled mode uses to
-    refuse a recompile inside the measured window. A compat probe."""
-    import torch
-
-    return hasattr(torch.compiler, "set_stance")
-
-
 def graphs_compiled() -> int | None:
     """Dynamo's running count of compiled graphs (None where this torch does not keep it)."""
     try:
@@ -230,7 +222,9 @@ class CompiledDecoder(StaticDecoder):
     def frozen(self) -> Iterator[None]:
         import torch
 
-        if not set_stance_available():  # pragma: no cover - torch < 2.6 is below the supported range
+        from dlscale import compat
+
+        if not compat.available("compile_set_stance"):  # pragma: no cover - torch < 2.6 is below the supported range
             yield
             return
         with torch.compiler.set_stance("fail_on_recompile"):
