@@ -20,8 +20,8 @@ from dlscale.accept import burnin, drift, explain, figures
 from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
-from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
-from dlscale.accept.verdict import FAIL, WARN, Verdict, counts, judge as judge_figures, outcome
+from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline, span, span_of
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, Verdict, counts, judge as judge_figures, outcome
 from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
@@ -57,12 +57,13 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     """Every verdict of an acceptance's records (pure): health, failed runs, the checks that recorded
     nothing (``missing``: check -> why), the burn-in's bits (``known_good``: burnin.find_known_good's),
     then each figure against its healthy figure (``table``: ``refs.Row``s, default the shipped table),
-    datasheet, baseline, reference and peers; then the explanations. On several nodes, a per-node
-    check's verdicts name the node."""
+    datasheet, baseline (its runs that measured what this figure's run did), reference and peers; then
+    the explanations. On several nodes, a per-node check's verdicts name the node."""
     rungs = figures.scale_rungs(records)
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
     hosts = figures.node_hosts(records)
     figs = figures.figures(records)
+    base = (base or Baseline()).fit(figs, records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
     verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
@@ -71,6 +72,9 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     verdicts += explain.missing_run_verdicts(missing or {})
     verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
+    for v in verdicts:
+        if v.status == NO_EXPECTATION and v.key in base.notes:
+            v.reason = f"{base.notes[v.key]}; no healthy, datasheet, reference or peer figure either"
     order = list(specs.CHECKS) + ["links"]
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
     explain.explain(verdicts)
@@ -83,22 +87,24 @@ class Against:
 
     baseline: str | None = None  # the --baseline selector (None: this system's last accepted figures)
     reference: str | None = None
-    chosen: Baseline | None = None
     refs: list[RunRecord] = field(default_factory=list)
     healthy: str | None = None  # --refs: a lab's healthy-figures file, tried before the shipped table
     table: list[Any] = field(default_factory=list)  # refs.Row: the lab's, then the shipped
 
 
 def against(baseline: str | None, reference: str | None, db: str | None, healthy: str | None = None) -> Against:
-    """The chosen baseline, reference runs and healthy figures; an unwritable database, a bad selector
-    or a bad healthy-figures file is a UsageError."""
+    """The baseline selector (its runs are read when the acceptance is judged, less those that ran at the
+    same time), reference runs and healthy figures; an unwritable database, a bad selector or a bad
+    healthy-figures file is a UsageError."""
     from dlscale.accept import refs as healthy_refs
+    from dlscale.analysis.select import select
     from dlscale.store import Store
 
     table = healthy_refs.load(healthy)
     with Store.open(db) as store:
-        return Against(baseline, reference, selected_baseline(store, baseline) if baseline else None,
-                       _reference(store, reference), healthy, table)
+        if baseline:
+            select(store, baseline)  # a selector that matches nothing is refused before anything runs
+        return Against(baseline, reference, _reference(store, reference), healthy, table)
 
 
 def new_acceptance_id() -> str:
@@ -135,8 +141,10 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     from dlscale.store import Store
 
     suite_hash = hash_of(plan.checks)
+    this = span_of(records)
     with Store.open(db) as store:
-        base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
+        base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
+                find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)}, this=this))
         good = burnin.find_known_good(store, records)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
@@ -169,9 +177,10 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         records = [r for r in store.query(tag=acc_rec.tag, newest_first=False) if r.kind != "accept"]
         refs = _reference(store, reference or acc_rec.config.get("reference"))
         cfg = acc_rec.config
-        base = (selected_baseline(store, baseline) if baseline else
+        this = span(store, acc_rec)
+        base = (selected_baseline(store, baseline, this) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
-                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
+                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag, this=this))
         good = burnin.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
@@ -251,6 +260,7 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
                **{k.lower().replace(" ", "_"): v for k, v in n.items()}}
     units = {"verdicts": "verdicts", **{k.lower().replace(" ", "_"): "verdicts" for k in n}}
     config = {"spec": sp.to_dict(), "system": system, "suite_hash": suite_hash, "baseline": baseline,
+              **dict(zip(("started_at", "ended_at"), span_of(records) or ())),
               "reference": reference, "checks": {p.check: p.options for p in plan.checks},
               "healthy_refs": healthy_of(healthy)}
     raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run,
