@@ -7,12 +7,15 @@ records in a fresh store, judged as `dlscale accept` judges them; nothing is mea
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
 
 import pytest
 
 import accept_records as ar
-from dlscale.accept import expect, run, spec
+from dlscale.accept import expect, lock, run, spec
+from dlscale.errors import UsageError
 from dlscale.store import Store
 
 CPU = {"hostname": "cpu-box"}
@@ -86,3 +89,67 @@ def test_acceptances_that_measured_at_the_same_time_are_nobodys_baseline(db_path
     assert v.status == "PASS" and v.test["runs"] == 1 and early.id in v.source
     assert a.id not in v.source and b.id not in v.source  # neither poisons the next one's baseline
     assert expect.overlaps(("1", "3"), ("2", "4")) and not expect.overlaps(("1", "2"), ("2", "3"))
+
+
+HOLD = """
+import sys, time
+from dlscale.accept import lock
+with lock.host_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_acceptance_waits_or_is_refused_and_the_lock_dies_with_its_process(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setenv(lock.LOCK_DIR_ENV, str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, "accept-first"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=f"acceptance accept-first \\(pid {holder.pid}\\) is running on this host"):
+            with lock.host_lock("accept-second", wait=False):
+                pass
+        got = threading.Event()
+
+        def second():
+            with lock.host_lock("accept-second"):
+                got.set()
+
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        assert not got.wait(0.5)  # it waits while the first holds the lock
+        holder.kill()  # killed outright: the kernel drops its lock
+        holder.wait()
+        assert got.wait(30)
+        t.join(30)
+    finally:
+        holder.kill()
+        holder.wait()
+    with lock.host_lock("accept-third", wait=False) as path:  # free again, and the file names its last holder
+        assert json.loads(path.read_text())["acceptance"] == "accept-third"
+
+
+def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
+    from dlscale.accept import suite
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def run_check(p, tag, db):
+        with pytest.raises(UsageError, match=f"acceptance {tag}"):
+            with lock.host_lock("accept-other", wait=False):
+                pass
+        seen.append(tag)
+        raise Stop
+
+    planned = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())
+    monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
+    monkeypatch.setattr(suite, "run_check", run_check)
+    with pytest.raises(Stop):
+        run.accept(spec.builtin(True), db=str(db_path))
+    assert len(seen) == 1
+    with lock.host_lock("accept-after", wait=False):  # released when the acceptance ended, here by an error
+        pass

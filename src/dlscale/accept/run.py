@@ -122,13 +122,25 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     vs = against(baseline, reference, db, healthy)
     acc_id = new_acceptance_id()
-    info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
-    for check, why in plan.not_run:
-        info(f"  not run: {check}: {why}")
-    records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
-    if not _rank_zero():
-        return None
-    return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db)
+    with host_lock(acc_id):
+        info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
+        for check, why in plan.not_run:
+            info(f"  not run: {check}: {why}")
+        records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
+        if not _rank_zero():
+            return None
+        return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db)
+
+
+def host_lock(acc_id: str) -> Any:
+    """This host's acceptance lock (``lock.host_lock``: a second acceptance waits for the first); none
+    for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
+    from contextlib import nullcontext
+
+    from dlscale.accept import lock
+    from dlscale.distributed.env import launcher_of
+
+    return nullcontext() if launcher_of() else lock.host_lock(acc_id)
 
 
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,

@@ -152,7 +152,8 @@ class AcceptJob:
 
 def run_part(job_file: str, part: str) -> None:
     """One part of the suite on this node (or as this rank): plan it here, write the plan (first node,
-    rank 0), run its checks under the acceptance id."""
+    rank 0), run its checks under the acceptance id (holding the host's acceptance lock, but as a rank)."""
+    from dlscale.accept import run
     from dlscale.distributed.env import detect, launcher_of
 
     doc = json.loads(Path(job_file).read_text())
@@ -162,8 +163,9 @@ def run_part(job_file: str, part: str) -> None:
     if (env.rank if env else int(os.environ.get("SLURM_NODEID", "0"))) == 0:
         _write_plan(Path(job_file).parent / f"plan-{part}.json", plan, doc["nodes"])
     info(f"dlscale accept {doc['acceptance']} ({part}): checks {', '.join(p.check for p in plan.checks) or 'none'}")
-    for p in plan.checks:
-        suite.run_check(p, doc["acceptance"], doc["db"])
+    with run.host_lock(doc["acceptance"]):
+        for p in plan.checks:
+            suite.run_check(p, doc["acceptance"], doc["db"])
 
 
 def _write_plan(path: Path, plan: suite.Plan, nodes: int) -> None:
