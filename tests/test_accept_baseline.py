@@ -16,6 +16,7 @@ import pytest
 import accept_records as ar
 from dlscale.accept import expect, lock, run, spec
 from dlscale.errors import UsageError
+from dlscale.paths import beside_db
 from dlscale.store import Store
 
 CPU = {"hostname": "cpu-box"}
@@ -153,3 +154,11 @@ def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
     assert len(seen) == 1
     with lock.host_lock("accept-after", wait=False):  # released when the acceptance ended, here by an error
         pass
+
+
+def test_outputs_default_to_a_folder_beside_the_results_database(db_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path / "..")
+    acc = conclude(db_path, [check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")], tmp_path, out=False)
+    assert acc.out_dir == beside_db(db_path, "acceptances") / acc.id == tmp_path / "acceptances" / acc.id
+    assert (acc.out_dir / "report.html").is_file() and not (tmp_path / ".." / acc.id).exists()
+    assert str(acc.out_dir) in capsys.readouterr().err

@@ -22,6 +22,15 @@ def default_db_path() -> Path:
     return data_dir() / "results.db"
 
 
+def beside_db(db_path: str | os.PathLike, what: str) -> Path:
+    """dlscale's folder ``what`` beside a file database (``<its dir>/WHAT``: the default one's is in the
+    data directory); for a server database (postgresql://...), in the data directory."""
+    path = str(db_path)
+    if "://" not in path:
+        return Path(path).expanduser().resolve().parent / what
+    return data_dir() / what
+
+
 def make_dir(path: str | os.PathLike) -> Path:
     """``path`` as a directory, made if missing (with its parents); a UsageError naming it when it is a
     file or cannot be made."""

@@ -158,14 +158,24 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
         base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
                 find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)}, this=this))
         good = burnin.find_known_good(store, records)
+        folder = Path(out_dir) if out_dir else default_out(store, acc_id)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
     rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
                   inventory, healthy=vs.healthy)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
-    acc.out_dir = Path(out_dir or acc_id)
+    acc.out_dir = folder
     acc.files = outputs.write(acc, db)
+    info(f"dlscale accept {acc_id}: report, JUnit XML, records and manifest in {folder}")
     return acc
+
+
+def default_out(store: Any, acc_id: str) -> Path:
+    """Where an acceptance's outputs go without --out: ``acceptances/ID`` beside the results database
+    (a Slurm acceptance's job files are there too)."""
+    from dlscale.paths import beside_db
+
+    return beside_db(store.path, "acceptances") / acc_id
 
 
 def hash_of(checks: Sequence[suite.Planned]) -> str:

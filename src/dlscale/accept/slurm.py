@@ -210,7 +210,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     vs = run.against(baseline, reference, db, healthy)
     acc_id = run.new_acceptance_id()
     with Store.open(db) as store:
-        folder = slurm.default_state_dir(store, "acceptances") / acc_id
+        folder = run.default_out(store, acc_id)
         folder.mkdir(parents=True, exist_ok=True)
         job_file = folder / "job.json"
         job_file.write_text(json.dumps({"acceptance": acc_id, "spec": sp.to_dict(), "quick": quick,
