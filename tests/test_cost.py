@@ -64,7 +64,9 @@ def test_cost_of_a_run_is_its_whole_time_on_its_devices():
 
 
 @pytest.mark.parametrize("text, where, words", [
-    ("systems:\n  a:\n    devices: 8\n    price_per_hour: -1\n", ":4:", "must be a number > 0"),
+    ("systems:\n  a:\n    devices: 8\n    price_per_hour: -1\n", ":4:", "must be a finite number > 0"),
+    ("systems:\n  a:\n    devices: 8\n    price_per_hour: .inf\n", ":4:", "must be a finite number > 0, got inf"),
+    ("systems:\n  a:\n    devices: 8\n    price_per_hour: .nan\n", ":4:", "must be a finite number > 0"),
     ("systems:\n  a:\n    devices: 8\n    price_per_hour: 3\n    power_w: 100\n", ":5:", "not both"),
     ("systems:\n  a:\n    devices: 8\n    capital_cost: 1000\n", ":2:", "missing lifetime_years"),
     ("systems:\n  a:\n    devices: 8\n    prise_per_hour: 3\n", ":4:", "unknown field"),
@@ -93,10 +95,19 @@ def test_price_options_refuse_bad_combinations(tmp_path):
     assert cost.resolve() is None
 
 
-def test_bad_price_is_a_one_line_usage_error(cli, db_path):
-    res = cli("train", "tinycnn", "--price-per-hour", "-1")
-    assert res.code == 2 and "--price-per-hour must be a price per device-hour > 0" in res.stderr
+@pytest.mark.parametrize("value", ["-1", "0", "inf", "nan", "-inf"])
+def test_bad_price_is_a_one_line_usage_error(cli, db_path, value):
+    res = cli("train", "tinycnn", "--price-per-hour", value)
+    assert res.code == 2 and "--price-per-hour must be a finite price per device-hour > 0" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_systems_file_whose_finite_fields_overflow_is_refused(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("systems:\n  a: {devices: 1, capital_cost: 1.0e+308, lifetime_years: 1.0e-300, utilisation: 1, "
+                 "power_w: 1, price_per_kwh: 1}\n")
+    with pytest.raises(UsageError, match="must give a finite price > 0"):
+        cost.resolve(systems_file=str(f))
 
 
 def test_train_records_cost_per_million_images_and_why_energy_is_absent(cli, db_path, tmp_path, monkeypatch):
