@@ -180,8 +180,11 @@ def default_out(store: Any, acc_id: str) -> Path:
 
 def hash_of(checks: Sequence[suite.Planned]) -> str:
     """What an acceptance measured, to find its baseline by: every check's options, less the faults
-    set into emulated nodes (a node's own link rate or CPU quota)."""
-    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks})
+    set into emulated nodes (a node's own link rate or CPU quota) and the price (it changes no rate)."""
+    from dlscale.sweep.fields import COST
+
+    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS and k not in COST}
+                        for p in checks})
 
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
