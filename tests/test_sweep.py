@@ -92,7 +92,7 @@ def test_a_priced_sweep_says_what_its_runs_cost(cli, db_path, tmp_path):
     assert f"cost of the sweep's runs: {total:.4g} $ over 1 priced run " in " ".join(r.stdout.split())
     bad = _write(tmp_path, "name: b\n" + priced.replace("3.6", "-1") + "matrix:\n  batch_size: [4]\n", "bad.yaml")
     r = cli("sweep", str(bad), "--dry-run")
-    assert r.code == 2 and "bad.yaml:2:" in r.stderr and "--price-per-hour must be a price per device-hour > 0" in r.stderr
+    assert r.code == 2 and "bad.yaml:2:" in r.stderr and "--price-per-hour must be a finite price per device-hour > 0" in r.stderr
 
 
 def test_dry_run_shows_the_timeout_per_run_that_would_apply(cli, db_path, tmp_path):

@@ -132,6 +132,7 @@ def extra_table(rec):
     named as such) and the LLM headline, where measured."""
     from rich.table import Table
 
+    from dlscale.cli.render import energy_cost_rows
     from dlscale.format import format_metric
 
     m = rec.metrics
@@ -146,4 +147,6 @@ def extra_table(rec):
         raw = m.get("scenario_raw_name")
         if k == "scenario_metric" and raw and m.get(raw) is not None:
             t.add_row(f"{raw.replace('_', ' ')} (raw, not MLPerf's figure)", format_metric(raw, m[raw], rec.units.get(raw)))
+    for what, words in energy_cost_rows(rec):
+        t.add_row(what, words)
     return t

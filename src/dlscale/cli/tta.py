@@ -148,7 +148,7 @@ def _quality(rec: Any) -> tuple[str, Any, Any]:
 def _summary_table(rec: Any) -> Any:
     from rich.table import Table
 
-    from dlscale.cli.render import fmt_num, fmt_seconds
+    from dlscale.cli.render import energy_cost_rows, fmt_num, fmt_seconds
 
     m, c = rec.metrics, rec.config
     t = Table(title=f"dlscale tta {rec.workload}  [{rec.status}]", show_header=False, title_justify="left")
@@ -175,6 +175,8 @@ def _summary_table(rec: Any) -> Any:
     if m.get("resumed_from_epoch") is not None:
         t.add_row("resumed", f"from epoch {m['resumed_from_epoch']} ({fmt_seconds(m.get('resume_gap'))} after its "
                   f"checkpoint; the work lost after it, {fmt_seconds(m.get('lost_time'))}, is in the time)")
+    for what, words in energy_cost_rows(rec):
+        t.add_row(what, words)
     return t
 
 
