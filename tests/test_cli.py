@@ -39,6 +39,9 @@ def _one_error_line(res):
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
+    from dlscale.store import Store
+
+    Store.open(db_path).close()  # an empty database, there for the commands that only read
     res = cli(*args)
     assert res.code == 2, (res.code, res.stderr)
     assert needle in _one_error_line(res)
@@ -132,3 +135,17 @@ def test_models_lists_the_zoo(cli):
     names = {m["name"] for m in json.loads(res.stdout)}
     assert {"resnet50", "vgg16", "vgg19", "inception_v3", "inception_v4", "googlenet", "alexnet",
             "resnet18", "tinycnn"} <= names
+
+
+def test_reading_commands_refuse_a_database_that_is_not_there_and_writing_ones_create_it(cli, tmp_path):
+    typo = tmp_path / "resluts.db"
+    for args in (["results", "list"], ["results", "show", "x"], ["results", "export", "--format", "json"],
+                 ["results", "history", "kind:accept"], ["results", "push", "--to", str(tmp_path / "team.db")],
+                 ["compare", "tag:a", "tag:b"], ["report", "--out", str(tmp_path / "rep")],
+                 ["accept", "judge", "accept-x"]):
+        res = cli(*args, "--db", str(typo))
+        assert res.code == 2 and f"no results database at {typo}" in _one_error_line(res), (args, res.stderr)
+    assert not typo.exists() and not (tmp_path / "team.db").exists()  # nothing made at the mistyped path
+    res = cli("import", "--ref", "seed001-table5", "--db", str(typo))  # a command that writes makes it
+    assert res.code == 0, res.stderr
+    assert typo.exists() and cli("results", "list", "--db", str(typo)).code == 0

@@ -196,7 +196,7 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
     from dlscale.accept import refs as healthy_refs
     from dlscale.store import Store
 
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         acc_rec = _find_acceptance(store, acceptance)
         sp = sp or _spec_of(acc_rec)
         records = [r for r in store.query(tag=acc_rec.tag, newest_first=False) if r.kind != "accept"]

@@ -54,7 +54,7 @@ def compare(
         raise UsageError("--across-systems applies to --domains only; add --domains or drop it")
     keys = [k.strip() for k in by.split(",") if k.strip()]
     cmp.check_keys(keys)
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         ra = select(store, a)
         rb = select(store, b) if b is not None else None
         rref = select(store, reference) if reference else None
