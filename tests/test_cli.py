@@ -36,6 +36,15 @@ def _one_error_line(res):
         (["results", "show", "does-not-exist"], "no run"),
         (["results", "list", "--limit", "0"], "--limit must be >= 1 (rows to list, newest first), got 0"),
         (["results", "list", "--limit", "-1"], "--limit must be >= 1 (rows to list, newest first), got -1"),
+        # past any real run: refused where the config is built, not run for ever or recorded as failed
+        (["train", "tinycnn", "--steps", "100000000000000000000"],
+         "--steps must be <= 1,000,000 (steps of one short test), got 100,000,000,000,000,000,000"),
+        (["train", "tinycnn", "--image-size", "1000000000"], "--image-size must be <= 16,384 (pixels a side)"),
+        (["infer", "tinycnn", "--image-size", "1000000000"], "--image-size must be <= 16,384 (pixels a side)"),
+        (["infer", "tinycnn", "--iters", "10000000"], "--iters must be <= 1,000,000 (iterations of a measurement)"),
+        (["micro", "gemm", "--iters", "10000000"], "--iters must be <= 1,000,000 (calls of one case)"),
+        (["tta", "tinycnn", "--target-top1", "0.9", "--max-epochs", "1000000"],
+         "--max-epochs must be <= 100,000 (epochs of one run)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
