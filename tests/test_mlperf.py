@@ -116,3 +116,27 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
     assert keys.count("run_start") == keys.count("run_stop") == 1
     ok, text = mlperf.check(str(log), str(tmp_path / "checker.log"))
     assert ok, text[-2000:]
+
+
+def test_an_mlperf_log_path_that_cannot_be_written_is_refused_before_the_run(cli, digits_root, tmp_path, db_path):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = [(tmp_path, f"--mlperf-log {tmp_path} is a directory: give a file to write"),
+             (tmp_path / "nowhere" / "m.log", f"no directory {tmp_path / 'nowhere'}; create it")]
+    if os.geteuid() != 0:  # root writes anywhere: the unwritable directory is a case for users only
+        cases.append((locked / "m.log", f"the directory {locked} is not writable"))
+    try:
+        for path, words in cases:
+            r = cli("tta", "tinycnn", "--data", str(digits_root), "--target-top1", "0.9", "--max-epochs", "1",
+                    "--mlperf-log", str(path))
+            (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            assert r.code == 2 and words in line, r.stderr
+    finally:
+        locked.chmod(0o700)
+    from dlscale.store import Store
+
+    with Store.open(db_path) as s:
+        assert s.query() == []  # refused before anything ran or was recorded

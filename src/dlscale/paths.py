@@ -46,6 +46,23 @@ def make_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def check_writable_file(path: str | os.PathLike, option: str) -> None:
+    """A file a run will write when it is done or as it goes (made, or appended to): a UsageError
+    naming ``option`` now, before any work, where it is a directory, its directory is missing, or
+    either cannot be written."""
+    from dlscale.errors import UsageError
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {p} is a directory: give a file to write (e.g. {p / 'mlperf.log'})")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {p}: no directory {parent}; create it or give another path")
+    if p.exists() and not os.access(p, os.W_OK) or not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {p}: {'the file' if p.exists() else f'the directory {parent}'} is not writable; "
+                         "give a path you can write")
+
+
 def resolve_db_path(db: str | os.PathLike | None) -> Path:
     """An explicit ``--db`` wins over ``$DLSCALE_DB``, which wins over the default."""
     if db:

@@ -37,6 +37,10 @@ def check_resume(cfg: Any) -> None:
 def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
     """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
     (rank 0's; an empty list off node 0). ``price`` (cost.Price): each run's cost to the target."""
+    if cfg.mlperf_log and layout.node_rank == 0:  # node 0's rank 0 writes it: a bad path now, not after the run
+        from dlscale.paths import check_writable_file
+
+        check_writable_file(cfg.mlperf_log, "--mlperf-log")
     if cfg.family == "classification":
         check_data(cfg.data)
     elif layout.distributed:  # a malformed file is one line here, not one failure per rank
