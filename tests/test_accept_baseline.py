@@ -162,3 +162,31 @@ def test_outputs_default_to_a_folder_beside_the_results_database(db_path, tmp_pa
     assert acc.out_dir == beside_db(db_path, "acceptances") / acc.id == tmp_path / "acceptances" / acc.id
     assert (acc.out_dir / "report.html").is_file() and not (tmp_path / ".." / acc.id).exists()
     assert str(acc.out_dir) in capsys.readouterr().err
+
+
+def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_path, monkeypatch):
+    """Ctrl-C in the second check: exit 130, one line naming the acceptance, its kept run and what to do."""
+    from dlscale.accept import suite
+
+    def run_check(p, tag, db):
+        if p.check == "memory":
+            raise KeyboardInterrupt
+        r = check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")
+        r.kind, r.workload, r.tag = "micro", "gemm", tag
+        with Store.open(db) as s:
+            s.insert(r)
+        return [r]
+
+    planned = suite.Plan([suite.Planned("gemm", {}, []), suite.Planned("memory", {}, [])], [], suite.Machine())
+    monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
+    monkeypatch.setattr(suite, "run_check", run_check)
+    res = cli("accept", "--quick")
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    with Store.open(db_path) as s:
+        (kept,) = s.query()
+    assert res.code == 130 and line == (
+        f"error: interrupted: acceptance {kept.tag} kept 1 run(s) of gemm (the interrupted check's as failed) and "
+        f"judged nothing; `dlscale results list --tag {kept.tag}` lists them; run the same `dlscale accept` again "
+        "for the verdicts")
+    with lock.host_lock("accept-next", wait=False):  # the lock went with the interrupted acceptance
+        pass

@@ -85,8 +85,8 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
     args = ["tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.99",
             "--max-epochs", "5", "--threads", "1", *LARS_ARGS, "--mlperf-log", str(log), "--checkpoint-dir", str(ck),
             "--db", str(db_path), "--format", "json"]
-    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    err = (tmp_path / "stderr.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -102,6 +102,12 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
+    # exit 130 with one line: what was kept and how to go on
+    assert proc.returncode == 130
+    assert (tmp_path / "stderr.txt").read_text().strip().splitlines()[-1] == (
+        f"error: interrupted: tta tinycnn: the run is recorded as interrupted; its last checkpoint is in {ck}: "
+        "resume with the same command and --resume")
     state = torch.load(ck / "last.pt", weights_only=False)
     held = state["epoch"]
     assert 2 <= held < 5 and '"status": "aborted"' in log.read_text()

@@ -22,7 +22,7 @@ from dlscale.accept import spec as specs
 from dlscale.accept import suite
 from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline, span, span_of
 from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, Verdict, counts, judge as judge_figures, outcome
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, on_interrupt
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
 
@@ -126,10 +126,28 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
         info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}")
         for check, why in plan.not_run:
             info(f"  not run: {check}: {why}")
-        records = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)]
+        records: list[RunRecord] = []
+        with on_interrupt(lambda: interrupted(acc_id, db)):
+            for p in plan.checks:
+                records += suite.run_check(p, acc_id, db)
         if not _rank_zero():
             return None
         return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db)
+
+
+def interrupted(acc_id: str, db: str | None) -> str:
+    """What an acceptance stopped by Ctrl-C kept (its checks' runs, under its id) and how to go on."""
+    from dlscale.store import Store
+
+    with Store.open(db) as store:
+        runs = store.query(tag=acc_id, newest_first=False)
+    rungs = figures.scale_rungs(runs)
+    checks = list(dict.fromkeys(figures.check_of(r, rungs) or r.kind for r in runs))
+    again = "run the same `dlscale accept` again for the verdicts"
+    if not runs:
+        return f"acceptance {acc_id} recorded no run and judged nothing; {again}"
+    return (f"acceptance {acc_id} kept {len(runs)} run(s) of {', '.join(checks)} (the interrupted check's as failed) "
+            f"and judged nothing; `dlscale results list --tag {acc_id}` lists them; {again}")
 
 
 def host_lock(acc_id: str) -> Any:
