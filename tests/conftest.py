@@ -19,9 +19,11 @@ class CliResult:
 
 @pytest.fixture
 def db_path(tmp_path, monkeypatch):
-    """A fresh results database for the test; DLSCALE_DB points at it."""
+    """A fresh results database for the test; DLSCALE_DB points at it (and DLSCALE_LOCK_DIR at the
+    test's folder: its acceptances neither wait for nor hold up this host's real ones)."""
     p = tmp_path / "results.db"
     monkeypatch.setenv("DLSCALE_DB", str(p))
+    monkeypatch.setenv("DLSCALE_LOCK_DIR", str(tmp_path))
     return p
 
 

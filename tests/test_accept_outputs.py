@@ -96,6 +96,7 @@ def test_judge_again_with_stricter_thresholds(db_path, tmp_path, cli):
 
 
 def test_bad_input_exits_2(cli, db_path):
+    Store.open(db_path).close()  # an empty database: judging reads it
     assert cli("accept", "verify").code == 2
     assert cli("accept", "frobnicate", "x").code == 2
     r = cli("accept", "judge", "accept-nothing")

@@ -168,3 +168,21 @@ def test_every_check_on_nodes_is_called_with_the_nodes(monkeypatch):
     assert calls["scale"]["node_cpu_quota"] == ((1, 0.5),) and calls["scale"]["node_link_bandwidth"] == ((2, "100mbit"),)
     for lay in (calls["collectives"]["layout"], calls["links"]["layout"], calls["none"], calls["ddp"]):
         assert (lay.emulate_nodes, lay.node_cpu_quota, lay.node_link_bandwidth) == (3, ((1, 0.5),), ((2, "100mbit"),))
+
+
+def test_a_checks_price_reaches_its_runs_and_a_bad_one_is_refused_at_its_line(monkeypatch, tmp_path):
+    from dlscale import api
+
+    calls = {}
+    monkeypatch.setattr(api, "train", lambda **kw: calls.setdefault("train", kw) and [])
+    monkeypatch.setattr(api, "micro", lambda kind, **kw: calls.setdefault(kind, kw) and [])
+    monkeypatch.setattr(api, "infer", lambda **kw: calls.setdefault("infer", kw) and [])
+    sp = spec.load(write(tmp_path, "checks:\n  train: {model: tinycnn, price_per_hour: 2.5}\n  gemm: {}\n"
+                                   "  inference: {price_per_hour: 1.25}\n"))
+    plan = {p.check: p for p in suite.plan(sp, quick=True, m=CPU).checks}
+    for check in ("train", "gemm", "inference"):
+        suite.run_check(plan[check], "acc", None)
+    assert calls["train"]["price"].per_hour == 2.5 and calls["infer"]["price"].per_hour == 1.25
+    assert calls["gemm"]["price"] is None  # no price given: none recorded
+    with pytest.raises(UsageError, match=r"node.yaml:3:.*finite price per device-hour > 0, got inf"):
+        suite.plan(spec.load(write(tmp_path, "checks:\n  train:\n    price_per_hour: .inf\n")), quick=True, m=CPU)

@@ -36,9 +36,21 @@ def _one_error_line(res):
         (["results", "show", "does-not-exist"], "no run"),
         (["results", "list", "--limit", "0"], "--limit must be >= 1 (rows to list, newest first), got 0"),
         (["results", "list", "--limit", "-1"], "--limit must be >= 1 (rows to list, newest first), got -1"),
+        # past any real run: refused where the config is built, not run for ever or recorded as failed
+        (["train", "tinycnn", "--steps", "100000000000000000000"],
+         "--steps must be <= 1,000,000 (steps of one short test), got 100,000,000,000,000,000,000"),
+        (["train", "tinycnn", "--image-size", "1000000000"], "--image-size must be <= 16,384 (pixels a side)"),
+        (["infer", "tinycnn", "--image-size", "1000000000"], "--image-size must be <= 16,384 (pixels a side)"),
+        (["infer", "tinycnn", "--iters", "10000000"], "--iters must be <= 1,000,000 (iterations of a measurement)"),
+        (["micro", "gemm", "--iters", "10000000"], "--iters must be <= 1,000,000 (calls of one case)"),
+        (["tta", "tinycnn", "--target-top1", "0.9", "--max-epochs", "1000000"],
+         "--max-epochs must be <= 100,000 (epochs of one run)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
+    from dlscale.store import Store
+
+    Store.open(db_path).close()  # an empty database, there for the commands that only read
     res = cli(*args)
     assert res.code == 2, (res.code, res.stderr)
     assert needle in _one_error_line(res)
@@ -132,3 +144,17 @@ def test_models_lists_the_zoo(cli):
     names = {m["name"] for m in json.loads(res.stdout)}
     assert {"resnet50", "vgg16", "vgg19", "inception_v3", "inception_v4", "googlenet", "alexnet",
             "resnet18", "tinycnn"} <= names
+
+
+def test_reading_commands_refuse_a_database_that_is_not_there_and_writing_ones_create_it(cli, tmp_path):
+    typo = tmp_path / "resluts.db"
+    for args in (["results", "list"], ["results", "show", "x"], ["results", "export", "--format", "json"],
+                 ["results", "history", "kind:accept"], ["results", "push", "--to", str(tmp_path / "team.db")],
+                 ["compare", "tag:a", "tag:b"], ["report", "--out", str(tmp_path / "rep")],
+                 ["accept", "judge", "accept-x"]):
+        res = cli(*args, "--db", str(typo))
+        assert res.code == 2 and f"no results database at {typo}" in _one_error_line(res), (args, res.stderr)
+    assert not typo.exists() and not (tmp_path / "team.db").exists()  # nothing made at the mistyped path
+    res = cli("import", "--ref", "seed001-table5", "--db", str(typo))  # a command that writes makes it
+    assert res.code == 0, res.stderr
+    assert typo.exists() and cli("results", "list", "--db", str(typo)).code == 0

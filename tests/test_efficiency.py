@@ -17,15 +17,19 @@ IMAGES = {"family": "classification", "sample_unit": "images", "image_size": 32,
 
 
 def _run(system: str, thr: float, world: int = 1, per_j: float | None = None, per_dollar: float | None = None,
-         tag: str = "t", model: str = "tinycnn") -> RunRecord:
+         tag: str = "t", model: str = "tinycnn", price: float | None = None) -> RunRecord:
     m = {"throughput": thr, "world_size": world}
     if per_j is not None:
         m.update(energy_j=1.0, units_per_joule=per_j, energy_per_unit_j=1 / per_j)
+    if price is not None:  # one device at PRICE $/h: throughput x 3600 / price per dollar
+        per_dollar = thr * 3600 / price
+        m.update(price_per_hour=price)
     if per_dollar is not None:
         m.update(units_per_dollar=per_dollar, cost_per_million_units=1e6 / per_dollar)
     return RunRecord(kind="train", workload=model, tag=tag, system={"hostname": system}, config=dict(IMAGES),
                      metrics=m, units={"throughput": "images/s", "units_per_joule": "images/J",
-                                       "units_per_dollar": "images/$"})
+                                       "units_per_dollar": "images/$"},
+                     raw={"cost": {"price_per_hour": price, "source": "--price-per-hour", "devices": 1}} if price else {})
 
 
 def test_ranking_per_kwh_and_per_dollar_by_hand():
@@ -97,3 +101,25 @@ def test_report_has_the_energy_and_cost_section_and_domain_columns(cli, db_path,
     assert "<th>images per kWh</th>" in eff and "<th>rank ($)</th>" in eff and "9,000,000" in eff  # 2.5 x 3.6e6
     dom = sections["Domain scaling by device count (seed 000, Figure 3)"]
     assert "<th>images per J</th>" in dom and "<th>images per $</th>" in dom
+
+
+def test_one_machine_at_two_prices_is_two_ranked_rows_and_every_per_dollar_shows_its_price(cli, db_path):
+    """The same host priced as rented (2.50 $/h) and as owned (1.00 $/h): 100 images/s is 144,000 images/$
+    at 2.50 and 360,000 at 1.00 -- two rows, never a mean of both under one name."""
+    rented = [_run("box", 100, price=2.5, tag="rented"), _run("box", 100, price=2.5, tag="rented")]
+    owned = [_run("box", 100, price=1.0, tag="owned")]
+    rows = ranking([*rented, *owned])
+    assert [(r["system"], r["price_per_hour"], r["units_per_dollar"], r["rank_per_dollar"], r["runs"]) for r in rows] \
+        == [("box", 1.0, pytest.approx(360_000), 1, 1), ("box", 2.5, pytest.approx(144_000), 2, 2)]
+    (r,) = cmp.pct_table(rented, owned)
+    assert (r["prices_a"], r["prices_b"]) == ([2.5], [1.0])
+    assert cmp.pct_table([*rented, *owned], owned)[0]["prices_a"] == [1.0, 2.5]  # a mean over two prices says so
+    _store(db_path, [*rented, *owned])
+    res = cli("compare", "tag:rented", "tag:owned")
+    text = " ".join(res.stdout.replace("│", " ").replace("┃", " ").split())
+    assert res.code == 0 and "A at $/device-h B at $/device-h" in text
+    assert "144,000.0 360,000.0 2.50 1.00" in text  # A per $, B per $, then the price of each
+    assert "box 100.0 - - 360,000.0 1.00 1 1" in text and "box 100.0 - - 144,000.0 2.50 2 2" in text
+    (d,) = domains.domain_table(rented)
+    assert d["rows"][0]["prices"] == [2.5]
+    assert "at $/device-h" in cli("compare", "tag:rented", "--domains").stdout

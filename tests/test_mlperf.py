@@ -85,8 +85,8 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
     args = ["tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.99",
             "--max-epochs", "5", "--threads", "1", *LARS_ARGS, "--mlperf-log", str(log), "--checkpoint-dir", str(ck),
             "--db", str(db_path), "--format", "json"]
-    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    err = (tmp_path / "stderr.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -102,6 +102,12 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
+    # exit 130 with one line: what was kept and how to go on
+    assert proc.returncode == 130
+    assert (tmp_path / "stderr.txt").read_text().strip().splitlines()[-1] == (
+        f"error: interrupted: tta tinycnn: the run is recorded as interrupted; its last checkpoint is in {ck}: "
+        "resume with the same command and --resume")
     state = torch.load(ck / "last.pt", weights_only=False)
     held = state["epoch"]
     assert 2 <= held < 5 and '"status": "aborted"' in log.read_text()
@@ -116,3 +122,27 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
     assert keys.count("run_start") == keys.count("run_stop") == 1
     ok, text = mlperf.check(str(log), str(tmp_path / "checker.log"))
     assert ok, text[-2000:]
+
+
+def test_an_mlperf_log_path_that_cannot_be_written_is_refused_before_the_run(cli, digits_root, tmp_path, db_path):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = [(tmp_path, f"--mlperf-log {tmp_path} is a directory: give a file to write"),
+             (tmp_path / "nowhere" / "m.log", f"no directory {tmp_path / 'nowhere'}; create it")]
+    if os.geteuid() != 0:  # root writes anywhere: the unwritable directory is a case for users only
+        cases.append((locked / "m.log", f"the directory {locked} is not writable"))
+    try:
+        for path, words in cases:
+            r = cli("tta", "tinycnn", "--data", str(digits_root), "--target-top1", "0.9", "--max-epochs", "1",
+                    "--mlperf-log", str(path))
+            (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            assert r.code == 2 and words in line, r.stderr
+    finally:
+        locked.chmod(0o700)
+    from dlscale.store import Store
+
+    with Store.open(db_path) as s:
+        assert s.query() == []  # refused before anything ran or was recorded

@@ -203,3 +203,35 @@ def test_a_real_run_records_into_postgresql_without_the_password(pg_server):
         rec = s.get(run_id)
     assert rec.status == "ok" and url.replace(ALICE_PASSWORD, "***") in rec.system["argv"]
     assert ALICE_PASSWORD not in _stored_text(pg_server, url)
+
+
+def test_a_long_outage_is_said_once_then_at_doubling_times_not_every_retry(monkeypatch, caplog):
+    """A server away for 290 s of a 300 s window (a retry every 5 s): the loss, then the first retry past 10, 20,
+    40, 80 and 160 s into it, then back: 7 lines where one per retry made 60. A fake clock: nothing waits."""
+    import psycopg
+
+    from dlscale.stores import postgres
+
+    now = [0.0]
+    monkeypatch.setattr(postgres, "time", type("Clock", (), {
+        "monotonic": staticmethod(lambda: now[0]), "sleep": staticmethod(lambda s: now.__setitem__(0, now[0] + s))}))
+
+    class Conn:
+        closed = broken = False
+
+    def connect():
+        if now[0] < 290:
+            raise psycopg.OperationalError("connection refused")
+        return Conn()
+
+    b = postgres.PostgresBackend.__new__(postgres.PostgresBackend)
+    b.display, b._password, b._conn, b.retry_s = "postgresql://db.lab/dlscale", None, None, 300.0
+    monkeypatch.setattr(b, "_connect_once", connect)
+    with caplog.at_level(logging.WARNING, logger="dlscale.store"):
+        assert b._run(lambda conn, retrying: retrying) is True
+    lines = [r.getMessage() for r in caplog.records]
+    head = "lost results database postgresql://db.lab/dlscale"
+    assert lines[0] == f"{head} (connection refused); retrying for up to 300 s"
+    said = [float(ln.split("still away after ")[1].split(" s")[0]) for ln in lines[1:-1]]
+    assert len(said) == 5 and all(at <= t < at + 5 for t, at in zip(said, (10, 20, 40, 80, 160)))  # retries 5 s apart
+    assert lines[-1].startswith(f"{head}: back after 29") and len(lines) == 7

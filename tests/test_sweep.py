@@ -92,7 +92,7 @@ def test_a_priced_sweep_says_what_its_runs_cost(cli, db_path, tmp_path):
     assert f"cost of the sweep's runs: {total:.4g} $ over 1 priced run " in " ".join(r.stdout.split())
     bad = _write(tmp_path, "name: b\n" + priced.replace("3.6", "-1") + "matrix:\n  batch_size: [4]\n", "bad.yaml")
     r = cli("sweep", str(bad), "--dry-run")
-    assert r.code == 2 and "bad.yaml:2:" in r.stderr and "--price-per-hour must be a price per device-hour > 0" in r.stderr
+    assert r.code == 2 and "bad.yaml:2:" in r.stderr and "--price-per-hour must be a finite price per device-hour > 0" in r.stderr
 
 
 def test_dry_run_shows_the_timeout_per_run_that_would_apply(cli, db_path, tmp_path):
@@ -328,3 +328,19 @@ def test_new_train_knobs_are_sweep_fields(tmp_path):
     one = "name: d\nfixed: {model: tinycnn}\nmatrix:\n  ddp_bucket_mb: [10]\n"
     with pytest.raises(UsageError, match=r"d1\.yaml:4: matrix\.ddp_bucket_mb\.0: --ddp-bucket-mb applies to"):
         spec.load(_write(tmp_path, one, "d1.yaml"))
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", "{f}", "--dry-run"],
+    ["accept", "--spec", "{f}"],
+    ["train", "tinycnn", "--config", "{f}"],
+    ["train", "tinycnn", "--systems-file", "{f}"],
+    ["accept", "--quick", "--refs", "{f}"],
+])
+def test_a_yaml_file_that_is_not_utf8_is_one_line_naming_it(cli, db_path, tmp_path, args):
+    """Every YAML file goes through one reader (sweep.spec.compose_yaml): Latin-1 bytes are bad input, not a crash."""
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("name: x\n# caf\u00e9 notes\nmatrix: {}\n".encode("latin-1"))
+    res = cli(*[a.format(f=f) for a in args])
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.code == 2 and line == f"error: {f}:2: not UTF-8 text (byte 0xe9 at offset 13); save the file as UTF-8"

@@ -161,3 +161,21 @@ def test_run_records_the_applied_peak_lr_and_rule(digits_root):
     assert out.config["peak_lr"] == pytest.approx(0.0125) and out.metrics["peak_lr"] == out.config["peak_lr"]
     assert out.config["lr_rule"] == cfg.lr_rule() and "= 0.0125 " in out.config["lr_rule"]
     assert out.raw["curve"][0]["lr"] == pytest.approx(0.0125)  # a constant schedule trains at the peak
+
+
+def test_the_summary_says_the_target_and_the_quality_reached_apart():
+    """Target 90% reached at 94.43%: the summary never prints the target as if it were the accuracy."""
+    from rich.console import Console
+
+    from dlscale.cli.tta import _summary_table
+    from dlscale.record import RunRecord
+
+    rec = RunRecord(kind="tta", workload="tinycnn", config={"target_top1": 0.9},
+                    metrics={"reached_target": True, "time_to_target": 12.5, "epochs_to_target": 3,
+                             "final_top1": 0.9443, "final_top5": 1.0})
+    console = Console(width=200, record=True)
+    console.print(_summary_table(rec))
+    text = " ".join(console.export_text().replace("│", " ").split())
+    assert "target top-1 >= 90.00% time to target 12.500 s in 3 epochs" in text
+    assert "quality reached top-1 94.43% / top-5 100.00% (the last evaluation)" in text
+    assert "(top-1 90.00%)" not in text

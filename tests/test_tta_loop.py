@@ -244,3 +244,34 @@ def test_a_resumed_mlperf_log_that_cannot_pass_says_why_before_training(monkeypa
     said = capsys.readouterr().err
     assert "will not pass" in said and said.index("will not pass") < said.index("epoch 3:")
     assert any("kept no MLPerf log" in w for w in out.warnings)
+
+
+def test_an_interrupted_tta_says_how_to_go_on(tmp_path):
+    """The line a Ctrl-C prints (errors.on_interrupt): resume from a checkpoint there is, else run again."""
+    import pytest
+
+    from dlscale.errors import on_interrupt, take_interrupt_note
+    from dlscale.longtest.checkpoint import checkpoint_path
+    from dlscale.longtest.config import TTAConfig
+    from dlscale.longtest.run import interrupted
+
+    ck = tmp_path / "ck"
+    cfg = TTAConfig(model="tinycnn", data=str(tmp_path), target_top1=0.9, checkpoint_dir=str(ck))
+    assert "stopped before its first checkpoint in" in interrupted(cfg, cfg, 0)
+    ck.mkdir()
+    checkpoint_path(ck).write_bytes(b"x")
+    with pytest.raises(KeyboardInterrupt):
+        with on_interrupt(lambda: "outer"):
+            with on_interrupt(lambda: interrupted(cfg, cfg, 0)):
+                raise KeyboardInterrupt
+    assert take_interrupt_note() == (f"tta tinycnn: the run is recorded as interrupted; its last checkpoint is in "
+                                       f"{ck}: resume with the same command and --resume")  # the innermost note
+    bare = TTAConfig(model="tinycnn", data=str(tmp_path), target_top1=0.9)
+    assert "no --checkpoint-dir, so nothing to resume from" in interrupted(bare, bare, 0)
+    three = TTAConfig(model="tinycnn", data=str(tmp_path), target_top1=0.9, runs=3)
+    assert interrupted(three, three, 1) == ("tta tinycnn: run 2 of 3 is recorded as interrupted; the 1 run(s) before "
+                                            "it are recorded; --runs does not resume: run the command again")
+    with pytest.raises(KeyboardInterrupt):  # a note that cannot be made leaves the interrupt as it was
+        with on_interrupt(lambda: 1 / 0):
+            raise KeyboardInterrupt
+    assert take_interrupt_note() == ""

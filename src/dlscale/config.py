@@ -80,6 +80,7 @@ class TrainConfig:
                        ("--tokens-per-batch", self.tokens_per_batch), ("--max-table-rows", self.max_table_rows)):
             if v is not None:
                 _positive(opt, v)
+        self._check_limits()
         w.check(self)  # shape fields that do not apply to the family, sizes it cannot take
         check_choice("--parallel", self.parallel, PARALLELS)
         if self.data is not None and w.family != "classification":
@@ -92,6 +93,16 @@ class TrainConfig:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
         self._check_knobs()
         self._check_pipeline()
+
+    def _check_limits(self) -> None:
+        """Counts past any real run (``limits``): a slip, refused before anything runs."""
+        from dlscale import limits
+
+        for opt, v in (("--steps", self.steps), ("--warmup-steps", self.warmup_steps),
+                       ("--breakdown-steps", self.breakdown_steps), ("--profile-steps", self.profile_steps)):
+            limits.at_most(opt, v, limits.STEPS, "steps of one short test")
+        limits.at_most("--repeat", self.repeat, limits.REPEAT, "repeats of the short test")
+        limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
 
     def _check_knobs(self) -> None:
         """Compile mode, optimizer implementation and DDP options: known values, the right parallelism."""

@@ -62,14 +62,24 @@ class SystemCost:
 
     def price(self, path: str) -> Price:
         hourly, how = self.hourly()
+        if not priced(hourly / self.devices):  # finite fields can still overflow
+            raise UsageError(f"--systems-file {path}: system {self.name} comes to {hourly / self.devices:g} $ per "
+                             "device-hour; its fields must give a finite price > 0")
         return Price(hourly / self.devices, f"systems file {path}: system {self.name} ({how}; / {self.devices} devices)")
+
+
+def priced(value: Any) -> bool:
+    """A number a price (or a systems file's field) can be: finite and > 0 (inf would cost nothing per unit)."""
+    import math
+
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def check_price(value: float | None, what: str = "--price-per-hour") -> Price | None:
     if value is None:
         return None
-    if not value > 0:
-        raise UsageError(f"{what} must be a price per device-hour > 0, got {value}")
+    if not priced(value):
+        raise UsageError(f"{what} must be a finite price per device-hour > 0, got {value}")
     return Price(float(value), "--price-per-hour")
 
 
@@ -99,8 +109,8 @@ def _system(name: str, spec: Any, lines: Any) -> SystemCost:
     for k, v in spec.items():
         if k not in FIELDS:
             raise lines.fail(path + (k,), f"unknown field; known: {', '.join(FIELDS)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise lines.fail(path + (k,), f"must be a number > 0, got {v!r}")
+        if not priced(v):
+            raise lines.fail(path + (k,), f"must be a finite number > 0, got {v!r}")
     if not isinstance(spec.get("devices"), int):
         raise lines.fail(path, "needs devices: the number of devices (GPUs, or 1 for a CPU host) the price covers")
     if "utilisation" in spec and spec["utilisation"] > 1:

@@ -10,6 +10,8 @@ then is kept in the local spool (``dlscale.stores.spool``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 EXIT_OK = 0
@@ -51,3 +53,31 @@ class StoreUnavailable(DlscaleError):
     """The results database went away during the command and did not come back in time."""
 
     exit_code = EXIT_FAILURE
+
+
+_NOTE: list[str] = []  # the note of the interrupt under way (the CLI takes it: typer turns Ctrl-C into exit 130)
+
+
+@contextmanager
+def on_interrupt(note: Callable[[], str]) -> Iterator[None]:
+    """While the block runs, a Ctrl-C (KeyboardInterrupt) leaves ``note()``: what the command kept and how
+    to go on (resume, judge, run again), which the CLI prints on its one line (``take_interrupt_note``).
+    The innermost block's note wins; a note that cannot be made leaves the interrupt as it was."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if not getattr(e, "dlscale_noted", False):
+            e.dlscale_noted = True  # type: ignore[attr-defined]
+            _NOTE.clear()
+            try:
+                _NOTE.append(note())
+            except Exception:  # noqa: BLE001 - an interrupt is never turned into another error
+                pass
+        raise
+
+
+def take_interrupt_note() -> str:
+    """What the interrupted command kept and how to go on ('' when it said nothing); said once."""
+    note = " ".join(_NOTE)
+    _NOTE.clear()
+    return note

@@ -22,6 +22,15 @@ def default_db_path() -> Path:
     return data_dir() / "results.db"
 
 
+def beside_db(db_path: str | os.PathLike, what: str) -> Path:
+    """dlscale's folder ``what`` beside a file database (``<its dir>/WHAT``: the default one's is in the
+    data directory); for a server database (postgresql://...), in the data directory."""
+    path = str(db_path)
+    if "://" not in path:
+        return Path(path).expanduser().resolve().parent / what
+    return data_dir() / what
+
+
 def make_dir(path: str | os.PathLike) -> Path:
     """``path`` as a directory, made if missing (with its parents); a UsageError naming it when it is a
     file or cannot be made."""
@@ -35,6 +44,23 @@ def make_dir(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise UsageError(f"cannot create {p}: {e.strerror}; give a directory you can write to") from None
     return p
+
+
+def check_writable_file(path: str | os.PathLike, option: str) -> None:
+    """A file a run will write when it is done or as it goes (made, or appended to): a UsageError
+    naming ``option`` now, before any work, where it is a directory, its directory is missing, or
+    either cannot be written."""
+    from dlscale.errors import UsageError
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {p} is a directory: give a file to write (e.g. {p / 'mlperf.log'})")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {p}: no directory {parent}; create it or give another path")
+    if p.exists() and not os.access(p, os.W_OK) or not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {p}: {'the file' if p.exists() else f'the directory {parent}'} is not writable; "
+                         "give a path you can write")
 
 
 def resolve_db_path(db: str | os.PathLike | None) -> Path:

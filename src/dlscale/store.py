@@ -32,8 +32,9 @@ __all__ = ["MIGRATIONS", "PG_MIGRATIONS", "SCHEMA_VERSION", "Store", "is_postgre
 _SELECT = f"SELECT {','.join(COLUMNS)} FROM runs"
 
 
-def _backend(db: str | os.PathLike | None) -> Any:
-    """The backend ``db`` (else ``$DLSCALE_DB``, else the default file) names, opened."""
+def _backend(db: str | os.PathLike | None, create: bool = True) -> Any:
+    """The backend ``db`` (else ``$DLSCALE_DB``, else the default file) names, opened (a file that is
+    not there is created, or with ``create`` false refused)."""
     target = os.fspath(db) if db else os.environ.get(DB_ENV, "")
     scheme = url_scheme(str(target))
     if scheme in PG_SCHEMES:
@@ -45,7 +46,7 @@ def _backend(db: str | os.PathLike | None) -> Any:
                          f"pass a file path or a postgresql:// URL with --db or DLSCALE_DB")
     from dlscale.stores.sqlite import SqliteBackend
 
-    return SqliteBackend.open(resolve_db_path(db))
+    return SqliteBackend.open(resolve_db_path(db), create)
 
 
 class Store:
@@ -69,10 +70,11 @@ class Store:
 
     # -- opening and schema -------------------------------------------------------------
     @classmethod
-    def open(cls, db: str | os.PathLike | None = None) -> "Store":
+    def open(cls, db: str | os.PathLike | None = None, create: bool = True) -> "Store":
         """Open (creating and migrating if needed) the database; bad paths, bad URLs and unreachable
-        servers are UsageErrors."""
-        return cls(_backend(db))
+        servers are UsageErrors. ``create=False`` (the commands that only read) refuses a database
+        file that is not there, where creating it would list a mistyped path as an empty store."""
+        return cls(_backend(db, create))
 
     @property
     def backend(self) -> str:

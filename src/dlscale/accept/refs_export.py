@@ -103,7 +103,7 @@ def export(selector: str, out: str, db: str | None = None) -> dict[str, Any]:
 
     from dlscale.store import Store
 
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         doc = document(selector, *gather(store, selector))
     if not doc["models"]:
         raise UsageError(f"the acceptances of {selector!r} settled no figure of a known device model: nothing to export")

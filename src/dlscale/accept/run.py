@@ -20,10 +20,10 @@ from dlscale.accept import burnin, drift, explain, figures
 from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
-from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
+from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline, span, span_of
 from dlscale.accept.inventory import verdicts as inventory_verdicts
-from dlscale.accept.verdict import Verdict, counts, exit_code, judge as judge_figures, outcome
-from dlscale.errors import UsageError
+from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, Verdict, counts, exit_code, judge as judge_figures, outcome
+from dlscale.errors import UsageError, on_interrupt
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
 
@@ -71,6 +71,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
     hosts = figures.node_hosts(records)
     figs, unreadable = figures.read(records)
+    base = (base or Baseline()).fit(figs, records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
     verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
@@ -86,6 +87,9 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     verdicts += explain.figureless_verdicts(records, check_of, figs, unreadable, missing)
     verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
+    for v in verdicts:
+        if v.status == NO_EXPECTATION and v.key in base.notes:
+            v.reason = f"{base.notes[v.key]}; no healthy, datasheet, reference or peer figure either"
     order = list(specs.CHECKS) + ["links"]
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
     explain.explain(verdicts)
@@ -105,22 +109,24 @@ class Against:
 
     baseline: str | None = None  # the --baseline selector (None: this system's last accepted figures)
     reference: str | None = None
-    chosen: Baseline | None = None
     refs: list[RunRecord] = field(default_factory=list)
     healthy: str | None = None  # --refs: a lab's healthy-figures file, tried before the shipped table
     table: list[Any] = field(default_factory=list)  # refs.Row: the lab's, then the shipped
 
 
 def against(baseline: str | None, reference: str | None, db: str | None, healthy: str | None = None) -> Against:
-    """The chosen baseline, reference runs and healthy figures; an unwritable database, a bad selector
-    or a bad healthy-figures file is a UsageError."""
+    """The baseline selector (its runs are read when the acceptance is judged, less those that ran at the
+    same time), reference runs and healthy figures; an unwritable database, a bad selector or a bad
+    healthy-figures file is a UsageError."""
     from dlscale.accept import refs as healthy_refs
+    from dlscale.analysis.select import select
     from dlscale.store import Store
 
     table = healthy_refs.load(healthy)
     with Store.open(db) as store:
-        return Against(baseline, reference, selected_baseline(store, baseline) if baseline else None,
-                       _reference(store, reference), healthy, table)
+        if baseline:
+            select(store, baseline)  # a selector that matches nothing is refused before anything runs
+        return Against(baseline, reference, _reference(store, reference), healthy, table)
 
 
 def new_acceptance_id() -> str:
@@ -138,18 +144,20 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     vs = against(baseline, reference, db, healthy)
     acc_id = new_acceptance_id()
-    budget = f", budget {sp.budget_s:g} s" if sp.budget_s else ""
-    info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}{budget}")
-    for check, why in plan.not_run:
-        info(f"  not run: {check}: {why}")
-    if plan.machine.launcher:  # a rank of the launcher's job: the checks across ranks run in place, in its group
-        records, missing, seconds = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)], {}, {}
-    else:
-        records, missing, seconds = run_bounded(plan.checks, sp, acc_id, db)
-    if not _rank_zero():
-        return None
-    return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db, missing,
-                    seconds=seconds)
+    with host_lock(acc_id):
+        budget = f", budget {sp.budget_s:g} s" if sp.budget_s else ""
+        info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}{budget}")
+        for check, why in plan.not_run:
+            info(f"  not run: {check}: {why}")
+        with on_interrupt(lambda: interrupted(acc_id, db)):
+            if plan.machine.launcher:  # a rank of the launcher's job: the checks across ranks run in place, in its group
+                records, missing, seconds = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)], {}, {}
+            else:
+                records, missing, seconds = run_bounded(plan.checks, sp, acc_id, db)
+        if not _rank_zero():
+            return None
+        return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db, missing,
+                        seconds=seconds)
 
 
 MIN_CHECK_S = 1.0  # less of the budget left than this: the check is not started
@@ -189,6 +197,32 @@ def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db
     return records, missing, seconds
 
 
+def interrupted(acc_id: str, db: str | None) -> str:
+    """What an acceptance stopped by Ctrl-C kept (its checks' runs, under its id) and how to go on."""
+    from dlscale.store import Store
+
+    with Store.open(db) as store:
+        runs = store.query(tag=acc_id, newest_first=False)
+    rungs = figures.scale_rungs(runs)
+    checks = list(dict.fromkeys(figures.check_of(r, rungs) or r.kind for r in runs))
+    again = "run the same `dlscale accept` again for the verdicts"
+    if not runs:
+        return f"acceptance {acc_id} recorded no run and judged nothing; {again}"
+    return (f"acceptance {acc_id} kept {len(runs)} run(s) of {', '.join(checks)} (the interrupted check's as failed) "
+            f"and judged nothing; `dlscale results list --tag {acc_id}` lists them; {again}")
+
+
+def host_lock(acc_id: str) -> Any:
+    """This host's acceptance lock (``lock.host_lock``: a second acceptance waits for the first); none
+    for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
+    from contextlib import nullcontext
+
+    from dlscale.accept import lock
+    from dlscale.distributed.env import launcher_of
+
+    return nullcontext() if launcher_of() else lock.host_lock(acc_id)
+
+
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,
              out_dir: str | None, db: str | None, missing: dict[str, str] | None = None,
              inventory: dict[str, Any] | None = None, seconds: dict[str, float] | None = None) -> Acceptance:
@@ -200,25 +234,39 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     from dlscale.store import Store
 
     suite_hash = hash_of(plan.checks)
+    this = span_of(records)
     with Store.open(db) as store:
-        base = vs.chosen or find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)})
+        base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
+                find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)}, this=this))
         good = burnin.find_known_good(store, records)
+        folder = Path(out_dir) if out_dir else default_out(store, acc_id)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
     rec = _record(acc_id, sp, plan, records, verdicts, system, suite_hash, vs.baseline, vs.reference, db, missing,
                   inventory, seconds, healthy=vs.healthy)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
-    acc.out_dir = Path(out_dir or acc_id)
+    acc.out_dir = folder
     acc.files = outputs.write(acc, db)
+    info(f"dlscale accept {acc_id}: report, JUnit XML, records and manifest in {folder}")
     return acc
+
+
+def default_out(store: Any, acc_id: str) -> Path:
+    """Where an acceptance's outputs go without --out: ``acceptances/ID`` beside the results database
+    (a Slurm acceptance's job files are there too)."""
+    from dlscale.paths import beside_db
+
+    return beside_db(store.path, "acceptances") / acc_id
 
 
 def hash_of(checks: Sequence[suite.Planned]) -> str:
     """What an acceptance measured, to find its baseline by: every check's options, less the faults
-    set into emulated nodes (a node's own link rate or CPU quota), and the inventory (no figure: a suite
-    with it has the baselines of the same suite without it)."""
-    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS} for p in checks
-                        if p.check not in NO_FIGURES})
+    set into emulated nodes (a node's own link rate or CPU quota), the price (it changes no rate), and
+    the inventory (no figure: a suite with it has the baselines of the same suite without it)."""
+    from dlscale.sweep.fields import COST
+
+    return config_hash({p.check: {k: v for k, v in p.options.items() if k not in suite.FAULTS and k not in COST}
+                        for p in checks if p.check not in NO_FIGURES})
 
 
 def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | None = None,
@@ -230,15 +278,16 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
     from dlscale.accept import refs as healthy_refs
     from dlscale.store import Store
 
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         acc_rec = _find_acceptance(store, acceptance)
         sp = sp or _spec_of(acc_rec)
         records = [r for r in store.query(tag=acc_rec.tag, newest_first=False) if r.kind != "accept"]
         refs = _reference(store, reference or acc_rec.config.get("reference"))
         cfg = acc_rec.config
-        base = (selected_baseline(store, baseline) if baseline else
+        this = span(store, acc_rec)
+        base = (selected_baseline(store, baseline, this) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
-                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag))
+                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag, this=this))
         good = burnin.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
@@ -319,6 +368,7 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
                **{k.lower().replace(" ", "_"): v for k, v in n.items()}}
     units = {"verdicts": "verdicts", **{k.lower().replace(" ", "_"): "verdicts" for k in n}}
     config = {"spec": sp.to_dict(), "system": system, "suite_hash": suite_hash, "baseline": baseline,
+              **dict(zip(("started_at", "ended_at"), span_of(records) or ())),
               "reference": reference, "checks": {p.check: p.options for p in plan.checks},
               "healthy_refs": healthy_of(healthy)}
     raw = {"verdicts": [v.to_dict() for v in verdicts], "check_runs": checks, "not_run": plan.not_run,

@@ -172,9 +172,9 @@ def _part(cmd: list[str], env: dict[str, str], limit_s: float | None) -> int | N
 def run_part(job_file: str, part: str) -> None:
     """One part of the suite on this node (or as this rank): plan it here, write the plan (first node,
     rank 0), run its checks under the acceptance id: on a node, each in its own process within its
-    time limit (``run.run_bounded``), writing why a check did not finish into ``problems-PART-NODE.json``;
-    as a rank, in place."""
-    from dlscale.accept.run import run_bounded
+    time limit (``run.run_bounded``) and holding the host's acceptance lock, writing why a check did
+    not finish into ``problems-PART-NODE.json``; as a rank, in place."""
+    from dlscale.accept import run
     from dlscale.distributed.env import detect, launcher_of
 
     doc = json.loads(Path(job_file).read_text())
@@ -189,7 +189,8 @@ def run_part(job_file: str, part: str) -> None:
         for p in plan.checks:
             suite.run_check(p, doc["acceptance"], doc["db"])
         return
-    _, problems, _ = run_bounded(plan.checks, sp, doc["acceptance"], doc["db"])
+    with run.host_lock(doc["acceptance"]):
+        _, problems, _ = run.run_bounded(plan.checks, sp, doc["acceptance"], doc["db"])
     if problems:
         from dlscale.system import collect_cached
 
@@ -249,7 +250,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     vs = run.against(baseline, reference, db, healthy)
     acc_id = run.new_acceptance_id()
     with Store.open(db) as store:
-        folder = slurm.default_state_dir(store, "acceptances") / acc_id
+        folder = run.default_out(store, acc_id)
         folder.mkdir(parents=True, exist_ok=True)
         job_file = folder / "job.json"
         job_file.write_text(json.dumps({"acceptance": acc_id, "spec": sp.to_dict(), "quick": quick,

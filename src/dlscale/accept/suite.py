@@ -267,25 +267,35 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
     if p.check == "inventory":
         return [api.inventory(tag=tag, db=db)]
     command, kind, _ = specs.CHECKS[p.check]
+    price = price_of(p.options)
     if command == "micro":
         micro_opts = p.configs[0]
         fields = {k: v for k, v in vars(micro_opts).items() if k in _given_micro_fields(p.options)}
         if p.check in ("gemm", "memory"):
             fields["every_device"] = True
         layout = p.configs[1] if len(p.configs) > 1 else None
-        return api.micro(kind, layout=layout, db=db, tag=tag, **fields)
+        return api.micro(kind, layout=layout, db=db, tag=tag, price=price, **fields)
     if command == "infer":
-        return [api.infer(config=replace(p.configs[0], tag=tag, scenario="offline"), db=db)]
+        return [api.infer(config=replace(p.configs[0], tag=tag, scenario="offline"), db=db, price=price)]
     cfg, layout = p.configs
     if p.check == "scale":
         return api.scale(cfg.model, devices=p.options.get("devices") or [1, 2],
                          layouts=_layouts(p.options.get("layouts")), emulate_nodes=layout.emulate_nodes,
                          link_bandwidth=layout.link_bandwidth, link_latency=layout.link_latency,
                          node_link_bandwidth=layout.node_link_bandwidth, node_cpu_quota=layout.node_cpu_quota,
-                         threads_per_rank=layout.threads_per_rank, db=db,
+                         threads_per_rank=layout.threads_per_rank, db=db, price=price,
                          **{**_train_fields(cfg, p.options), "tag": tag})
     cfg = replace(cfg, tag=tag, parallel="none" if p.check == "train_alone" else cfg.parallel)
-    return [api.train(config=cfg, layout=layout, db=db)]
+    return [api.train(config=cfg, layout=layout, db=db, price=price)]
+
+
+def price_of(options: dict[str, Any]) -> Any:
+    """A check's price (``price_per_hour``, or ``system`` of ``systems_file``, as the commands take
+    them: ``cost.resolve``), None without one: its runs record their cost figures at it."""
+    from dlscale import cost
+    from dlscale.sweep.fields import COST
+
+    return cost.resolve(**{COST[k].field: options[k] for k in COST if k in options})
 
 
 def _given_micro_fields(options: dict[str, Any]) -> set[str]:

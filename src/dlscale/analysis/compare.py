@@ -154,6 +154,8 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
     ga, gb = group(a, by, metric), group(b, by, metric)
     check_common(ga, gb, by)
     extra = {m: (group(a, keys, m), group(b, keys, m)) for m in efficiency_metrics([*a, *b], metric)}
+    priced = (group_prices(a, keys, metric), group_prices(b, keys, metric)) if any(
+        m in DOLLARS for m in extra) else None
     rows = []
     for k in _order(set(ga) | set(gb)):
         xa, xb = ga.get(k), gb.get(k)
@@ -163,8 +165,23 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
                      "n_a": xa.n if xa else 0, "n_b": xb.n if xb else 0,
                      "imported_a": xa.n_imported if xa else 0, "imported_b": xb.n_imported if xb else 0,
                      **{f"{m}_{side}": (g[k].value if k in g else None)
-                        for m, pair in extra.items() for side, g in zip("ab", pair)}})
+                        for m, pair in extra.items() for side, g in zip("ab", pair)},
+                     **({f"prices_{side}": g.get(k, []) for side, g in zip("ab", priced)} if priced else {})})
     return rows
+
+
+DOLLARS = ("units_per_dollar", "cost_to_target")  # the figures that depend on a price
+
+
+def group_prices(records: Iterable[RunRecord], by: Sequence[str], metric: str) -> dict[tuple, list[float]]:
+    """Each group's distinct prices per device-hour (``domains.prices``: its ok runs that have ``metric``)."""
+    records = list(records)
+    keys = group_keys(by, metric, records)
+    members: dict[tuple, list[RunRecord]] = {}
+    for r in records:
+        if r.status == "ok" and value_of(r, metric) is not None:
+            members.setdefault(tuple(key_value(r, k) for k in keys), []).append(r)
+    return {k: domains.prices(v) for k, v in members.items()}
 
 
 def efficiency_metrics(records: Sequence[RunRecord], metric: str) -> list[str]:

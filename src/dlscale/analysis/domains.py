@@ -275,12 +275,25 @@ def domain_table(records: Iterable[Any], reference: Sequence[Any] | None = None,
             row.update({"layout": f"{nodes}x{per_node}", "runs": len(rs), "systems": sorted({_system(r) for r in rs}),
                         "run_ids": [r.run_id for r in rs]})
             row.update({k: mean_of(rs, k) for k in EFFICIENCY.get(metric, ())})
+            row["prices"] = prices(rs)
         out.append({"family": fam, "sample_unit": unit, "unit": _value_unit(members, metric), "model": model,
                     "system": system, "systems": sorted({_system(r) for r in members}),
                     "test": {k: v for k, v in zip(TEST_KEYS, test) if v is not None}, "metric": metric,
                     "higher_is_better": higher_is_better, "base_devices": rows[0]["devices"],
                     "reference": refv, "rows": rows, "verdict": verdict(rows)})
     return out
+
+
+def price_of(rec: Any) -> float | None:
+    """The price per device-hour a run's cost figures were computed at (None: not priced)."""
+    v = ((rec.raw or {}).get("cost") or {}).get("price_per_hour", (rec.metrics or {}).get("price_per_hour"))
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def prices(recs: Iterable[Any]) -> list[float]:
+    """The distinct prices per device-hour of the priced runs among ``recs``, lowest first: what a
+    per-dollar mean over them was computed at."""
+    return sorted({p for p in map(price_of, recs) if p is not None})
 
 
 def mean_of(recs: Sequence[Any], metric: str) -> float | None:

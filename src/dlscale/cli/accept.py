@@ -45,8 +45,9 @@ and --node-cpu-quota set one node apart): every check that runs ranks runs acros
 the collectives between them and every node's link (micro links) are judged too.
 
 Prints the verdict table, writes the HTML report, JUnit XML, every record and a sha256 manifest
-into --out (default ./ACCEPTANCE_ID). Exit code 0 when nothing FAILed or ERRORed, 1 on a FAIL or an
-ERROR (or a WARN with --warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
+into --out (default acceptances/ACCEPTANCE_ID beside the results database). One acceptance at a
+time runs on a host: a second one waits for the first. Exit code 0 when nothing FAILed or ERRORed,
+1 on a FAIL or an ERROR (or a WARN with --warn-fails), 2 for bad input. `dlscale accept verify DIR` checks a folder against its manifest;
 `dlscale accept judge ID` judges a recorded acceptance again (other thresholds or baseline) without
 running anything. `dlscale accept refs [--model H100]` lists the healthy figures with their
 sources; `dlscale accept refs export --from SELECTOR --out lab.yaml` writes a lab's accepted fleet
@@ -103,7 +104,8 @@ def accept(
                                                      "ref:seed001-table5,system:SN-8xV100-16GB-SXM2 or tag:imported.",
                                                      show_default=False)] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Folder for the report, JUnit XML, records and "
-                                                   "manifest (default ./ACCEPTANCE_ID); refs export: the file.",
+                                                   "manifest (default acceptances/ACCEPTANCE_ID beside the results "
+                                                   "database); refs export: the file.",
                                                    show_default=False)] = None,
     refs: Annotated[Optional[str], typer.Option("--refs", help="A lab's healthy-figures file (from `dlscale accept "
                                                 "refs export`), tried before the shipped table.",

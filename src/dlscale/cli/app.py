@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = command.main(args=argv, prog_name="dlscale", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
+        if code == 130:  # typer returns Ctrl-C as 130
+            code = _interrupted()
     except (_tx.NoArgsIsHelpError, click.exceptions.NoArgsIsHelpError):
         code = 0  # the help was printed already
     except (typer.Exit, click.exceptions.Exit) as e:
@@ -125,8 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {_one_line(str(e))}", file=sys.stderr)
         code = e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        code = 130
+        code = _interrupted()
     except BrokenPipeError:
         code = 0
     except Exception as e:  # noqa: BLE001 - the last resort: still one line
@@ -136,6 +137,15 @@ def main(argv: list[str] | None = None) -> None:
               "(set DLSCALE_DEBUG=1 for the traceback)", file=sys.stderr)
         code = EXIT_FAILURE
     sys.exit(_spooled(code))
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line saying what the command kept and how to go on, where it said (``errors.on_interrupt``); 130."""
+    from dlscale.errors import take_interrupt_note
+
+    note = take_interrupt_note()
+    print(f"error: interrupted{': ' + _one_line(note) if note else ''}", file=sys.stderr)
+    return 130
 
 
 def _spooled(code: int) -> int:

@@ -33,7 +33,8 @@ class Format(str, Enum):
 DbOpt = Annotated[
     Optional[str],
     typer.Option("--db", help="Results database: an SQLite file or a postgresql:// URL (password in PGPASSWORD or ~/.pgpass, "
-                         "not the URL). Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db.",
+                         "not the URL). Default: $DLSCALE_DB, else ~/.local/share/dlscale/results.db. A command "
+                         "that measures creates the file; one that only reads refuses a file that is not there.",
                  show_default=False),
 ]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="human: tables; json: one JSON document on stdout.")]

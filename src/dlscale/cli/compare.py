@@ -54,7 +54,7 @@ def compare(
         raise UsageError("--across-systems applies to --domains only; add --domains or drop it")
     keys = [k.strip() for k in by.split(",") if k.strip()]
     cmp.check_keys(keys)
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         ra = select(store, a)
         rb = select(store, b) if b is not None else None
         rref = select(store, reference) if reference else None
@@ -103,8 +103,10 @@ def pct_rich_table(rows, keys, metric: str, a: str, b: str) -> Table:
     unit_col = ["unit"] if "unit" not in keys else []
     extra = [m for m in EFFICIENCY.get(metric, ()) if any(r.get(f"{m}_a") is not None or r.get(f"{m}_b") is not None
                                                           for r in rows)]
+    priced = any("prices_a" in r for r in rows)  # a per-$ figure is shown with the prices it was computed at
     t = Table(*keys, *unit_col, f"A {metric}", f"B {metric}", "% difference",
-              *[f"{side} {EFFICIENCY_LABELS[m]}" for m in extra for side in "AB"], "runs A/B (imported)",
+              *[f"{side} {EFFICIENCY_LABELS[m]}" for m in extra for side in "AB"],
+              *(["A at $/device-h", "B at $/device-h"] if priced else []), "runs A/B (imported)",
               title=f"% difference = (A - B) / B   (seed 001 Tables 5-6; positive: A higher)\nA = {a}\nB = {b}",
               title_justify="left")
     for r in rows:
@@ -112,8 +114,14 @@ def pct_rich_table(rows, keys, metric: str, a: str, b: str) -> Table:
         t.add_row(*[_s(r[k]) for k in keys], *[_s(r.get("unit")) for _ in unit_col], _num(r["a"]), _num(r["b"]),
                   "-" if pct is None else f"{pct * 100:+.2f}%",
                   *[_num(r.get(f"{m}_{side}")) for m in extra for side in "ab"],
+                  *([_prices(r.get("prices_a")), _prices(r.get("prices_b"))] if priced else []),
                   f"{r['n_a']}/{r['n_b']}" + (f" ({r['imported_a']}/{r['imported_b']})" if r["imported_a"] or r["imported_b"] else ""))
     return t
+
+
+def _prices(prices: list[float] | None) -> str:
+    """'2.50' / '2.50, 3.00' (a mean over runs at different prices says so) / '-'."""
+    return ", ".join(_num(p) for p in prices) if prices else "-"
 
 
 # column heads of the per-joule and per-dollar figures (each row's unit names what is counted)
@@ -123,11 +131,12 @@ EFFICIENCY_LABELS = {"units_per_joule": "per J", "units_per_dollar": "per $", "e
 
 def ranking_rich_table(rows: list[dict[str, Any]]) -> Table:
     """Which system gives the most sample units per kWh and per dollar, per model."""
-    t = Table("unit", "model", "system", "throughput", "per kWh", "rank (kWh)", "per $", "rank ($)", "runs",
-              title="ranking: sample units per kWh and per dollar (1 = most), per model", title_justify="left")
+    t = Table("unit", "model", "system", "throughput", "per kWh", "rank (kWh)", "per $", "at $/device-h", "rank ($)",
+              "runs", title="ranking: sample units per kWh and per dollar (1 = most), per model", title_justify="left")
     for r in rows:
         t.add_row(r["unit"], r["model"], r["system"], _num(r["throughput"]), _num(r["units_per_kwh"]),
-                  _s(r["rank_per_kwh"]), _num(r["units_per_dollar"]), _s(r["rank_per_dollar"]), str(r["runs"]))
+                  _s(r["rank_per_kwh"]), _num(r["units_per_dollar"]), _num(r.get("price_per_hour")),
+                  _s(r["rank_per_dollar"]), str(r["runs"]))
     return t
 
 
@@ -171,14 +180,18 @@ def domain_rich_table(d: dict[str, Any], selector: str, reference: str | None) -
                                                        if ref and ref["value"] is not None else
                                                        (ref or {}).get("note") or "no run of this model and shape"))
     extra = [m for m in EFFICIENCY.get(d["metric"], ()) if any(r.get(m) is not None for r in d["rows"])]
+    from dlscale.analysis.compare import DOLLARS
+
+    priced = any(m in DOLLARS for m in extra)
     t = Table("devices", f"{d['metric']} ({d['unit']})", "speed-up", "device ratio", "efficiency", "score",
               *[f"{d['sample_unit']} {EFFICIENCY_LABELS[m]}" if m.startswith("units_") else EFFICIENCY_LABELS[m]
-                for m in extra], "runs",
+                for m in extra], *(["at $/device-h"] if priced else []), "runs",
               "systems", title=f"{d['family']} ({d['sample_unit']}): {describe(d)}   [{selector}]\nspeed-up over "
               f"{d['base_devices']} device(s); verdict: {d['verdict'] or '-'}{ref_words}", title_justify="left")
     for r in d["rows"]:
         t.add_row(str(r["devices"]), _num(r["value"]), _x(r["speedup"]), f"{r['device_ratio']:g}",
-                  f"{r['efficiency'] * 100:.1f}%", _x(r["score"]), *[_num(r.get(m)) for m in extra], str(r["runs"]),
+                  f"{r['efficiency'] * 100:.1f}%", _x(r["score"]), *[_num(r.get(m)) for m in extra],
+                  *([_prices(r.get("prices"))] if priced else []), str(r["runs"]),
                   ", ".join(r["systems"]))
     return t
 

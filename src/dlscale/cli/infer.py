@@ -138,6 +138,7 @@ def extra_table(rec):
     named as such) and the LLM headline, where measured."""
     from rich.table import Table
 
+    from dlscale.cli.render import energy_cost_rows
     from dlscale.format import fmt_seconds, format_metric
 
     m, mode = rec.metrics, rec.config.get("decode")
@@ -157,4 +158,6 @@ def extra_table(rec):
         what = "capture" if mode == "graph" else "compile"
         t.add_row(f"{what} time by batch (not in any figure)",
                   ", ".join(f"{b}: {fmt_seconds(s)}" for b, s in zip(m["batch_sizes"], m["compile_s_by_batch"])))
+    for what, words in energy_cost_rows(rec):
+        t.add_row(what, words)
     return t

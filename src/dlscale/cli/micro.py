@@ -233,6 +233,7 @@ def _run(kind: str, options: dict[str, Any], layout: Any, db: str | None, fmt: F
 
 def report(rec, fmt: Format | None) -> dict[str, Any]:
     """Print one record (human) and return its JSON document (rows, metrics, config, status)."""
+    from dlscale.cli.render import energy_cost_lines
     from dlscale.micro.report import print_record
 
     doc = {"run_id": rec.run_id, "status": rec.status, "error": rec.error, "kind": rec.kind,
@@ -247,4 +248,6 @@ def report(rec, fmt: Format | None) -> dict[str, Any]:
     for w in rec.warnings:
         warn(w)
     print_record(rec, out)
+    for line in energy_cost_lines(rec):
+        out.print(line, markup=False)
     return doc

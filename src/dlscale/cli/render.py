@@ -55,23 +55,44 @@ def train_summary_table(rec: RunRecord) -> Table:
 
 
 def energy_cost_rows(rec: RunRecord) -> list[tuple[str, str]]:
-    """The energy line (or why there is none) and the cost line with the price it came from."""
+    """The energy line (or why there is none) and the cost line with the price it came from: the one
+    formatter of every run command's human output (train, tta, infer, micro)."""
     m, u, raw = rec.metrics, rec.units, rec.raw
     rows = []
     e = raw.get("energy")
+    cases = [r for r in raw.get("rows") or [] if isinstance(r, dict) and r.get("energy_j") is not None]
     if m.get("energy_j") is not None:
+        to_target = (f", {fmt_num(m['energy_to_target_kwh'])} kWh to the target"
+                     if m.get("energy_to_target_kwh") is not None else "")
         rows.append(("energy (measured window)",
                      f"{fmt_num(m['energy_j'])} J, {fmt_num(m.get('energy_per_unit_j'))} {u.get('energy_per_unit_j')}, "
                      f"{fmt_num(m.get('units_per_joule'))} {u.get('units_per_joule')}, {fmt_num(m.get('avg_power_w'))} W "
-                     f"average  ({e.get('source') if e else '?'}: {', '.join(e.get('domains') or []) if e else ''})"))
+                     f"average{to_target}  ({_source(e)})"))
+    elif cases:  # a microbenchmark: each case over its own timed calls
+        best = max((r["gflops_per_j"] for r in cases if r.get("gflops_per_j") is not None), default=None)
+        rows.append(("energy (per case)",
+                     f"{len(cases)} of {len(raw['rows'])} case(s) measured, {fmt_num(sum(r['energy_j'] for r in cases))} J "
+                     f"over their timed calls" + (f", up to {fmt_num(best)} GFLOP/J" if best is not None else "")
+                     + f"  ({_source(e)}; each case's in --format json)"))
     elif e and e.get("reason"):
         rows.append(("energy", f"absent: {e['reason']}"))
     c = raw.get("cost")
     if c:
-        figs = [f"{fmt_num(m[k])} {u.get(k)}" for k in ("cost_per_million_units", "cost_to_target") if m.get(k) is not None]
+        figs = [f"{fmt_num(m[k])} {u.get(k)}{words}" for k, words in (
+            ("cost_per_million_units", ""), ("cost_to_target", " to the target"), ("cost_of_run", " for the whole run"))
+            if m.get(k) is not None]
         rows.append(("cost", f"{', '.join(figs) or 'no figure'} at {fmt_num(c['price_per_hour'])} $/device-hour x "
                              f"{c['devices']} device(s) ({c['source']})"))
     return rows
+
+
+def energy_cost_lines(rec: RunRecord) -> list[str]:
+    """``energy_cost_rows`` as lines ("cost: ..."), below outputs that are not a two-column table."""
+    return [f"{what}: {words}" for what, words in energy_cost_rows(rec)]
+
+
+def _source(e: dict | None) -> str:
+    return f"{e.get('source') or '?'}: {', '.join(e.get('domains') or [])}" if e else "?"
 
 
 def _config_words(c: dict, m: dict) -> str:
@@ -96,5 +117,5 @@ _SHOWN = {
     "step_time_min", "step_time_max", "samples_per_step", "measured_steps", "window_seconds",
     "flops_per_sample_forward", "peak_flops_isa_estimate", "flops_method", "loss_first", "loss_last", "cv_repeats", "peak_kind",
     "energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour", "cost_per_million_units",
-    "cost_to_target",
+    "cost_to_target", "cost_of_run",
 }

@@ -47,7 +47,7 @@ def report(
     from dlscale.report import build, render
     from dlscale.store import Store
 
-    with Store.open(db) as store:
+    with Store.open(db, create=False) as store:
         records = store.query(tag=tag or None, workload=model or None)
         ref = select(store, reference) if reference else None
         path = store.path

@@ -28,7 +28,7 @@ StatusOpt = Annotated[Optional[str], typer.Option("--status", help="ok | failed.
 def _query(db, tag, model, kind, status, limit=None):
     from dlscale.store import Store
 
-    with Store.open(db) as s:
+    with Store.open(db, create=False) as s:
         return s.query(tag=tag or None, workload=model or None, kind=kind, status=status, limit=limit)
 
 
@@ -77,7 +77,7 @@ def show(
 ) -> None:
     from dlscale.store import Store
 
-    with Store.open(db) as s:
+    with Store.open(db, create=False) as s:
         rec = s.get(run_id)
     if fmt == Format.json:
         print_json(rec.to_dict())
@@ -202,7 +202,7 @@ def history(
 
     if not selector and not device:
         raise UsageError("`dlscale results history` needs a SELECTOR (e.g. system:HOST) or --device ID")
-    with Store.open(db) as s:
+    with Store.open(db, create=False) as s:
         accs = [r for r in select(s, selector or "kind:accept") if r.kind == "accept"]
     if not accs:
         raise UsageError(f"selector {selector or 'kind:accept'!r} matches no acceptance (kind accept); run `dlscale "

@@ -66,7 +66,7 @@ def scale(
     if from_store:
         if not tag and not model:
             raise UsageError("--from-store needs --tag T (or a MODEL) to choose the runs")
-        with Store.open(db) as s:
+        with Store.open(db, create=False) as s:
             recs = s.query(tag=tag, workload=model, kind="train", status="ok")
         if not recs:
             raise UsageError(f"no ok train runs match{' tag ' + repr(tag) if tag else ''}{' model ' + model if model else ''}")

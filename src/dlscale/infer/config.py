@@ -89,6 +89,12 @@ class InferConfig:
         if self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         _positive("--iters", self.iters)
+        from dlscale import limits
+
+        for opt, v in (("--iters", self.iters), ("--warmup", self.warmup)):
+            limits.at_most(opt, v, limits.STEPS, "iterations of a measurement")
+        for opt, v in (("--prompt-len", self.prompt_len), ("--output-len", self.output_len), ("--seq-len", self.seq_len)):
+            limits.at_most(opt, v, limits.TOKENS, "tokens of a sequence")
         object.__setattr__(self, "max_memory", memory_spec(self.max_memory))
         if self.max_memory is not None and not self.find_max_batch:
             raise UsageError("--max-memory caps the --find-max-batch search: add --find-max-batch, or drop --max-memory")

@@ -66,6 +66,11 @@ class TTAConfig:
         from dlscale import workloads
 
         w = workloads.get(self.model)
+        from dlscale import limits
+
+        limits.at_most("--max-epochs", self.max_epochs, limits.EPOCHS, "epochs of one run")
+        limits.at_most("--runs", self.runs, limits.REPEAT, "runs of the test")
+        limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
         defaults = _classification_checks(self) if w.family == "classification" else _task_checks(self, w.family)
         for name, value in defaults.items():  # a frozen dataclass: fill the family's defaults in place
             if getattr(self, name) is None:

@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import UsageError
+from dlscale.errors import UsageError, on_interrupt
 from dlscale.format import fmt_count
 from dlscale.log import info
 
@@ -37,6 +37,10 @@ def check_resume(cfg: Any) -> None:
 def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
     """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
     (rank 0's; an empty list off node 0). ``price`` (cost.Price): each run's cost to the target."""
+    if cfg.mlperf_log and layout.node_rank == 0:  # node 0's rank 0 writes it: a bad path now, not after the run
+        from dlscale.paths import check_writable_file
+
+        check_writable_file(cfg.mlperf_log, "--mlperf-log")
     if cfg.family == "classification":
         check_data(cfg.data)
     elif layout.distributed:  # a malformed file is one line here, not one failure per rank
@@ -55,12 +59,32 @@ def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
             checkpoint_dir=str(Path(cfg.checkpoint_dir) / f"run{i}") if cfg.checkpoint_dir else None)
         if cfg.runs > 1:
             info(f"run {i + 1} of {cfg.runs} (seed {run_cfg.seed})")
-        rec = run_one(run_cfg, layout, store, price)
+        with on_interrupt(lambda: interrupted(cfg, run_cfg, i)):
+            rec = run_one(run_cfg, layout, store, price)
         if rec is not None:
             recs.append(rec)
     if cfg.runs > 1 and recs:
         recs.append(olympic_record(cfg, recs, store))
     return recs
+
+
+def interrupted(cfg: Any, run_cfg: Any, i: int) -> str:
+    """What a time-to-train run stopped by Ctrl-C kept (its run recorded as interrupted, its last
+    checkpoint) and how to go on (``--resume`` from that checkpoint, else run it again)."""
+    from dlscale.longtest.checkpoint import checkpoint_path
+
+    which = f"run {i + 1} of {cfg.runs}" if cfg.runs > 1 else "the run"
+    head = f"tta {cfg.model}: {which} is recorded as interrupted"
+    if cfg.runs > 1:
+        done = f"; the {i} run(s) before it are recorded" if i else ""
+        return f"{head}{done}; --runs does not resume: run the command again"
+    if not run_cfg.checkpoint_dir:
+        return f"{head}; no --checkpoint-dir, so nothing to resume from: run it again (with --checkpoint-dir DIR to " \
+               "make it resumable)"
+    if not checkpoint_path(run_cfg.checkpoint_dir).is_file():
+        return f"{head}; it stopped before its first checkpoint in {run_cfg.checkpoint_dir}: run it again"
+    return (f"{head}; its last checkpoint is in {run_cfg.checkpoint_dir}: resume with the same command and "
+            "--resume")
 
 
 def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:

@@ -52,6 +52,10 @@ class MicroOptions:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.reps < 1:
             raise UsageError(f"--reps must be >= 1, got {self.reps}")
+        from dlscale import limits
+
+        for opt, v in (("--warmup", self.warmup), ("--iters", self.reps)):
+            limits.at_most(opt, v, limits.STEPS, "calls of one case")
         if self.case_budget_s is not None and not self.case_budget_s > 0:
             raise UsageError(f"--case-budget must be > 0 seconds, got {self.case_budget_s}")
         if self.max_gflop is not None and not self.max_gflop > 0:

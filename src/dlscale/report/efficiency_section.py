@@ -20,9 +20,11 @@ def efficiency_section(records: Sequence[RunRecord]) -> Section | None:
     tables = []
     for unit in dict.fromkeys(r["unit"] for r in rows):
         tables.append(TableData(
-            ["model", "system", f"{unit}/s", f"{unit} per kWh", "rank (kWh)", f"{unit} per $", "rank ($)", "runs"],
+            ["model", "system", f"{unit}/s", f"{unit} per kWh", "rank (kWh)", f"{unit} per $", "at $/device-h",
+             "rank ($)", "runs"],
             [[r["model"], r["system"], fmt_fixed(r["throughput"]), _f(r["units_per_kwh"]), _f(r["rank_per_kwh"]),
-              _f(r["units_per_dollar"]), _f(r["rank_per_dollar"]), str(r["runs"])] for r in rows if r["unit"] == unit],
+              _f(r["units_per_dollar"]), _f(r.get("price_per_hour")), _f(r["rank_per_dollar"]), str(r["runs"])]
+             for r in rows if r["unit"] == unit],
             caption=f"{unit}: per kWh and per dollar"))
     sources = sorted({str((r.raw.get("energy") or {}).get("source")) for r in records
                       if (r.raw.get("energy") or {}).get("source")})

@@ -4,7 +4,8 @@ Same tables and schema versions as SQLite (the version lives in the one-row tabl
 ``dlscale_schema``; migrations run under an advisory lock, so processes opening a fresh database
 at once migrate it once). Each record is one transaction. A server that goes away after it was
 reached (a restart, a failover) delays reads and writes: the connection is reopened with
-exponential backoff for up to ``retry_s`` seconds (``DLSCALE_DB_RETRY_S``, default 300) and the
+exponential backoff for up to ``retry_s`` seconds (``DLSCALE_DB_RETRY_S``, default 300; said once
+when it begins, at doubling times into it and when it ends: ``_Outage``) and the
 whole transaction runs again, which is safe because every write is idempotent by run id and import
 key; past that a ``StoreUnavailable`` is raised (``Store.insert`` then keeps the record in the local
 spool). A server that cannot be reached when the store is opened is a one-line ``UsageError`` at
@@ -55,6 +56,35 @@ def retry_window() -> float:
 
 def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
+
+
+class _Outage:
+    """What a wait for the server says on stderr: the loss once, with how long it is waited for; then a
+    line at doubling times into it (``FIRST_NOTE_S``, twice that, ...), not one per retry (a retry every
+    5 s for 5 minutes would be 60 identical lines); and that it is back, if it was said to be away."""
+
+    FIRST_NOTE_S = 10.0
+
+    def __init__(self, what: str, window_s: float):
+        self.what, self.window_s = what, window_s
+        self.start: float | None = None
+        self.next_note = self.FIRST_NOTE_S
+
+    def retrying(self, msg: str) -> None:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+            log.warning("%s (%s); retrying for up to %g s", self.what, msg, self.window_s)
+        elif now - self.start >= self.next_note:
+            log.warning("%s: still away after %.0f s (%s); retrying for up to %g s", self.what, now - self.start,
+                        msg, self.window_s)
+            while self.next_note <= now - self.start:
+                self.next_note *= 2
+
+    def over(self) -> None:
+        if self.start is not None:
+            log.warning("%s: back after %.0f s", self.what, time.monotonic() - self.start)
+            self.start, self.next_note = None, self.FIRST_NOTE_S
 
 
 class _Tx:
@@ -122,14 +152,17 @@ class PostgresBackend:
             raise UsageError(f"results database {self.display} is PostgreSQL, which needs psycopg: "
                              f"pip install 'psycopg[binary]'") from None
         deadline, delay = time.monotonic() + self.open_retry_s, 0.1
+        outage = _Outage(f"results database {self.display} is not ready", self.open_retry_s)
         while True:
             try:
-                return self._connect_once()
+                conn = self._connect_once()
+                outage.over()
+                return conn
             except psycopg.Error as e:
                 msg = self._message(e)
                 if not any(t in msg for t in _TRANSIENT) or time.monotonic() + delay > deadline:
                     raise UsageError(f"cannot use results database {self.display}: {msg}; {_HINT}") from None
-                log.warning("results database %s is not ready (%s); retrying in %.1f s", self.display, msg, delay)
+                outage.retrying(msg)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -149,11 +182,14 @@ class PostgresBackend:
         import psycopg
 
         deadline, delay, retrying = None, 0.1, False
+        outage = _Outage(f"lost results database {self.display}", self.retry_s)
         while True:
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self._conn = self._connect_once()
-                return fn(self._conn, retrying)
+                out = fn(self._conn, retrying)
+                outage.over()
+                return out
             except psycopg.Error as e:
                 msg = self._message(e)
                 if not self._retryable(e):
@@ -162,7 +198,7 @@ class PostgresBackend:
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"lost results database {self.display} and could not get it back in "
                                            f"{self.retry_s:g} s: {msg}") from None
-                log.warning("results database %s: %s; retrying in %.1f s", self.display, msg, delay)
+                outage.retrying(msg)
                 time.sleep(delay)
                 delay, retrying = min(delay * 2, 5.0), True
 

@@ -45,8 +45,12 @@ class SqliteBackend:
         self._conn = conn
 
     @classmethod
-    def open(cls, path: Path) -> "SqliteBackend":
-        """Open (creating and migrating if needed) the file; bad paths are UsageErrors."""
+    def open(cls, path: Path, create: bool = True) -> "SqliteBackend":
+        """Open (creating, unless ``create`` is false, and migrating if needed) the file; bad paths,
+        and with ``create`` false a file that is not there, are UsageErrors."""
+        if not create and not path.exists():
+            raise UsageError(f"no results database at {path}: check --db (or DLSCALE_DB); a command that "
+                             "measures (train, micro, ...) creates it")
         _check_path(path)
         try:
             conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)

@@ -153,10 +153,9 @@ class PointJob:
 def default_state_dir(store: Store, what: str = "sweeps") -> Path:
     """Beside a file store (``<its dir>/sweeps``); for a server store, the user's data directory
     (``what``: the folder's name, ``acceptances`` for ``dlscale accept --executor slurm``)."""
-    path = str(store.path)
-    if "://" not in path:
-        return Path(path).expanduser().resolve().parent / what
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "dlscale" / what
+    from dlscale.paths import beside_db
+
+    return beside_db(store.path, what)
 
 
 def state_name(tag: str) -> str:

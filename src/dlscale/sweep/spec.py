@@ -155,14 +155,22 @@ class _Lines:
 
 
 def compose_yaml(p: Path, cannot_read: str) -> Any:
-    """The YAML node tree of a file (node marks give each value's line); unreadable or malformed
-    YAML is a one-line UsageError: ``cannot_read: reason`` or ``FILE:LINE:COL: malformed YAML: ...``."""
+    """The YAML node tree of a file (node marks give each value's line): the one reader of every YAML
+    file dlscale takes (sweep, acceptance spec, --config, systems and healthy-figures files). An
+    unreadable file, one that is not UTF-8 text, or malformed YAML is a one-line UsageError:
+    ``cannot_read: reason``, ``FILE:LINE: not UTF-8 text ...`` or ``FILE:LINE:COL: malformed YAML: ...``."""
     import yaml
 
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
         raise UsageError(f"{cannot_read}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UsageError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
+                         "file as UTF-8") from None
     try:
         return yaml.compose(text)
     except yaml.YAMLError as e:

@@ -219,12 +219,16 @@ class ImageClassifier(Workload):
 
 
 def check_image_size(workload: Any, image_size: int) -> None:
-    """An input smaller than the architecture accepts is a usage error naming the minimum."""
+    """An input smaller than the architecture accepts is a usage error naming the minimum; one past
+    ``limits.IMAGE_SIZE`` names that limit."""
+    from dlscale import limits
+
     if image_size < workload.min_image_size:
         raise UsageError(
             f"--image-size {image_size} is too small for {workload.name}; "
             f"use at least {workload.min_image_size} (native {workload.native_image_size})"
         )
+    limits.at_most("--image-size", image_size, limits.IMAGE_SIZE, "pixels a side")
 
 
 _REGISTRY: dict[str, Workload] = {}

@@ -1,0 +1,192 @@
+"""What an acceptance's figures may be held to as a baseline, and one acceptance at a time per host: a
+baseline of other options (another model) is no expectation naming the option; acceptances that
+measured at the same time are nobody's baseline; the host's lock holds a second acceptance back and
+dies with its process; the outputs' default folder is beside the results database. Hand-built
+records in a fresh store, judged as `dlscale accept` judges them; nothing is measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+import accept_records as ar
+from dlscale.accept import expect, lock, run, spec
+from dlscale.errors import UsageError
+from dlscale.paths import beside_db
+from dlscale.store import Store
+
+CPU = {"hostname": "cpu-box"}
+
+
+def check_run(model: str, throughput: float, when: str, end: str | None = None):
+    """A `train` check's short-test record on one CPU (no healthy figure, no datasheet, no peers)."""
+    r = ar.rec("train", model, {"model": model, "parallel": "ddp", "batch_size": 16, "image_size": 32,
+                                "precision": "fp32", "steps": 15, "world_size": 1},
+               {"throughput": throughput, "world_size": 1, "samples_per_step": 16},
+               {"step_times_s": [ar.spread(16 / throughput, 15)]},
+               {"throughput": "images/s"}, sys=CPU)
+    r.created_at, r.finished_at = when, end or when
+    return r
+
+
+def conclude(db, recs, tmp_path, baseline=None, out=True):
+    """Store ``recs`` under a new acceptance id and conclude it as `dlscale accept` does."""
+    acc_id = run.new_acceptance_id()
+    with Store.open(db) as s:
+        for r in recs:
+            r.tag = acc_id
+            s.insert(r)
+    plan = types.SimpleNamespace(checks=[types.SimpleNamespace(check="train", options={"model": recs[0].workload})],
+                                 not_run=[])
+    return run.conclude(acc_id, spec.builtin(True), plan, recs, "cpu-box", run.Against(baseline=baseline),
+                        str(tmp_path / acc_id) if out else None, str(db), inventory=CPU)
+
+
+def test_a_baseline_of_another_model_is_no_expectation_naming_the_option(db_path, tmp_path, cli):
+    resnet = conclude(db_path, [check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")], tmp_path)
+    tiny = conclude(db_path, [check_run("tinycnn", 2790.0, "2026-11-02T10:00:00.000+00:00")], tmp_path,
+                    baseline=f"tag:{resnet.id}")
+    (v,) = tiny.verdicts
+    assert v.status == "NO EXPECTATION" and v.ratio is None  # not PASS at 27.9x
+    assert f"acceptance {resnet.id}" in v.reason and "workload resnet18" in v.reason and "tinycnn" in v.reason
+    # the same model against it is judged (the filter is what differs, not the selector)
+    again = conclude(db_path, [check_run("resnet18", 99.0, "2026-11-03T10:00:00.000+00:00")], tmp_path,
+                     baseline=f"tag:{resnet.id}")
+    assert [(v.status, v.expectation) for v in again.verdicts] == [("PASS", "baseline")]
+    assert again.verdicts[0].test["runs"] == 1  # the acceptance's runs counted once, not again as tagged runs
+    # judged again from the store, with the baseline named then
+    r = cli("accept", "judge", tiny.id, "--baseline", f"tag:{resnet.id}", "--format", "json")
+    (doc,) = json.loads(r.stdout)["verdicts"]
+    assert r.code == 0 and doc["status"] == "NO EXPECTATION" and "workload resnet18" in doc["reason"]
+
+
+def test_options_compare_as_values_whatever_their_spelling():
+    assert expect.differences({"precision": ["fp32", "bf16"], "steps": 15}, {"precision": "fp32,bf16", "steps": 15.0}) == ""
+    assert expect.differences({"precision": ["fp32"]}, {"precision": "fp32"}) == ""
+    assert expect.differences({"image_size": 16, "model": "a"}, {"image_size": 32, "model": "a"}) == \
+        "image_size 32 (this run: 16)"
+    assert expect.differences({"image_size": 16}, {}) == ""  # an option one run does not record is not compared
+
+
+def test_acceptances_that_measured_at_the_same_time_are_nobodys_baseline(db_path, tmp_path):
+    early = conclude(db_path, [check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")], tmp_path)
+    # two at once: each measured the other's load, both slow
+    a = conclude(db_path, [check_run("resnet18", 75.0, "2026-11-02T10:00:00.000+00:00",
+                                     "2026-11-02T10:10:00.000+00:00")], tmp_path)
+    b = conclude(db_path, [check_run("resnet18", 76.0, "2026-11-02T10:05:00.000+00:00",
+                                     "2026-11-02T10:12:00.000+00:00")], tmp_path)
+    (vb,) = b.verdicts
+    assert early.id in vb.source and a.id not in vb.source  # b's baseline is not a, which overlapped it
+    with Store.open(db_path) as s:  # with only the overlapping pair before it: no baseline, and why
+        base = expect.find_baseline(s, "cpu-box", a.record.config["suite_hash"], {vb.key}, exclude=early.id,
+                                    this=("2026-11-04T00:00:00", "2026-11-04T01:00:00"))
+    assert not base.figures and "ran at the same time as acceptance" in base.notes[vb.key]
+    later = conclude(db_path, [check_run("resnet18", 101.0, "2026-11-03T10:00:00.000+00:00")], tmp_path)
+    (v,) = later.verdicts
+    assert v.status == "PASS" and v.test["runs"] == 1 and early.id in v.source
+    assert a.id not in v.source and b.id not in v.source  # neither poisons the next one's baseline
+    assert expect.overlaps(("1", "3"), ("2", "4")) and not expect.overlaps(("1", "2"), ("2", "3"))
+
+
+HOLD = """
+import sys, time
+from dlscale.accept import lock
+with lock.host_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_acceptance_waits_or_is_refused_and_the_lock_dies_with_its_process(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setenv(lock.LOCK_DIR_ENV, str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, "accept-first"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=f"acceptance accept-first \\(pid {holder.pid}\\) is running on this host"):
+            with lock.host_lock("accept-second", wait=False):
+                pass
+        got = threading.Event()
+
+        def second():
+            with lock.host_lock("accept-second"):
+                got.set()
+
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        assert not got.wait(0.5)  # it waits while the first holds the lock
+        holder.kill()  # killed outright: the kernel drops its lock
+        holder.wait()
+        assert got.wait(30)
+        t.join(30)
+    finally:
+        holder.kill()
+        holder.wait()
+    with lock.host_lock("accept-third", wait=False) as path:  # free again, and the file names its last holder
+        assert json.loads(path.read_text())["acceptance"] == "accept-third"
+
+
+def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
+    from dlscale.accept import suite
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def run_bounded(checks, sp, tag, db):  # each check in its own process, all under the acceptance's lock
+        with pytest.raises(UsageError, match=f"acceptance {tag}"):
+            with lock.host_lock("accept-other", wait=False):
+                pass
+        seen.append(tag)
+        raise Stop
+
+    planned = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())
+    monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
+    monkeypatch.setattr(run, "run_bounded", run_bounded)
+    with pytest.raises(Stop):
+        run.accept(spec.builtin(True), db=str(db_path))
+    assert len(seen) == 1
+    with lock.host_lock("accept-after", wait=False):  # released when the acceptance ended, here by an error
+        pass
+
+
+def test_outputs_default_to_a_folder_beside_the_results_database(db_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path / "..")
+    acc = conclude(db_path, [check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")], tmp_path, out=False)
+    assert acc.out_dir == beside_db(db_path, "acceptances") / acc.id == tmp_path / "acceptances" / acc.id
+    assert (acc.out_dir / "report.html").is_file() and not (tmp_path / ".." / acc.id).exists()
+    assert str(acc.out_dir) in capsys.readouterr().err
+
+
+def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_path, monkeypatch):
+    """Ctrl-C in the second check: exit 130, one line naming the acceptance, its kept run and what to do."""
+    from dlscale.accept import bounded, suite
+
+    def run_check(p, sp, tag, db, limit_s, why=""):  # each check's own process, as bounded.run starts it
+        if p.check == "memory":
+            raise KeyboardInterrupt
+        r = check_run("resnet18", 100.0, "2026-11-01T10:00:00.000+00:00")
+        r.kind, r.workload, r.tag = "micro", "gemm", tag
+        with Store.open(db) as s:
+            s.insert(r)
+        return bounded.Ran(p.check, [r], 0.1, limit_s)
+
+    planned = suite.Plan([suite.Planned("gemm", {}, []), suite.Planned("memory", {}, [])], [], suite.Machine())
+    monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
+    monkeypatch.setattr(bounded, "run", run_check)
+    res = cli("accept", "--quick")
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    with Store.open(db_path) as s:
+        (kept,) = s.query()
+    assert res.code == 130 and line == (
+        f"error: interrupted: acceptance {kept.tag} kept 1 run(s) of gemm (the interrupted check's as failed) and "
+        f"judged nothing; `dlscale results list --tag {kept.tag}` lists them; run the same `dlscale accept` again "
+        "for the verdicts")
+    with lock.host_lock("accept-next", wait=False):  # the lock went with the interrupted acceptance
+        pass
