@@ -32,6 +32,9 @@ async def models(session: Any, base_url: str) -> list[str]:
                 status, body = resp.status, await resp.read()
     except TimeoutError:
         raise UsageError(f"{base_url} did not answer GET /v1/models within {CHECK_TIMEOUT_S:g} s") from None
+    except aiohttp.ClientConnectorError as e:
+        why = e.os_error.strerror or str(e.os_error) if e.os_error is not None else str(e)
+        raise UsageError(f"cannot reach {base_url} ({why}); is the server running there?") from None
     except aiohttp.ClientError as e:
         raise UsageError(f"cannot reach {base_url} ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
                          "is the server running there?") from None

@@ -1,0 +1,179 @@
+"""serve-bench against an in-process server with injected faults, and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import itertools
+import threading
+
+import pytest
+
+from dlscale import api
+from dlscale.errors import RunFailure, UsageError
+from dlscale.serve.instant import InstantServer, chunk, event, instant_answer
+
+QUICK = dict(requests=6, warmup=0, calibrate=False, output_len="4", prompt_len="4", timeout=5.0)
+
+
+def _faulty(every: int, fault):
+    """A handler that answers instantly but gives every ``every``-th request ``fault``."""
+    count = itertools.count()
+
+    async def handler(request, body):
+        if next(count) % every == every - 1:
+            return await fault(request, body)
+        return await instant_answer(request, body)
+
+    return handler
+
+
+async def _stream(request, events: list[bytes], close: bool = False):
+    from aiohttp import web
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for e in events:
+        await resp.write(e)
+    if close:
+        request.transport.close()  # the connection dropped mid-answer
+    return resp
+
+
+async def http_500(request, body):
+    from aiohttp import web
+
+    return web.Response(status=500, text="internal error")
+
+
+async def too_slow(request, body):
+    await asyncio.sleep(30)
+
+
+async def dropped(request, body):
+    return await _stream(request, [event(chunk(" a", False)), event(chunk(" b", False))], close=True)
+
+
+async def ended_early(request, body):
+    return await _stream(request, [event(chunk(" a", False))])  # a clean close with no finish_reason or [DONE]
+
+
+async def malformed(request, body):
+    return await _stream(request, [event(chunk(" a", False)), b"data: {not json\n\n"])
+
+
+async def error_event(request, body):
+    return await _stream(request, [event({"error": {"message": "overloaded"}})])
+
+
+@pytest.mark.parametrize("fault,kind", [(http_500, "http_500"), (too_slow, "timeout"), (dropped, "dropped_stream"),
+                                        (ended_early, "dropped_stream"), (malformed, "malformed_event"),
+                                        (error_event, "error_event")])
+def test_faults_are_counted_by_kind(db_path, fault, kind):
+    # the probe is request 0: the fault hits the point's second and fifth requests
+    with InstantServer(model="m", handler=_faulty(3, fault)) as srv:
+        rec = api.serve_bench(srv.url, "m", **{**QUICK, "timeout": 1.0 if kind == "timeout" else 5.0})
+    assert rec.status == "ok"
+    assert rec.metrics[f"errors_{kind}"] == 2
+    assert (rec.metrics["completed"], rec.metrics["failed"]) == (4, 2)
+    details = [d for d in rec.raw["points"][0]["requests"]["detail"] if d]
+    assert len(details) == 2
+
+
+def test_slow_first_token_shows_in_ttft_not_tpot(db_path):
+    async def slow_first(request, body):
+        await asyncio.sleep(0.3)
+        return await instant_answer(request, body)
+
+    with InstantServer(model="m", handler=slow_first) as srv:
+        rec = api.serve_bench(srv.url, "m", **{**QUICK, "output_len": "8"})
+    assert rec.metrics["ttft_median_s"] >= 0.3
+    assert rec.metrics["tpot_median_s"] < rec.metrics["ttft_median_s"] / 10
+
+
+def test_every_request_failing_is_a_failed_run(db_path):
+    with InstantServer(model="m", handler=_faulty(1, http_500)) as srv, pytest.raises(UsageError, match="two-token"):
+        api.serve_bench(srv.url, "m", **QUICK)  # the probe itself fails: bad input, nothing recorded
+    count = itertools.count()
+
+    async def after_probe(request, body):
+        return await (instant_answer if next(count) == 0 else http_500)(request, body)
+
+    with InstantServer(model="m", handler=after_probe) as srv, pytest.raises(RunFailure, match="no request completed"):
+        api.serve_bench(srv.url, "m", **{**QUICK, "requests": 3})
+
+
+def test_server_dying_mid_run_is_a_failed_run_with_what_completed(db_path):
+    from dlscale.store import Store
+
+    srv = InstantServer(model="m")
+    count = itertools.count()
+
+    async def dies(request, body):
+        if next(count) == 6:  # the probe, then five answers
+            srv._loop.call_soon(srv._loop.stop)
+            request.transport.close()
+        return await instant_answer(request, body)
+
+    srv.handler = dies
+    with srv, pytest.raises(RunFailure) as e:
+        api.serve_bench(srv.url, "m", **{**QUICK, "requests": 20, "timeout": 2.0})
+    with Store.open(str(db_path)) as s:
+        rec = s.get(e.value.run_id)
+    assert rec.status == "failed" and "stopped answering" in rec.error
+    assert rec.metrics["completed_total"] == 5
+    assert rec.raw["points"][0]["stopped_by"] == "server_down"
+
+
+class _NotOpenAI(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>hello</html>")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_bad_input_is_one_line_and_exit_2(cli, db_path, tmp_path):
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenAI)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        with InstantServer(model="m") as srv:
+            cases = [([dead, "--model", "m"], "cannot reach"),
+                     ([f"http://127.0.0.1:{web.server_address[1]}", "--model", "m"], "not an OpenAI-compatible server"),
+                     ([srv.url, "--model", "other"], "unknown model 'other'"),
+                     ([srv.url, "--model", "m", "--slo", "ttft=abc"], "--slo"),
+                     ([srv.url, "--model", "m", "--prompt-len", "gauss:1:2"], "--prompt-len"),
+                     ([srv.url, "--model", "m", "--dataset", str(tmp_path / "none.json")], "cannot read"),
+                     ([srv.url, "--model", "m", "--find-max"], "--slo")]
+            for args, words in cases:
+                r = cli("serve-bench", *args, "--requests", "2", "--no-calibrate")
+                assert r.code == 2, (args, r.stderr)
+                errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+                assert len(errors) == 1 and words in errors[0], r.stderr
+    finally:
+        web.shutdown()
+    assert cli("results", "list", "--kind", "serving", "--format", "json").stdout.strip() == "[]"
+
+
+def test_api_key_is_sent_but_never_recorded(db_path, monkeypatch, cli):
+    seen = []
+
+    async def check_key(request, body):
+        seen.append(request.headers.get("Authorization"))
+        return await instant_answer(request, body)
+
+    monkeypatch.setenv("MY_SERVING_KEY", "sk-secret-123")
+    with InstantServer(model="m", handler=check_key) as srv:
+        r = cli("serve-bench", srv.url, "--model", "m", "--api-key-env", "MY_SERVING_KEY", "--requests", "2",
+                "--warmup", "0", "--no-calibrate", "--format", "json")
+    assert r.code == 0, r.stderr
+    assert seen and set(seen) == {"Bearer sk-secret-123"}
+    assert "sk-secret-123" not in r.stdout + r.stderr
+    dump = cli("results", "export", "--format", "json").stdout
+    assert "sk-secret-123" not in dump and "MY_SERVING_KEY" in dump
