@@ -61,7 +61,7 @@ def _judged_points(cfg: ServeConfig, state: dict[str, Any]) -> search.Answer | N
     ans.best = max(m.load for m in met) if met else None
     if failed:
         low = min(failed, key=lambda j: j.load)
-        ans.binding = [k for k, v in low.per_bound.items() if v == "fails"] or list(bounds)
+        ans.binding = search.missed(low, bounds) or list(bounds)
     ans.reason = (f"highest load measured that met the SLOs: {ans.best:g}" if met else "no load measured met the SLOs")
     return ans
 

@@ -73,6 +73,12 @@ def judge(samples: dict[str, Sequence[float]], bounds: dict[str, float], load: f
     return Judged(load, verdict, per, p99)
 
 
+def missed(j: Judged, bounds: dict[str, float]) -> list[str]:
+    """The bounds a failing point missed: judged so, or (decided by its point estimate) with a p99 above them."""
+    return [k for k, v in j.per_bound.items()
+            if v == "fails" or (v == "unsure" and j.p99.get(k) is not None and j.p99[k] > bounds[k])]
+
+
 @dataclass
 class Answer:
     best: float | None  # the highest load that met (None: not even the lowest)
@@ -127,8 +133,7 @@ async def find_max(measure: Measure, bounds: dict[str, float], lo: float, hi: fl
             ok = j
     ans.best = ok.load if ok is not None else None
     if bad is not None:
-        missed = [k for k, v in bad.per_bound.items() if v == "fails"]
-        ans.binding = missed or [max(bad.p99, key=lambda k: (bad.p99[k] or 0) / bounds[k])]
+        ans.binding = missed(bad, bounds) or [max(bad.p99, key=lambda k: (bad.p99[k] or 0) / bounds[k])]
     ans.reason = _reason(ans, ok, bad, hi, budget[0])
     return ans
 
