@@ -183,3 +183,48 @@ def test_config_validation():
             ServeConfig(**kw)
     d = ServeConfig(url="http://h:1", model="m", slo="mlperf-llama2-70b").to_dict()
     assert d["slo_ttft"] == 2.0 and d["family"] == "llm-serving" and "mlperf.conf" in d["slo_source"]
+
+
+class _TenJoulesPerRead:
+    """A fake energy counter: every read finds 10 J more than the last."""
+
+    source, poll_s, name, domain = "fake", None, "package-0", "package"
+
+    def __init__(self):
+        self.j = 0.0
+
+    def total_j(self):
+        self.j += 10.0
+        return self.j
+
+    def close(self):
+        pass
+
+
+def test_energy_and_cost_per_million_output_tokens(db_path, monkeypatch):
+    """Each point's J per output token from the server's counters, and $ per 10^6 output tokens at a price."""
+    from dlscale import api
+    from dlscale.harness.energy import EnergyMeter
+    from dlscale.monitor.energy import Found
+    from dlscale.serve import run
+    from dlscale.serve.instant import InstantServer
+
+    monkeypatch.setattr(run, "energy_meter", lambda cfg: EnergyMeter(found=Found([_TenJoulesPerRead()])))
+    with InstantServer(model="m") as srv:
+        rec = api.serve_bench(srv.url, "m", requests=5, warmup=0, calibrate=False, output_len="4", prompt_len="4",
+                              price=3.6, server_devices=2)
+    m = rec.metrics
+    assert m["output_tokens"] == 20
+    assert m["energy_j"] == pytest.approx(10.0)  # one read at each edge of the point
+    assert m["energy_per_unit_j"] == pytest.approx(10.0 / 20)
+    assert m["kwh_per_million_output_tokens"] == pytest.approx(0.5 * 1e6 / 3.6e6)
+    assert rec.units["energy_per_unit_j"] == "J/tokens"
+    # 3.6 $/h per device x 2 devices = 0.002 $/s; / output tokens/s, x 10^6
+    assert m["cost_per_million_units"] == pytest.approx(0.002 * 1e6 / m["output_throughput"])
+
+
+def test_goodput_slices():
+    # ten requests 0.1 s apart, each taking 0.05 s; the odd ones miss a 0.02 s TTFT bound
+    rs = [_r(i, 0.1 * i, [0.1 * i + (0.03 if i % 2 else 0.01)], 0.1 * i + 0.05, 1, 1) for i in range(10)]
+    assert figs.goodput_slices(rs, {"ttft": 0.02}) == pytest.approx([1 / 0.15] * 5)
+    assert figs.goodput_slices(rs, {}) == [] and figs.goodput_slices(rs[:9], {"ttft": 1}) == []

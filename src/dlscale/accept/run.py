@@ -20,7 +20,7 @@ from dlscale.accept import explain, figures
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
 from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline
-from dlscale.accept.verdict import FAIL, WARN, Verdict, counts, judge as judge_figures, outcome
+from dlscale.accept.verdict import FAIL, WARN, Expectation, Verdict, counts, judge as judge_figures, outcome
 from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
@@ -60,6 +60,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     hosts = figures.node_hosts(records)
     figs = figures.figures(records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs)
+    _spec_expectations(figs, sp, exps)
     verdicts = [v for r in records if r.kind == "health" for v in explain.health_verdicts(r, hosts.get(r.run_id))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind != "health"], check_of, hosts)
     verdicts += explain.missing_run_verdicts(missing or {})
@@ -68,6 +69,15 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     verdicts.sort(key=lambda v: order.index(v.check) if v.check in order else len(order))
     explain.explain(verdicts)
     return verdicts
+
+
+def _spec_expectations(figs: Sequence[Any], sp: specs.Spec, exps: dict[int, list[Expectation]]) -> None:
+    """What the spec itself expects: the serving check's ``expected_goodput``."""
+    want = (sp.checks.get("serving") or {}).get("expected_goodput")
+    for i, f in enumerate(figs):
+        if want and f.check == "serving" and f.name == "goodput at SLO":
+            exps.setdefault(i, []).append(Expectation("spec", float(want), f"acceptance spec {sp.name}: "
+                                                                          f"expected_goodput {want:g} requests/s"))
 
 
 @dataclass

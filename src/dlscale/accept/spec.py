@@ -16,6 +16,8 @@ collectives across them and every node's link). A YAML file chooses its own::
       train: {model: resnet50, batch_size: 128, precision: bf16, steps: 50}
       scale: {model: resnet50, devices: [1, 2, 4, 8], precision: bf16}
       inference: {model: resnet50, batch_sizes: [64], precision: bf16, duration: 5}
+      serving: {url: "http://127.0.0.1:8000", model: llama, slo: mlperf-llama2-70b, rates: [1, 64],
+                find_max: true, expected_goodput: 12.0}   # serve-bench's fields; goodput in requests/s
     thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01, run_spread: 0.15}  # shortfalls below the expectation;
                                                       # run_spread: least spread between runs (baseline)
     peers: {warn: 0.05, fail: 0.10}                     # a device against the median of its peers
@@ -54,8 +56,9 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "train": ("train", None, ("tag",)),
     "scale": ("train", None, ("tag", "nproc_per_node", "nnodes", "node_rank")),
     "inference": ("infer", None, ("tag", "scenario", "find_peak", "latency_bound", "target_qps")),
+    "serving": ("serve-bench", None, ("tag",)),  # LLM serving at an SLO: only a spec naming its endpoint runs it
 }
-FULL = tuple(CHECKS)
+FULL = tuple(c for c in CHECKS if c != "serving")
 QUICK = ("health", "memory", "gemm", "collectives", "train_alone", "train", "inference")
 ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
 ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
@@ -168,6 +171,8 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
     """Build a check's typed configs from its options (the machine's defaults under the spec's); a
     bad value is a UsageError at its line in the spec file."""
     command, arg, _ = CHECKS[check]
+    if command == "serve-bench":
+        return [serving_config(spec, options)]
     if command is None:
         if options:
             raise spec.fail(("checks", check, next(iter(options))), f"{check} takes no options")
@@ -206,3 +211,26 @@ def _scale_fields(spec: Spec, options: dict[str, Any]) -> None:
             parse(",".join(map(str, v)) if isinstance(v, list) else str(v))
         except UsageError as e:
             raise spec.fail(("checks", "scale", key), str(e)) from None
+
+
+def serving_config(spec: Spec, options: dict[str, Any]) -> Any:
+    """The serving check's ``ServeConfig`` (serve-bench's fields but ``expected_goodput``, the goodput in
+    requests/s the check expects at the load it finds or is given); a bad value at its line."""
+    from dlscale.serve.config import ServeConfig
+
+    base = ("checks", "serving")
+    fields = {k: v for k, v in options.items() if k != "expected_goodput"}
+    want = options.get("expected_goodput")
+    if want is not None and (isinstance(want, bool) or not isinstance(want, (int, float)) or want <= 0):
+        raise spec.fail(base + ("expected_goodput",), f"must be requests/s > 0, got {want!r}")
+    unknown = sorted(set(fields) - set(ServeConfig.__dataclass_fields__))
+    if unknown:
+        raise spec.fail(base + (unknown[0],), f"unknown option {unknown[0]!r} of serving; options: "
+                        f"{', '.join(sorted(set(ServeConfig.__dataclass_fields__) - {'tag'}))}, expected_goodput")
+    for k in ("url", "model"):
+        if k not in fields:
+            raise spec.fail(base, f"needs {k}: the serving check measures the endpoint the spec names")
+    try:
+        return ServeConfig(**fields)
+    except UsageError as e:
+        raise spec.fail(base, str(e)) from None

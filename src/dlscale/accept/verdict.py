@@ -59,7 +59,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Expectation:
-    kind: str  # "datasheet" | "baseline" | "reference" | "peers"
+    kind: str  # "datasheet" | "baseline" | "reference" | "peers" | "spec" (a value the acceptance spec gives)
     value: float
     source: str
     samples: tuple[float, ...] = ()  # peers: their samples (the test's other side)
@@ -71,7 +71,7 @@ class Expectation:
     def phrase(self) -> str:
         """'its peers' / 'the baseline' / 'the datasheet' / 'the reference' (for explanations)."""
         return {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
-                "reference": "the reference"}.get(self.kind, self.kind)
+                "reference": "the reference", "spec": "the spec's expectation"}.get(self.kind, self.kind)
 
 
 @dataclass

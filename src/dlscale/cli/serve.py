@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dlscale.cli import costopts as copt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, emit
 
 HELP = """Measure an OpenAI-compatible LLM server under load and record it (kind `serving`).
 
@@ -85,13 +85,7 @@ def serve_bench(
 
 
 def report(rec, fmt: Format) -> None:
-    for w in rec.warnings:
-        warn(w)
-    if fmt == Format.json:
-        print_json(rec.to_dict())
-        return
-    out.print(points_table(rec))
-    out.print(answer_table(rec))
+    emit(rec, fmt, lambda r: (points_table(r), answer_table(r)))
 
 
 def points_table(rec):

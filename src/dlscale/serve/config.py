@@ -201,7 +201,8 @@ class ServeConfig:
                 raise UsageError(f"{name} must be a number > 0, got {v!r}")
         object.__setattr__(self, "prompt_len", Lengths.parse(self.prompt_len, "--prompt-len"))
         object.__setattr__(self, "output_len", Lengths.parse(self.output_len, "--output-len"))
-        if self.find_max and not self.slo_bounds.given:
+        slo = self.slo_bounds  # a bad SLO is refused here, searched for or not
+        if self.find_max and not slo.given:
             raise UsageError("--find-max searches the highest load meeting an SLO: add --slo (a preset or "
                              "ttft=S,tpot=S) or --slo-ttft/--slo-tpot")
         if self.find_max and math.inf in self.rates:

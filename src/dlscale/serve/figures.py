@@ -89,3 +89,20 @@ UNITS = {"requests_sent": "requests", "completed": "requests", "failed": "reques
          "output_throughput": "tokens/s", "total_token_throughput": "tokens/s", "tokens_per_s_per_user": "tokens/s",
          "goodput": "requests/s", "goodput_fraction": "fraction", "lag_mean_s": "s", "lag_p99_s": "s",
          "lag_max_s": "s", "tokens_per_event": "tokens", **{f"{n}_{s}_s": "s" for n in SERIES for s in STATS}}
+
+
+def goodput_slices(results: Sequence[Any], bounds: dict[str, float], k: int = 5) -> list[float]:
+    """Goodput of ``k`` equal slices of a point's requests in send order, each over its own window: repeated
+    measurements of the same rate, for a test of its noise (none for fewer than 2 requests per slice)."""
+    rs = sorted(results, key=lambda r: r.sent)
+    n = len(rs) // k
+    if not bounds or n < 2:
+        return []
+    out = []
+    for i in range(k):
+        part = rs[i * n:(i + 1) * n]
+        window = max(r.end for r in part if r.end is not None) - min(r.sent for r in part)
+        good = sum(meets(per_request(r), bounds) for r in part if r.ok)
+        if window > 0:
+            out.append(good / window)
+    return out

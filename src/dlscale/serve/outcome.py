@@ -117,7 +117,8 @@ def build(cfg: ServeConfig, state: dict[str, Any]) -> Outcome:
     out.raw.update(points=[{"mode": pt.mode, "load": pt.load, "planned": pt.planned, "stopped_by": pt.stopped_by,
                             "figures": f, "requests": _columns(pt)} for pt, f in zip(points, pfs)],
                    errors_total=dict(totals), probe=state.get("probe"), calibration=state.get("calibration"),
-                   warmup_errors=state.get("warmup_errors") or [])
+                   warmup_errors=state.get("warmup_errors") or [],
+                   goodput_slices=figs.goodput_slices(points[h].results, bounds) if h >= 0 else [])
     tok = state.get("tokens")
     out.config.update(tokenizer_path=tok.path if tok is not None else None,
                       prompt_len_source="dataset" if cfg.dataset else ("tokenizer" if tok is not None else "words"),
