@@ -177,3 +177,18 @@ def test_api_key_is_sent_but_never_recorded(db_path, monkeypatch, cli):
     assert "sk-secret-123" not in r.stdout + r.stderr
     dump = cli("results", "export", "--format", "json").stdout
     assert "sk-secret-123" not in dump and "MY_SERVING_KEY" in dump
+
+
+def test_loadgen_server_scenario_with_token_latencies(db_path, cli):
+    """LoadGen issues the queries; first tokens and completions go back to it; its summary is read."""
+    with InstantServer(model="m") as srv:
+        rec = api.serve_bench(srv.url, "m", rates="50", requests=30, duration=30, warmup=0, calibrate=False,
+                              output_len="8", prompt_len="4", slo="mlperf-llama2-70b", loadgen=True)
+        bad = cli("serve-bench", srv.url, "--model", "m", "--loadgen", "--concurrencies", "2", "--slo", "ttft=1,tpot=1")
+    m = rec.metrics
+    assert rec.status == "ok" and m["completed"] == 30 and m["output_tokens"] == 240
+    assert (m["mlperf_ttft_bound_s"], m["mlperf_tpot_bound_s"]) == (2.0, 0.2)
+    assert m["mlperf_completed_tokens_per_s"] > 0 and m["mlperf_result"] in ("VALID", "INVALID")
+    assert 0 < m["mlperf_ttft_p99_s"] < 2.0 and 0 < m["mlperf_tpot_p99_s"] < 0.2
+    assert "Early stopping" in rec.raw["loadgen_summary"]
+    assert bad.code == 2 and "--loadgen" in bad.stderr

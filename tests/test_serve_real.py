@@ -101,3 +101,14 @@ def test_find_max_rate_names_the_binding_slo(server, db_path):
                           slo="ttft=60,tpot=0.000001", find_max=True, max_points=2, calibrate=False)
     assert rec.metrics["max_load_meeting_slo"] is None and rec.metrics["slo_binding"] == "tpot"
     assert "tpot" in rec.raw["answer"]["reason"]
+
+
+def test_loadgen_token_latencies_on_the_real_server(server, db_path):
+    from dlscale import api
+
+    url, model = server
+    rec = api.serve_bench(url, model, rates="2", requests=4, warmup=0, prompt_len="8", output_len="4",
+                          slo="mlperf-llama2-70b", loadgen=True, calibrate=False)
+    m = rec.metrics
+    assert rec.status == "ok" and m["completed"] == 4
+    assert m["mlperf_ttft_p99_s"] > 0 and m["mlperf_completed_tokens_per_s"] > 0

@@ -30,6 +30,7 @@ EPILOG = """Examples:\n\n
   transformers serve ./tiny-llama --continuous-batching --host 127.0.0.1 --port 8000 &\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --concurrencies 1,2,4 --requests 20\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 1,16 --find-max --slo mlperf-llama2-70b\n\n
+  dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 2 --loadgen --slo mlperf-llama2-70b\n\n
   dlscale serve-bench https://api.example.com --model llama --api chat --rates 2 --dataset sharegpt.json"""
 
 
@@ -57,6 +58,7 @@ def serve_bench(
     slo_tpot: Annotated[Optional[float], typer.Option("--slo-tpot", help="p99 TPOT bound, seconds (overrides the preset's).", show_default=False)] = None,
     find_max: Annotated[bool, typer.Option("--find-max", help="Search the highest load whose p99 TTFT and TPOT meet the SLO.")] = False,
     max_points: Annotated[int, typer.Option("--max-points", help="Load points the search may measure.")] = 8,
+    loadgen: Annotated[bool, typer.Option("--loadgen", help="Let MLPerf LoadGen's server scenario drive the client at the one --rates value, with token latencies judged against --slo: MLPerf's TTFT/TPOT early-stopping verdicts and completed tokens/s.")] = False,
     calibrate: Annotated[bool, typer.Option("--calibrate/--no-calibrate", help="Measure the client's own overhead against an instant local server first.")] = True,
     api_key_env: Annotated[str, typer.Option("--api-key-env", help="Environment variable holding the API key (sent as a Bearer token; never stored).")] = "OPENAI_API_KEY",
     server_devices: Annotated[int, typer.Option("--server-devices", help="Devices (GPUs) the server occupies: the cost is --price-per-hour times these.")] = 1,
@@ -76,7 +78,7 @@ def serve_bench(
                       burstiness=burstiness, requests=requests, duration=duration, warmup=warmup, timeout=timeout,
                       prompt_len=prompt_len, output_len=output_len, shared_prefix=shared_prefix, prefixes=prefixes,
                       dataset=dataset, tokenizer=tokenizer, fixed_output=fixed_output, slo=slo, slo_ttft=slo_ttft,
-                      slo_tpot=slo_tpot, find_max=find_max, max_points=max_points, calibrate=calibrate,
+                      slo_tpot=slo_tpot, find_max=find_max, max_points=max_points, calibrate=calibrate, loadgen=loadgen,
                       api_key_env=api_key_env, server_devices=server_devices, seed=seed, tag=tag)
     price = copt.price(price_per_hour, systems_file, system)
     with failed_as_json(fmt, db):
@@ -116,7 +118,8 @@ def points_table(rec):
     return t
 
 
-_ANSWER = ("max_load_meeting_slo", "slo_binding", "slo_ttft_s", "slo_tpot_s", "load", "goodput", "goodput_fraction",
+_ANSWER = ("mlperf_result", "mlperf_completed_tokens_per_s", "mlperf_ttft_p99_s", "mlperf_tpot_p99_s",
+           "mlperf_ttft_early_stopping", "mlperf_tpot_early_stopping", "max_load_meeting_slo", "slo_binding", "slo_ttft_s", "slo_tpot_s", "load", "goodput", "goodput_fraction",
            "client_ttft_overhead_s", "client_ttft_overhead_loaded_s", "client_itl_overhead_s", "lag_p99_s", "lag_max_s",
            "energy_per_unit_j", "kwh_per_million_output_tokens", "cost_per_million_units", "price_per_hour")
 

@@ -98,8 +98,9 @@ def finished(event: dict[str, Any]) -> bool:
 
 
 async def send(session: Any, ep: Endpoint, index: int, prompt: str, output_len: int, timeout: float,
-               counter: Any = None) -> Result:
-    """Send one request; the result with its timestamps, or the kind of failure it met."""
+               counter: Any = None, on_first: Any = None) -> Result:
+    """Send one request; the result with its timestamps, or the kind of failure it met. ``on_first()`` is
+    called as the first token arrives (MLPerf LoadGen's first-token completion)."""
     import aiohttp
 
     r = Result(index=index)
@@ -112,7 +113,7 @@ async def send(session: Any, ep: Endpoint, index: int, prompt: str, output_len: 
                     body = (await resp.text())[:200]
                     return _fail(r, f"http_{resp.status}", " ".join(body.split()))
                 if ep.stream:
-                    await _read_stream(resp, r, ep.api == "chat")
+                    await _read_stream(resp, r, ep.api == "chat", on_first)
                 else:
                     await _read_whole(resp, r, ep.api == "chat")
     except TimeoutError:
@@ -131,7 +132,7 @@ def _fail(r: Result, kind: str, detail: str) -> Result:
     return r
 
 
-async def _read_stream(resp: Any, r: Result, chat: bool) -> None:
+async def _read_stream(resp: Any, r: Result, chat: bool, on_first: Any = None) -> None:
     done = False
     async for raw in resp.content:
         line = raw.strip()
@@ -161,6 +162,8 @@ async def _read_stream(resp: Any, r: Result, chat: bool) -> None:
         if text:
             r.times.append(now)
             r.text.append(text)
+            if on_first is not None and len(r.times) == 1:
+                on_first()
         done = done or finished(event)
     r.end = time.perf_counter()
     if not done:

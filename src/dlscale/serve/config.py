@@ -173,6 +173,7 @@ class ServeConfig:
     find_max: bool = False  # search the highest rate (or concurrency) whose p99s meet the SLO
     max_points: int = 8  # load points a search may measure
     calibrate: bool = True  # the client's own overhead against an instant local server
+    loadgen: bool = False  # MLPerf LoadGen's server scenario drives the client (serve.mlperf)
     server_devices: int = 1  # devices the server occupies (cost: price per device-hour x these)
     seed: int = 0
     tag: str | None = None
@@ -207,6 +208,10 @@ class ServeConfig:
                              "ttft=S,tpot=S) or --slo-ttft/--slo-tpot")
         if self.find_max and math.inf in self.rates:
             raise UsageError("--find-max searches finite rates: drop inf from --rates")
+        if self.loadgen:
+            from dlscale.serve.mlperf import check
+
+            check(self)
         if self.dataset is not None and self.shared_prefix:
             raise UsageError("--dataset takes its prompts from the file: drop --shared-prefix")
 

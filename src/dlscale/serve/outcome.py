@@ -114,6 +114,11 @@ def build(cfg: ServeConfig, state: dict[str, Any]) -> Outcome:
     out.units.update(completed_total="requests", failed_total="requests", points="points")
     _answer(out, ans, bounds, unit, len(points))
     _calibration(out, state.get("calibration"))
+    lg = state.get("loadgen")
+    if lg:
+        out.metrics.update(lg["metrics"])
+        out.units.update(lg["units"])
+        out.raw.update(loadgen_summary=lg["summary"], loadgen_errors=lg["errors"])
     out.raw.update(points=[{"mode": pt.mode, "load": pt.load, "planned": pt.planned, "stopped_by": pt.stopped_by,
                             "figures": f, "requests": _columns(pt)} for pt, f in zip(points, pfs)],
                    errors_total=dict(totals), probe=state.get("probe"), calibration=state.get("calibration"),
@@ -175,4 +180,13 @@ def _warnings(cfg: ServeConfig, state: dict[str, Any], pfs: list[dict[str, Any]]
     short = [f"{pt.load:g}" for pt in (state["session"].points if state.get("session") else []) if pt.stopped_by == "duration"]
     if short:
         w.append(f"--duration ended load point(s) {', '.join(short)} before all --requests were sent")
+    lg = state.get("loadgen")
+    if lg:
+        from dlscale.infer.loadgen_log import parse_summary
+
+        w.extend(f"LoadGen: {why}" for why in parse_summary(lg["summary"], "server", "tokens")[2])
+        failed = sum(f["failed"] for f in pfs)
+        if failed:
+            w.append(f"{failed} requests failed and were completed to LoadGen as two-token answers so that its run "
+                     "could end: its figures count them")
     return w

@@ -126,7 +126,15 @@ async def _go(cfg: ServeConfig, state: dict[str, Any]) -> None:
             s = Session(cfg, ep, reqs, tokens, meter, http)
             state["session"] = s
             bounds = cfg.slo_bounds.bounds()
-            if cfg.find_max:
+            if cfg.loadgen:
+                from dlscale.serve import mlperf
+
+                meter.begin()
+                pt, state["loadgen"] = await mlperf.run(cfg, ep, reqs, http, tokens)
+                meter.end()
+                s.energy.append(meter.take("loadgen"))
+                s.points.append(pt)
+            elif cfg.find_max:
                 lo, hi = cfg.loads[0], (cfg.loads[-1] if len(cfg.loads) > 1 else None)
                 state["answer"] = await search.find_max(s.measure, bounds, lo, hi, cfg.mode == "concurrency",
                                                         cfg.max_points)
