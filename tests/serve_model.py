@@ -49,3 +49,9 @@ def write_tiny_llama(folder: Path) -> Path:
                       eos_token_id=2, pad_token_id=3)
     LlamaForCausalLM(cfg).save_pretrained(folder)
     return folder
+
+
+if __name__ == "__main__":  # README: `python tests/serve_model.py /tmp/tiny-llama`
+    import sys
+
+    print(write_tiny_llama(Path(sys.argv[1])))

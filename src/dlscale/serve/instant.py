@@ -57,8 +57,8 @@ async def instant_answer(request: Any, body: dict[str, Any]) -> Any:
 class InstantServer:
     """``with InstantServer() as s: s.url`` — an OpenAI-compatible server on 127.0.0.1, in its own thread."""
 
-    def __init__(self, model: str = "instant", handler: Handler | None = None):
-        self.model, self.handler = model, handler or instant_answer
+    def __init__(self, model: str = "instant", handler: Handler | None = None, port: int = 0):
+        self.model, self.handler, self.port = model, handler or instant_answer, port
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -89,7 +89,7 @@ class InstantServer:
         asyncio.set_event_loop(self._loop)
         self._runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=1.0)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
         port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - aiohttp keeps the bound socket there
         self.url = f"http://127.0.0.1:{port}"
