@@ -9,7 +9,9 @@ On each, ``--rounds`` times: dlscale, then AIPerf, each ``--requests`` streamed 
 ``--concurrency`` in flight, ``--prompt-len`` prompt and ``--output-len`` output tokens. Printed per
 round and as medians over the rounds: TTFT median, the per-request decode time per token median
 (dlscale's TPOT, AIPerf's "inter token latency", the same formula: (e2e - TTFT) / (tokens - 1)),
-dlscale's ITL median (every gap between tokens) and request throughput, with dlscale / AIPerf ratios.
+dlscale's ITL median (every gap between tokens) and request throughput, with dlscale / AIPerf ratios,
+and the CPU seconds each client's whole command used (start-up included): on a machine whose cores
+the server shares, a client's CPU is taken from the server.
 
 AIPerf comes from PyPI into its own venv (``--aiperf``, default /tmp/aiperf-venv/bin/aiperf; made with
 ``python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf``), never into dlscale's.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -74,17 +77,24 @@ def start(kind: str, model_dir: Path, log: Path) -> tuple[subprocess.Popen, str,
     return proc, url, model
 
 
+def cpu_of_children() -> float:
+    """CPU seconds (user + system) of every child waited for so far, their own children included."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def dlscale_run(url: str, model: str, tok: Path, a: argparse.Namespace, db: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "dlscale.cli.app", "serve-bench", url, "--model", model, "--tokenizer", str(tok),
            "--concurrencies", str(a.concurrency), "--requests", str(a.requests), "--warmup", "2",
            "--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len), "--no-calibrate",
            "--db", str(db), "--format", "json"]
+    cpu = cpu_of_children()
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DLSCALE_QUIET": "1"}, timeout=1200)
     if p.returncode:
         raise SystemExit(f"dlscale failed: {p.stderr[-800:]}")
     m = json.loads(p.stdout)["metrics"]
     return {"ttft_ms": m["ttft_median_s"] * 1e3, "tpot_ms": m["tpot_median_s"] * 1e3,
-            "itl_ms": m["itl_median_s"] * 1e3, "req_s": m["request_throughput"]}
+            "itl_ms": m["itl_median_s"] * 1e3, "req_s": m["request_throughput"], "cpu_s": cpu_of_children() - cpu}
 
 
 def aiperf_run(url: str, model: str, tok: Path, a: argparse.Namespace, out: Path) -> dict[str, float]:
@@ -93,12 +103,17 @@ def aiperf_run(url: str, model: str, tok: Path, a: argparse.Namespace, out: Path
            "--prompt-input-tokens-mean", str(a.prompt_len), "--prompt-input-tokens-stddev", "0",
            "--prompt-output-tokens-mean", str(a.output_len), "--prompt-output-tokens-stddev", "0",
            "--tokenizer", str(tok), "--use-server-token-count", "--output-artifact-dir", str(out), "--ui-type", "none"]
+    cpu = cpu_of_children()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if p.returncode:
         raise SystemExit(f"aiperf failed: {p.stdout[-800:]} {p.stderr[-800:]}")
     d = json.loads((out / "profile_export_aiperf.json").read_text())
     return {"ttft_ms": d["time_to_first_token"]["p50"], "tpot_ms": d["inter_token_latency"]["p50"],
-            "itl_ms": float("nan"), "req_s": d["request_throughput"]["avg"]}
+            "itl_ms": float("nan"), "req_s": d["request_throughput"]["avg"], "cpu_s": cpu_of_children() - cpu}
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
 
 
 def load_line() -> str:
@@ -112,15 +127,17 @@ def compare(kind: str, url: str, model: str, tok: Path, a: argparse.Namespace, w
         rows["dlscale"].append(dlscale_run(url, model, tok, a, work / "db.sqlite"))
         rows["aiperf"].append(aiperf_run(url, model, tok, a, work / f"aiperf-{kind}-{i}"))
         d, p = rows["dlscale"][-1], rows["aiperf"][-1]
-        print(f"  round {i + 1}: dlscale TTFT {d['ttft_ms']:.3f} ms TPOT {d['tpot_ms']:.3f} ms ITL {d['itl_ms']:.3f} ms "
-              f"{d['req_s']:.2f} req/s | aiperf TTFT {p['ttft_ms']:.3f} ms ITL(per request) {p['tpot_ms']:.3f} ms "
-              f"{p['req_s']:.2f} req/s  ({load_line()})", flush=True)
+        print(f"  round {i + 1}: dlscale TTFT {d['ttft_ms']:.4f} ms TPOT {d['tpot_ms']:.4f} ms ITL {d['itl_ms']:.4f} ms "
+              f"{d['req_s']:.2f} req/s | aiperf TTFT {p['ttft_ms']:.4f} ms ITL(per request) {p['tpot_ms']:.4f} ms "
+              f"{p['req_s']:.2f} req/s | client CPU s (whole command) dlscale {d['cpu_s']:.1f} aiperf {p['cpu_s']:.1f}  "
+              f"({load_line()})", flush=True)
     med = {who: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for who, rs in rows.items()}
     d, p = med["dlscale"], med["aiperf"]
-    print(f"{kind}: medians over {a.rounds} rounds: TTFT dlscale {d['ttft_ms']:.3f} ms / aiperf {p['ttft_ms']:.3f} ms "
-          f"= {d['ttft_ms'] / p['ttft_ms']:.3f}; per-request ITL (TPOT) {d['tpot_ms']:.3f} / {p['tpot_ms']:.3f} = "
-          f"{d['tpot_ms'] / p['tpot_ms']:.3f}; dlscale per-gap ITL {d['itl_ms']:.3f} ms; request throughput "
-          f"{d['req_s']:.3f} / {p['req_s']:.3f} = {d['req_s'] / p['req_s']:.3f}", flush=True)
+    print(f"{kind}: medians over {a.rounds} rounds: TTFT dlscale {d['ttft_ms']:.4f} ms / aiperf {p['ttft_ms']:.4f} ms "
+          f"= {ratio(d['ttft_ms'], p['ttft_ms']):.3f}; per-request ITL (TPOT) {d['tpot_ms']:.4f} / {p['tpot_ms']:.4f} = "
+          f"{ratio(d['tpot_ms'], p['tpot_ms']):.3f}; dlscale per-gap ITL {d['itl_ms']:.4f} ms; request throughput "
+          f"{d['req_s']:.3f} / {p['req_s']:.3f} = {ratio(d['req_s'], p['req_s']):.3f}; client CPU s {d['cpu_s']:.1f} / "
+          f"{p['cpu_s']:.1f}", flush=True)
 
 
 def main() -> None:

@@ -134,7 +134,7 @@ async def find_max(measure: Measure, bounds: dict[str, float], lo: float, hi: fl
     ans.best = ok.load if ok is not None else None
     if bad is not None:
         ans.binding = missed(bad, bounds) or [max(bad.p99, key=lambda k: (bad.p99[k] or 0) / bounds[k])]
-    ans.reason = _reason(ans, ok, bad, hi, budget[0])
+    ans.reason = _reason(ans, ok, bad, hi, integer)
     return ans
 
 
@@ -142,15 +142,15 @@ def _close(a: float, b: float, integer: bool) -> bool:
     return b - a <= 1 if integer else b <= a * (1 + PRECISION)
 
 
-def _reason(ans: Answer, ok: Judged | None, bad: Judged | None, hi: float | None, left: int) -> str:
+def _reason(ans: Answer, ok: Judged | None, bad: Judged | None, hi: float | None, integer: bool) -> str:
     if ok is None:
         return f"even the lowest load ({bad.load:g}) misses the {' and '.join(ans.binding)} SLO" if bad else "no point measured"
     if bad is None:
         why = f"the highest load given ({hi:g})" if hi is not None and ok.load >= hi else "the point budget"
         return f"every load up to {ok.load:g} met the SLOs; the search stopped at {why}, so no SLO binds below it"
-    closeness = "within the search's precision" if left >= 0 else ""
-    return (f"{ok.load:g} met and {bad.load:g} missed ({' and '.join(ans.binding)} binds){', ' if closeness else ''}"
-            f"{closeness}")
+    how = ("within the search's precision" if _close(ok.load, bad.load, integer) else
+           "the point budget ran out before the search's precision")
+    return f"{ok.load:g} met and {bad.load:g} missed ({' and '.join(ans.binding)} binds); {how}"
 
 
 def answer_dict(ans: Answer) -> dict[str, Any]:
