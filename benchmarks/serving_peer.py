@@ -17,6 +17,8 @@ AIPerf comes from PyPI into its own venv (``--aiperf``, default /tmp/aiperf-venv
 ``python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf``), never into dlscale's.
 
     .venv/bin/python benchmarks/serving_peer.py --rounds 3 --requests 40 --concurrency 2
+    .venv/bin/python benchmarks/serving_peer.py --rounds 5 --servers transformers --pin   # server and clients apart
+    .venv/bin/python benchmarks/serving_peer.py --rounds 5 --servers transformers --burn  # + dlscale beside a spinner
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
     raise SystemExit(f"the server at {url} did not start in {timeout_s:g} s")
 
 
+def pinned(cpus: set[int] | None):
+    """A preexec_fn that keeps a child (and its children) on ``cpus``; None leaves it where it is."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
+PIN = {"server": None, "client": None}  # --pin: the server on the first CPU, the clients on the others
+
+
 def start(kind: str, model_dir: Path, log: Path) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DLSCALE_QUIET": "1"}
@@ -71,7 +81,8 @@ def start(kind: str, model_dir: Path, log: Path) -> tuple[subprocess.Popen, str,
                "serve", str(model_dir), "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1",
                "--port", str(port)]
         model = str(model_dir)
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=pinned(PIN["server"]))
     url = f"http://127.0.0.1:{port}"
     wait_up(url, proc)
     return proc, url, model
@@ -89,7 +100,8 @@ def dlscale_run(url: str, model: str, tok: Path, a: argparse.Namespace, db: Path
            "--prompt-len", str(a.prompt_len), "--output-len", str(a.output_len), "--no-calibrate",
            "--db", str(db), "--format", "json"]
     cpu = cpu_of_children()
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DLSCALE_QUIET": "1"}, timeout=1200)
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DLSCALE_QUIET": "1"}, timeout=1200,
+                       preexec_fn=pinned(PIN["client"]))
     if p.returncode:
         raise SystemExit(f"dlscale failed: {p.stderr[-800:]}")
     m = json.loads(p.stdout)["metrics"]
@@ -104,7 +116,7 @@ def aiperf_run(url: str, model: str, tok: Path, a: argparse.Namespace, out: Path
            "--prompt-output-tokens-mean", str(a.output_len), "--prompt-output-tokens-stddev", "0",
            "--tokenizer", str(tok), "--use-server-token-count", "--output-artifact-dir", str(out), "--ui-type", "none"]
     cpu = cpu_of_children()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, preexec_fn=pinned(PIN["client"]))
     if p.returncode:
         raise SystemExit(f"aiperf failed: {p.stdout[-800:]} {p.stderr[-800:]}")
     d = json.loads((out / "profile_export_aiperf.json").read_text())
@@ -121,11 +133,35 @@ def load_line() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
 
 
+def burning(a: argparse.Namespace):
+    """--burn: a process spinning on one CPU beside the client, as much CPU as AIPerf's took more than dlscale's."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def spin():
+        p = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pinned(PIN["client"]))
+        try:
+            yield
+        finally:
+            p.kill()
+            p.wait()
+
+    return spin() if a.burn else contextlib.nullcontext()
+
+
 def compare(kind: str, url: str, model: str, tok: Path, a: argparse.Namespace, work: Path) -> None:
     rows: dict[str, list[dict[str, float]]] = {"dlscale": [], "aiperf": []}
+    if a.burn:
+        rows["dlscale+burn"] = []
     for i in range(a.rounds):
         rows["dlscale"].append(dlscale_run(url, model, tok, a, work / "db.sqlite"))
         rows["aiperf"].append(aiperf_run(url, model, tok, a, work / f"aiperf-{kind}-{i}"))
+        if a.burn:
+            with burning(a):
+                rows["dlscale+burn"].append(dlscale_run(url, model, tok, a, work / "db.sqlite"))
+            b = rows["dlscale+burn"][-1]
+            print(f"  round {i + 1}: dlscale with a spinning process beside it: TTFT {b['ttft_ms']:.4f} ms "
+                  f"TPOT {b['tpot_ms']:.4f} ms {b['req_s']:.2f} req/s", flush=True)
         d, p = rows["dlscale"][-1], rows["aiperf"][-1]
         print(f"  round {i + 1}: dlscale TTFT {d['ttft_ms']:.4f} ms TPOT {d['tpot_ms']:.4f} ms ITL {d['itl_ms']:.4f} ms "
               f"{d['req_s']:.2f} req/s | aiperf TTFT {p['ttft_ms']:.4f} ms ITL(per request) {p['tpot_ms']:.4f} ms "
@@ -138,6 +174,10 @@ def compare(kind: str, url: str, model: str, tok: Path, a: argparse.Namespace, w
           f"{ratio(d['tpot_ms'], p['tpot_ms']):.3f}; dlscale per-gap ITL {d['itl_ms']:.4f} ms; request throughput "
           f"{d['req_s']:.3f} / {p['req_s']:.3f} = {ratio(d['req_s'], p['req_s']):.3f}; client CPU s {d['cpu_s']:.1f} / "
           f"{p['cpu_s']:.1f}", flush=True)
+    if a.burn:
+        b = med["dlscale+burn"]
+        print(f"{kind}: dlscale with a spinning process beside it: TTFT {b['ttft_ms']:.4f} ms, TPOT {b['tpot_ms']:.4f} ms, "
+              f"{b['req_s']:.3f} req/s (medians)", flush=True)
 
 
 def main() -> None:
@@ -149,7 +189,16 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--servers", default="instant,transformers")
     ap.add_argument("--aiperf", default="/tmp/aiperf-venv/bin/aiperf")
+    ap.add_argument("--pin", action="store_true", help="the server on the first CPU, each client on the others: "
+                                                      "a client's CPU no longer taken from the server's core")
+    ap.add_argument("--burn", action="store_true", help="a third arm: dlscale with a process spinning beside it, "
+                                                       "to see what a client's CPU takes from a server on the same cores")
     a = ap.parse_args()
+    if a.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("--pin needs two CPUs")
+        PIN.update(server={cpus[0]}, client=set(cpus[1:]))
     from serve_model import write_tiny_llama
 
     print(f"{time.strftime('%Y-%m-%d %H:%M')}  {load_line()}", flush=True)

@@ -184,7 +184,11 @@ def _warnings(cfg: ServeConfig, state: dict[str, Any], pfs: list[dict[str, Any]]
     if lg:
         from dlscale.infer.loadgen_log import parse_summary
 
-        w.extend(f"LoadGen: {why}" for why in parse_summary(lg["summary"], "server", "tokens")[2])
+        capped = lg["errors"] and all("Max query count reached" in e for e in lg["errors"])
+        for why in parse_summary(lg["summary"], "server", "tokens")[2]:
+            if capped and "ERROR encountered" in why:
+                why = "LoadGen stopped at --requests queries (its max query count), as asked"
+            w.append(why if why.startswith("LoadGen") else f"LoadGen: {why}")
         failed = sum(f["failed"] for f in pfs)
         if failed:
             w.append(f"{failed} requests failed and were completed to LoadGen as two-token answers so that its run "
