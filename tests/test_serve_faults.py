@@ -192,3 +192,30 @@ def test_loadgen_server_scenario_with_token_latencies(db_path, cli):
     assert 0 < m["mlperf_ttft_p99_s"] < 2.0 and 0 < m["mlperf_tpot_p99_s"] < 0.2
     assert "Early stopping" in rec.raw["loadgen_summary"]
     assert bad.code == 2 and "--loadgen" in bad.stderr
+
+
+async def no_usage(request, body):
+    """Two words per event and no usage: the count must come from the tokenizer, else from the events."""
+    return await _stream(request, [event(chunk(" w1 w2", False)) for _ in range(4)] +
+                         [event(chunk("", False, "length")), b"data: [DONE]\n\n"])
+
+
+def test_token_counts_without_usage(db_path, tmp_path):
+    from serve_model import write_tokenizer_json
+
+    tok = write_tokenizer_json(tmp_path / "tok")
+    with InstantServer(model="m", handler=_faulty(1, no_usage)) as srv:
+        counted = api.serve_bench(srv.url, "m", tokenizer=str(tok), **{**QUICK, "requests": 2})
+        chunks = api.serve_bench(srv.url, "m", **{**QUICK, "requests": 2})
+    assert counted.metrics["output_tokens"] == 2 * 8 and counted.config["token_count_source"] == "tokenizer: 2"
+    assert counted.metrics["tokens_per_event"] == 2.0
+    assert chunks.metrics["output_tokens"] == 2 * 4 and chunks.config["token_count_source"] == "chunks: 2"
+    assert any("text events" in w for w in chunks.warnings)
+
+
+def test_every_point_is_bounded_in_time(db_path):
+    with InstantServer(model="m") as srv:
+        rec = api.serve_bench(srv.url, "m", **{**QUICK, "rates": "4", "requests": 1000, "duration": 0.5})
+    assert rec.raw["points"][0]["stopped_by"] == "duration"
+    assert 0 < rec.metrics["requests_sent"] < 1000
+    assert any("--duration ended" in w for w in rec.warnings)
