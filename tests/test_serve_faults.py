@@ -210,6 +210,10 @@ def test_token_counts_without_usage(db_path, tmp_path):
     assert counted.metrics["output_tokens"] == 2 * 8 and counted.config["token_count_source"] == "tokenizer: 2"
     assert counted.metrics["tokens_per_event"] == 2.0
     assert chunks.metrics["output_tokens"] == 2 * 4 and chunks.config["token_count_source"] == "chunks: 2"
+    cols = chunks.raw["points"][0]["requests"]
+    assert [len(t) for t in cols["token_times"]] == [4, 4]  # every text event's arrival, from the point's start
+    assert all(cols["sent"][i] <= t[0] == cols["first"][i] <= t[-1] <= cols["end"][i]
+               for i, t in enumerate(cols["token_times"]))
     assert any("text events" in w for w in chunks.warnings)
 
 

@@ -23,6 +23,7 @@ HEADLINE_SKIP = ("errors", "token_count_source")
 BY_POINT = ("request_throughput", "output_throughput", "total_token_throughput", "tokens_per_s_per_user", "goodput",
             "ttft_median_s", "ttft_p99_s", "tpot_median_s", "tpot_p99_s", "itl_median_s", "e2e_median_s",
             "completed", "failed", "lag_p99_s", "energy_per_unit_j", "kwh_per_million_output_tokens")
+TOKEN_TIMES_CAP = 200_000  # arrival times of text events kept in raw per point; past it only first and end
 LAG_WARN_S = 0.010  # a generator 10 ms behind its schedule (p99) changes the load it claims
 
 
@@ -35,7 +36,9 @@ def _columns(pt: Any) -> dict[str, Any]:
             "end": [rel(r.end) for r in rs], "first": [rel(r.first) for r in rs],
             "output_tokens": [r.output_tokens for r in rs], "prompt_tokens": [r.prompt_tokens for r in rs],
             "count_source": [r.count_source for r in rs], "error": [r.error for r in rs],
-            "detail": [r.detail for r in rs]}
+            "detail": [r.detail for r in rs],
+            "token_times": ([[rel(t) for t in r.times] for r in rs]
+                            if sum(len(r.times) for r in rs) <= TOKEN_TIMES_CAP else None)}
 
 
 def _judged_points(cfg: ServeConfig, state: dict[str, Any]) -> search.Answer | None:
