@@ -420,3 +420,29 @@ def accept_verify(folder: str) -> tuple[int, list[str]]:
 
 
 __all__ += ["accept", "accept_judge", "accept_verify", "accept_refs", "accept_refs_export"]
+
+
+def serve_bench(url: str | None = None, model: str | None = None, *, config: Any = None, db: str | None = None,
+                price: Any = None, **options: Any) -> Any:
+    """LLM serving under load against an OpenAI-compatible server at ``url`` (``dlscale serve-bench``); the run's
+    record (kind ``serving``). ``options`` are ``ServeConfig`` fields: api, stream, rates or concurrencies,
+    burstiness, requests, duration, warmup, timeout, prompt_len, output_len, shared_prefix, prefixes, dataset,
+    tokenizer, slo (a preset or "ttft=S,tpot=S"), slo_ttft, slo_tpot, find_max, ... The API key is read from the
+    environment variable ``api_key_env`` (default OPENAI_API_KEY) and never recorded."""
+    from dlscale.harness.runner import execute
+    from dlscale.serve.config import ServeConfig
+    from dlscale.serve.run import run_serving
+    from dlscale.store import Store
+
+    cfg = config if config is not None else ServeConfig(url=url, model=model, **options)
+    store = Store.open(db)  # an unwritable database is a usage error before any work
+    loads = ",".join(f"{x:g}" for x in cfg.loads)
+    info(f"dlscale serve-bench {cfg.model} at {cfg.base_url}: /v1/{'chat/' if cfg.api == 'chat' else ''}completions"
+         f"{', streamed' if cfg.stream else ''}, {cfg.mode} {loads}{' (search)' if cfg.find_max else ''}, "
+         f"{cfg.requests} requests per point, prompts {cfg.prompt_len}, outputs {cfg.output_len} tokens")
+    with store:
+        return execute(kind="serving", workload=cfg.model, config=cfg.to_dict(), tag=cfg.tag, store=store,
+                       price=as_price(price), body=lambda rec: run_serving(cfg, rec))
+
+
+__all__ += ["serve_bench"]

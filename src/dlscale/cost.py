@@ -143,7 +143,9 @@ def resolve(price_per_hour: float | None = None, systems_file: str | None = None
 
 
 def devices_priced(config: dict[str, Any]) -> int:
-    """The devices a run occupied: its ranks on GPUs; its hosts (nodes) on CPUs."""
+    """The devices a run occupied: its ranks on GPUs; its hosts (nodes) on CPUs; a server's, as its run says."""
+    if config.get("server_devices"):  # a serving run: the devices of the server measured, not of the client
+        return int(config["server_devices"])
     if str(config.get("device", "")).startswith("cuda"):
         return int(config.get("world_size") or 1)
     return int(config.get("nodes") or 1)

@@ -85,7 +85,7 @@ def check_of(rec: RunRecord, rungs: set[str]) -> str | None:
         if rec.run_id in rungs:
             return "scale"
         return "train_alone" if (rec.config or {}).get("parallel") == "none" else "train"
-    return {"scale": "scale", "inference": "inference"}.get(rec.kind)
+    return {"scale": "scale", "inference": "inference", "serving": "serving"}.get(rec.kind)
 
 
 def scale_rungs(records: Iterable[RunRecord]) -> set[str]:
@@ -435,7 +435,18 @@ def inference_figures(rec: RunRecord, check: str) -> list[Figure]:
                    context={**_match(rec, world_size=1), **energy_context(rec)})]
 
 
-READERS = {"memory": memory_figures, "gemm": gemm_figures, "p2p": p2p_figures, "collectives": collectives_figures,
+def serving_figures(rec: RunRecord, check: str) -> list[Figure]:
+    """Goodput (requests/s meeting every SLO) at the load the run found or was given; its samples are the
+    goodput of five equal slices of that point's requests (``serve.figures.goodput_slices``)."""
+    m = rec.metrics
+    if not isinstance(m.get("goodput"), (int, float)):
+        return []
+    return [Figure(check, "goodput at SLO", float(m["goodput"]), "requests/s", rec.run_id, None,
+                   list((rec.raw or {}).get("goodput_slices") or []),
+                   context={"model": rec.workload, "url": (rec.config or {}).get("url"), **energy_context(rec)})]
+
+
+READERS = {"serving": serving_figures, "memory": memory_figures, "gemm": gemm_figures, "p2p": p2p_figures, "collectives": collectives_figures,
            "collectives_nodes": collectives_figures, "links": links_figures, "train_alone": alone_figures,
            "train": throughput_figures, "scale": rung_or_summary, "inference": inference_figures}
 

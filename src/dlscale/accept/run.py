@@ -22,7 +22,8 @@ from dlscale.accept import spec as specs
 from dlscale.accept import suite
 from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline, span, span_of
 from dlscale.accept.inventory import verdicts as inventory_verdicts
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, WARN, Verdict, counts, exit_code, judge as judge_figures, outcome
+from dlscale.accept.verdict import (FAIL, NO_EXPECTATION, WARN, Expectation, Verdict, counts, exit_code,
+                                    judge as judge_figures, outcome)
 from dlscale.errors import UsageError, on_interrupt
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
@@ -74,6 +75,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     base = (base or Baseline()).fit(figs, records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
+    _spec_expectations(figs, sp, exps)
     verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
                 for v in _own_verdicts(r, sp, hosts.get(r.run_id))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
@@ -101,6 +103,15 @@ def _own_verdicts(rec: RunRecord, sp: specs.Spec, host: str | None) -> list[Verd
     if rec.kind == "health":
         return explain.health_verdicts(rec, host)
     return inventory_verdicts(rec, sp.checks.get("inventory") or {}, host)
+
+
+def _spec_expectations(figs: Sequence[Any], sp: specs.Spec, exps: dict[int, list[Expectation]]) -> None:
+    """What the spec itself expects: the serving check's ``expected_goodput``."""
+    want = (sp.checks.get("serving") or {}).get("expected_goodput")
+    for i, f in enumerate(figs):
+        if want and f.check == "serving" and f.name == "goodput at SLO":
+            exps.setdefault(i, []).append(Expectation("spec", float(want), f"acceptance spec {sp.name}: "
+                                                                          f"expected_goodput {want:g} requests/s"))
 
 
 @dataclass

@@ -25,6 +25,8 @@ check runs in its own process within its time limit (``TIME_LIMIT_S``, or the sp
       scale: {model: resnet50, devices: [1, 2, 4, 8], precision: bf16}
       inference: {model: resnet50, batch_sizes: [64], precision: bf16, duration: 5}
       burnin: {duration: 600, warn: 0.002, fail: 0.01}   # bits; warn/fail: the loss curve's deviation
+      serving: {url: "http://127.0.0.1:8000", model: llama, slo: mlperf-llama2-70b, rates: [1, 64],
+                find_max: true, expected_goodput: 12.0}   # serve-bench's fields; goodput in requests/s
     thresholds: {warn: 0.05, fail: 0.10, alpha: 0.01, run_spread: 0.15}  # shortfalls below the expectation;
                                                       # run_spread: least spread between runs (baseline)
     peers: {warn: 0.05, fail: 0.10}                     # a device against the median of its peers
@@ -65,9 +67,10 @@ CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "scale": ("train", None, ("tag", "nproc_per_node", "nnodes", "node_rank")),
     "inference": ("infer", None, ("tag", "scenario", "find_peak", "latency_bound", "target_qps")),
     "burnin": ("micro", "burnin", ("kind", "tag")),
+    "serving": ("serve-bench", None, ("tag",)),  # LLM serving at an SLO: only a spec naming its endpoint runs it
 }
 BURN_IN = ("burnin",)  # minutes of full load: level 3, or chosen by name (--checks, a spec)
-FULL = tuple(c for c in CHECKS if c not in BURN_IN)
+FULL = tuple(c for c in CHECKS if c not in BURN_IN and c != "serving")
 QUICK = ("health", "inventory", "memory", "gemm", "collectives", "train_alone", "train", "inference")
 LEVEL1 = ("health", "inventory")  # seconds, no load: what a Slurm health check, prolog or epilog runs
 LEVEL3_EXTRA: tuple[str, ...] = BURN_IN  # the burn-in and silent-corruption checks join level 3
@@ -81,7 +84,7 @@ BUDGET_S = {1: 45.0, 2: 600.0, 3: 900.0}
 # limit holds its default 300 s burn on GPUs and the ranks' start
 TIME_LIMIT_S = {"health": 30.0, "inventory": 30.0, "memory": 300.0, "p2p": 300.0, "gemm": 600.0,
                 "collectives": 600.0, "collectives_nodes": 600.0, "links": 300.0, "train_alone": 600.0,
-                "train": 600.0, "scale": 1800.0, "inference": 600.0, "burnin": 600.0}
+                "train": 600.0, "scale": 1800.0, "inference": 600.0, "burnin": 600.0, "serving": 1800.0}
 DEFAULT_TIME_LIMIT_S = 600.0  # a check the table does not list
 ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
 ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
@@ -248,6 +251,8 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
             key, problem = next(iter(bad.items()))
             raise spec.fail(("checks", check, key), problem)
         return []
+    if command == "serve-bench":
+        return [serving_config(spec, options)]
     if command is None:
         if options:
             raise spec.fail(("checks", check, next(iter(options))), f"{check} takes no options")
@@ -286,3 +291,26 @@ def _scale_fields(spec: Spec, options: dict[str, Any]) -> None:
             parse(",".join(map(str, v)) if isinstance(v, list) else str(v))
         except UsageError as e:
             raise spec.fail(("checks", "scale", key), str(e)) from None
+
+
+def serving_config(spec: Spec, options: dict[str, Any]) -> Any:
+    """The serving check's ``ServeConfig`` (serve-bench's fields but ``expected_goodput``, the goodput in
+    requests/s the check expects at the load it finds or is given); a bad value at its line."""
+    from dlscale.serve.config import ServeConfig
+
+    base = ("checks", "serving")
+    fields = {k: v for k, v in options.items() if k != "expected_goodput"}
+    want = options.get("expected_goodput")
+    if want is not None and (isinstance(want, bool) or not isinstance(want, (int, float)) or want <= 0):
+        raise spec.fail(base + ("expected_goodput",), f"must be requests/s > 0, got {want!r}")
+    unknown = sorted(set(fields) - set(ServeConfig.__dataclass_fields__))
+    if unknown:
+        raise spec.fail(base + (unknown[0],), f"unknown option {unknown[0]!r} of serving; options: "
+                        f"{', '.join(sorted(set(ServeConfig.__dataclass_fields__) - {'tag'}))}, expected_goodput")
+    for k in ("url", "model"):
+        if k not in fields:
+            raise spec.fail(base, f"needs {k}: the serving check measures the endpoint the spec names")
+    try:
+        return ServeConfig(**fields)
+    except UsageError as e:
+        raise spec.fail(base, str(e)) from None

@@ -277,6 +277,8 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
         return api.micro(kind, layout=layout, db=db, tag=tag, price=price, **fields)
     if command == "infer":
         return [api.infer(config=replace(p.configs[0], tag=tag, scenario="offline"), db=db, price=price)]
+    if command == "serve-bench":
+        return [api.serve_bench(config=replace(p.configs[0], tag=tag), db=db, price=price)]
     cfg, layout = p.configs
     if p.check == "scale":
         return api.scale(cfg.model, devices=p.options.get("devices") or [1, 2],

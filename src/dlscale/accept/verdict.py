@@ -67,7 +67,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Expectation:
-    kind: str  # "healthy" | "datasheet" | "baseline" | "reference" | "peers"
+    kind: str  # "healthy" | "datasheet" | "baseline" | "reference" | "peers" | "spec" (a value the spec gives)
     value: float
     source: str
     samples: tuple[float, ...] = ()  # peers: their samples (the test's other side)
@@ -87,7 +87,7 @@ class Expectation:
 
 PHRASES = {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
            "reference": "the reference", "healthy": "its healthy figure", "healthy floor": "its healthy minimum",
-           "history": "its own history"}
+           "history": "its own history", "spec": "the spec's expectation"}
 
 
 @dataclass

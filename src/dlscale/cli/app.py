@@ -88,6 +88,9 @@ def _register() -> None:
     from dlscale.cli import accept
 
     app.command("accept", help=accept.HELP, epilog=accept.EPILOG)(accept.accept)
+    from dlscale.cli import serve
+
+    app.command("serve-bench", help=serve.HELP, epilog=serve.EPILOG)(serve.serve_bench)
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 

@@ -57,6 +57,17 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def emit(rec: Any, fmt: "Format", tables: Any) -> None:
+    """A run's warnings on stderr; on stdout its record as JSON, or the tables ``tables(rec)`` makes."""
+    for w in rec.warnings:
+        warn(w)
+    if fmt == Format.json:
+        print_json(rec.to_dict())
+        return
+    for t in tables(rec):
+        out.print(t)
+
+
 def warn(msg: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {msg}", markup=True, highlight=False)
 

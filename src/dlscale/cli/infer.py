@@ -8,7 +8,7 @@ import typer
 
 from dlscale.cli import costopts as copt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, emit
 
 HELP = """Measure MODEL's inference throughput and latency at each batch size and record it.
 
@@ -89,15 +89,11 @@ def infer(
 
 def report(rec, fmt: Format) -> None:
     """Warnings on stderr; the record as JSON, or the batch table and the extra figures, on stdout."""
-    for w in rec.warnings:
-        warn(w)
-    if fmt == Format.json:
-        print_json(rec.to_dict())
-        return
-    out.print(batch_table(rec))
-    extra = extra_table(rec)
-    if extra.row_count:
-        out.print(extra)
+    def tables(r):
+        extra = extra_table(r)
+        return (batch_table(r), extra) if extra.row_count else (batch_table(r),)
+
+    emit(rec, fmt, tables)
 
 
 def batch_table(rec):

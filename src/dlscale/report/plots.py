@@ -137,3 +137,21 @@ def history(series: dict[str, tuple[list[int], list[float], list[str]]], ticks: 
     if 1 < len(series) <= 12:
         ax.legend(fontsize=6)
     return _png(fig)
+
+
+def pareto(series: dict[str, tuple[list[float], list[float], list[str], list[bool]]], xlabel: str, ylabel: str,
+           title: str) -> bytes:
+    """Per series its points (x, y) labelled, and the points on its Pareto front joined by a line."""
+    fig, ax = _fig(6.5, 4.0)
+    for i, (name, (xs, ys, labels, front)) in enumerate(series.items()):
+        c = PALETTE[i % len(PALETTE)]
+        ax.plot(xs, ys, "o", color=c, alpha=0.45, label=name)
+        on = sorted((x, y) for x, y, f in zip(xs, ys, front) if f)
+        ax.plot([p[0] for p in on], [p[1] for p in on], "o-", color=c, linewidth=1.4)
+        for x, y, lab in zip(xs, ys, labels):
+            ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7, color=c)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(fontsize=7)
+    return _png(fig)

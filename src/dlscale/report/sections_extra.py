@@ -165,6 +165,12 @@ def _inference_sections(records: Sequence[RunRecord]) -> list[Section]:
     return inference_sections(records)
 
 
+def _serving_sections(records: Sequence[RunRecord]) -> list[Section]:
+    from dlscale.report.serving_section import serving_sections
+
+    return serving_sections(records)
+
+
 def _tta_sections(records: Sequence[RunRecord]) -> list[Section]:
     from dlscale.report.tta_section import tta_section
 
@@ -177,5 +183,5 @@ def _tune_section(records: Sequence[RunRecord]) -> Section | None:
     return tune_section(records)
 
 
-BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, _tune_section, micro_section,
-            _tta_sections, monitoring_section)
+BUILDERS = (scaling_section, layouts_section, _prediction_section, _inference_sections, _serving_sections,
+            _tune_section, micro_section, _tta_sections, monitoring_section)
