@@ -182,7 +182,7 @@ def timeout_sweep(slurm_cluster, tmp_path_factory):
     """A two-point sweep submitted without waiting: one quick point, one past its one-minute limit."""
     d = tmp_path_factory.mktemp("timeout-sweep")
     f = _write(d, "name: overtime\n" + TINY + "slurm: {cpus_per_task: 1, time: 1}\nmatrix:\n  batch_size: [4]\n"
-                  "include:\n  - {batch_size: 8, steps: 100000000}\n")
+                  "include:\n  - {batch_size: 8, steps: 1000000}\n")
     db = d / "runs.db"
     r = _dlscale(slurm_cluster, "sweep", str(f), "--executor", "slurm", "--db", str(db), "--no-wait", "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -276,7 +276,7 @@ def test_a_point_past_its_time_limit_is_recorded_failed_with_timeout(slurm_clust
     f, db, submitted = timeout_sweep
     rows = _status(slurm_cluster, str(f), db)
     if time.monotonic() - submitted < 50:  # the long point cannot have ended yet
-        assert rows["steps=100000000 batch_size=8"]["status"] in ("queued", "running")
+        assert rows["steps=1000000 batch_size=8"]["status"] in ("queued", "running")
     assert all(r["job_id"] for r in rows.values())
     # the submitter was gone (--no-wait); --resume waits for the jobs it left and records them
     r = _dlscale(slurm_cluster, "sweep", str(f), "--executor", "slurm", "--db", str(db), "--resume", "--format", "json")
@@ -286,11 +286,11 @@ def test_a_point_past_its_time_limit_is_recorded_failed_with_timeout(slurm_clust
         recs = {rec.config.get("batch_size"): rec for rec in s.query()}
     assert len(recs) == 2 and recs[4].status == "ok" and recs[4].tag == "overtime"
     assert recs[8].status == "failed" and recs[8].error.startswith(
-        f"Slurm job {rows['steps=100000000 batch_size=8']['job_id']} TIMEOUT: ran past its time limit (00:01:00)")
+        f"Slurm job {rows['steps=1000000 batch_size=8']['job_id']} TIMEOUT: ran past its time limit (00:01:00)")
     rows = _status(slurm_cluster, "overtime", db)
     assert rows["steps=2 batch_size=4"]["status"] == "finished"
-    assert rows["steps=100000000 batch_size=8"]["status"] == "failed"
-    assert rows["steps=100000000 batch_size=8"]["slurm_state"] == "TIMEOUT"
+    assert rows["steps=1000000 batch_size=8"]["status"] == "failed"
+    assert rows["steps=1000000 batch_size=8"]["slurm_state"] == "TIMEOUT"
 
 
 def _job_state(cluster, job_id: str) -> str:
