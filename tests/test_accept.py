@@ -163,7 +163,7 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
     than its limit (torchrun and two ranks, each in a session of its own). Each past its limit is killed
     with its whole tree and is an ERROR, and the inventory after them runs and is judged."""
     from conftest import end_marked, marked_processes, wait_until
-    from dlscale import api
+    from dlscale import accept
     from dlscale.accept import bounded
 
     marker = ("DLSCALE_TEST_MARK", f"hung-{os.getpid()}")
@@ -176,7 +176,7 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
                  " breakdown_steps: 0, monitor_interval: 0, time_limit: 8}\n"
                  f"  inventory: {{cpus: {os.cpu_count()}}}\n")
     try:
-        acc = api.accept(str(p), out_dir=str(tmp_path / "out"), db=str(db_path))
+        acc = accept.run_suite(str(p), out_dir=str(tmp_path / "out"), db=str(db_path))
     finally:
         left = end_marked("=".join(marker))
     assert not left and wait_until(lambda: not marked_processes("=".join(marker)), 10)

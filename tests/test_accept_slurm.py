@@ -204,9 +204,9 @@ def test_a_slurm_acceptance_records_its_runs_and_judges_them_as_a_local_one(slur
     shapes.write_text("m,n,k,a_t,b_t\n256,256,256,0,0\n")
     sp_file = tmp_path / "tiny.yaml"
     sp_file.write_text(GEMM.format(shapes=shapes))
-    from dlscale import api
+    from dlscale import accept
 
-    local = api.accept(str(sp_file), out_dir=str(tmp_path / "local"))  # this node's first acceptance: the baseline
+    local = accept.run_suite(str(sp_file), out_dir=str(tmp_path / "local"))  # this node's first acceptance: the baseline
     env = {**os.environ, **slurm_cluster.env(), executor.POLL_ENV: "1"}
     r = subprocess.run([sys.executable, "-m", "dlscale.cli.app", "accept", "--executor", "slurm", "--time", "5",
                         "--spec", str(sp_file), "--out", str(tmp_path / "out"), "--format", "json"],
@@ -226,4 +226,4 @@ def test_a_slurm_acceptance_records_its_runs_and_judges_them_as_a_local_one(slur
         runs = s.query(tag=acc)
     assert sorted(x.kind for x in runs) == ["accept", "micro"]
     assert next(x for x in runs if x.kind == "accept").config["system"] == local.record.config["system"]
-    assert api.accept_verify(str(tmp_path / "out"))[1] == []
+    assert accept.verify(str(tmp_path / "out"))[1] == []

@@ -3,7 +3,12 @@
 import pytest
 
 from dlscale import workloads
-from dlscale.flops import workload_flops
+from dlscale.config import TrainConfig
+
+
+def workload_flops(workload, image_size):
+    """FLOPs per sample unit of a registered workload at ``image_size``, the other fields at their defaults."""
+    return workload.flops(TrainConfig(model=workload.name, image_size=image_size).resolve("cpu"))
 
 
 def test_resnet50_forward_is_published_4_1_gmacs():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlscale import api
+from dlscale import accept
 from dlscale.errors import UsageError
 from dlscale.serve.instant import InstantServer
 
@@ -21,8 +21,8 @@ checks:
 
 def test_serving_check_judges_goodput_against_the_spec(tmp_path, db_path):
     with InstantServer(model="m") as srv:
-        ok = api.accept(_spec(tmp_path, srv.url, 0.001), out_dir=str(tmp_path / "a"))
-        bad = api.accept(_spec(tmp_path, srv.url, 1e9), out_dir=str(tmp_path / "b"))
+        ok = accept.run_suite(_spec(tmp_path, srv.url, 0.001), out_dir=str(tmp_path / "a"))
+        bad = accept.run_suite(_spec(tmp_path, srv.url, 1e9), out_dir=str(tmp_path / "b"))
     (v,) = [v for v in ok.verdicts if v.check == "serving"]
     assert (v.figure, v.status, v.expectation, v.unit) == ("goodput at SLO", "PASS", "spec", "requests/s")
     assert "expected_goodput 0.001" in v.source and ok.exit_code == 0

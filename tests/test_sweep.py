@@ -338,7 +338,7 @@ def test_new_train_knobs_are_sweep_fields(tmp_path):
     ["accept", "--quick", "--refs", "{f}"],
 ])
 def test_a_yaml_file_that_is_not_utf8_is_one_line_naming_it(cli, db_path, tmp_path, args):
-    """Every YAML file goes through one reader (sweep.spec.compose_yaml): Latin-1 bytes are bad input, not a crash."""
+    """Every YAML file goes through one reader (yamlfile.compose_yaml): Latin-1 bytes are bad input, not a crash."""
     f = tmp_path / "latin1.yaml"
     f.write_bytes("name: x\n# caf\u00e9 notes\nmatrix: {}\n".encode("latin-1"))
     res = cli(*[a.format(f=f) for a in args])

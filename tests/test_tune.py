@@ -216,6 +216,7 @@ def test_the_product_of_the_steps_is_biased_upward_and_the_side_by_side_is_not()
     the product of the kept steps' gains overstates it on average; the closing side-by-side does not."""
     import random
 
+    from dlscale.tune.check import close
     from dlscale.tune.search import Search
 
     knobs = {"a": [1, 2, 3, 4], "b": [1, 2, 3, 4], "c": [1, 2, 3, 4]}
@@ -231,7 +232,8 @@ def test_the_product_of_the_steps_is_biased_upward_and_the_side_by_side_is_not()
             rec.metrics = {"throughput": thr, "throughput_ci95": [thr * 0.97, thr * 1.03]}
             return rec
 
-        out = Search({"a": 0, "b": 0, "c": 0, "batch_size": 8}, knobs, runner, lambda: 0.0, knobs=tuple(knobs)).run()
+        search = Search({"a": 0, "b": 0, "c": 0, "batch_size": 8}, knobs, runner, lambda: 0.0, knobs=tuple(knobs))
+        out = close(search, *search.select())
         truth = math.prod(g for (k, v), g in true_gain.items() if out.best.settings.get(k) == v)
         truths.append(math.log(truth))
         path_logs.append(sum(math.log(s.gain) for s in out.steps))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.yamlfile import load_yaml
 
 HOURS_PER_YEAR = 8760  # 365 days
 FIELDS = ("devices", "price_per_hour", "capital_cost", "lifetime_years", "utilisation", "power_w", "price_per_kwh")
@@ -90,12 +91,8 @@ def as_price(value: Any) -> Price | None:
 
 def load_systems(path: str | Path) -> dict[str, SystemCost]:
     """Every system of a systems file; the first problem is a one-line ``FILE:LINE`` UsageError."""
-    from dlscale.sweep.spec import _Lines, compose_yaml
-
     p = Path(path)
-    root = compose_yaml(p, f"--systems-file {p}: cannot read it")
-    lines = _Lines(str(p))
-    doc = lines.build(root) if root is not None else None
+    doc, lines = load_yaml(p, f"--systems-file {p}: cannot read it")
     if not isinstance(doc, dict) or set(doc) != {"systems"} or not isinstance(doc["systems"], dict) or not doc["systems"]:
         raise lines.fail((), "a systems file is one mapping `systems:` of NAME: {devices: N, price_per_hour: X} or "
                              f"NAME: {{devices: N, {', '.join(f'{f}: ...' for f in CAPITAL)}}}")

@@ -65,13 +65,3 @@ def count_flops(build_model, make_input, forward_loss, batch_size: int) -> dict[
         "train": train.get_total_flops() / batch_size,
     }
 
-
-def workload_flops(workload: Any, image_size: int | None = None, **shape: Any) -> dict[str, Any] | None:
-    """FLOPs per sample unit of a registered workload at a shape (batch-size independent).
-
-    ``image_size`` and ``shape`` are TrainConfig fields; the rest take their defaults.
-    """
-    from dlscale.config import TrainConfig
-
-    cfg = TrainConfig(model=workload.name, image_size=image_size, **shape).resolve("cpu")
-    return workload.flops(cfg)

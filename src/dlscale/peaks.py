@@ -240,9 +240,9 @@ def resolve_peak(device: Any, precision: str, system: dict[str, Any], *, cpu_ghz
     beside either where the clock is known (``cpu_ghz`` overrides the model name's).
     """
     if getattr(device, "type", "cpu") == "cuda":
-        from dlscale.harness.device import device_name
+        import torch
 
-        name, pci_id = device_name(device), _pci_id(system, getattr(device, "index", None) or 0)
+        name, pci_id = torch.cuda.get_device_name(device), _pci_id(system, getattr(device, "index", None) or 0)
         p = gpu_peak(name, precision, pci_id)
         if p is None:
             return ResolvedPeak(None, None, gpu_peak_reason(name, precision, pci_id))

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import StoreUnavailable, UsageError
+from dlscale.log import warn
 from dlscale.paths import DB_ENV, resolve_db_path
-from dlscale.record import RunRecord
+from dlscale.record import RunRecord, utc_now
+from dlscale.stores import spool
 from dlscale.stores.schema import COLUMNS, MIGRATIONS, PG_MIGRATIONS, SCHEMA_VERSION, to_record, to_row
 from dlscale.stores.url import PG_SCHEMES, is_postgres_url, redact_text, url_scheme
 
@@ -76,6 +78,13 @@ class Store:
         file that is not there, where creating it would list a mistyped path as an empty store."""
         return cls(_backend(db, create))
 
+    @classmethod
+    def open_holding(cls, db: str | os.PathLike | None, run_id: str | None) -> "Store":
+        """The open store that holds ``run_id``: the local spool where this process kept it there
+        (``stores.spool``), else ``db``."""
+        kept = spool.find(run_id) if run_id else None
+        return cls.open(kept.spool if kept else db)
+
     @property
     def backend(self) -> str:
         """``sqlite`` or ``postgresql``."""
@@ -109,9 +118,17 @@ class Store:
         try:
             b.write(body)
         except StoreUnavailable as e:
-            from dlscale.stores import spool
+            self._keep_in_spool(rec, str(e))
 
-            spool.keep(rec, str(self.path), self.location, str(e))
+    def _keep_in_spool(self, rec: RunRecord, reason: str) -> None:
+        """Write ``rec`` into this store's local spool (``raw.spooled`` says when, for which store and
+        why) and note it, so the command ends saying where it is and how to deliver it."""
+        path = spool.spool_path(str(self.path))
+        rec.raw["spooled"] = {"at": utc_now(), "for": self.location, "reason": reason}
+        with Store.open(path) as kept:
+            kept.insert(rec)
+        spool.note(spool.Spooled(rec.run_id, str(path), str(self.path), self.location, reason))
+        warn(f"{reason}: run {rec.run_id} is kept in the local spool {path}")
 
     def _claim(self, c: Any, rec: RunRecord, retrying: bool) -> bool:
         """Claim ``rec``'s import key; after a lost connection a key this very run holds counts as

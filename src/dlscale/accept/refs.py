@@ -32,6 +32,7 @@ from dlscale.accept import datasheet
 from dlscale.accept.figures import Figure
 from dlscale.accept.verdict import Expectation
 from dlscale.peaks import normalize_name
+from dlscale.yamlfile import read_yaml
 
 BUILT_IN = "built-in"
 BASES = ("typical", "floor")
@@ -82,8 +83,6 @@ def load(path: str | Path | None = None) -> list[Row]:
 
 
 def _read(path: Path, origin: str) -> list[Row]:
-    from dlscale.sweep.spec import read_yaml
-
     doc, lines = read_yaml(path, "healthy-figures file", "`models:`")
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise lines.fail((), "must be a mapping with `models:`, a list of {model, names, rows}")

@@ -1,4 +1,4 @@
-"""``api.accept``: plan the suite, run its checks, judge them, record the acceptance, write its outputs.
+"""``accept.run_suite``: plan the suite, run its checks, judge them, record the acceptance, write its outputs.
 
 The acceptance is a run of kind ``accept`` tagged with the acceptance id (as every run of its
 checks is): its config names the spec, the system and ``suite_hash`` (what was measured, so an

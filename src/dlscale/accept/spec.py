@@ -50,7 +50,8 @@ from typing import Any
 
 from dlscale.accept.verdict import Thresholds
 from dlscale.errors import UsageError
-from dlscale.sweep.spec import _Lines, check_point, read_yaml
+from dlscale.sweep.spec import check_point
+from dlscale.yamlfile import Lines, read_yaml
 
 # check -> (command whose fields it takes, the command's argument, fields the suite sets itself)
 CHECKS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
@@ -102,7 +103,7 @@ class Spec:
     per_check: dict[str, Thresholds] = field(default_factory=dict)
     warn_fails: bool = False
     source: str = ""  # the file, or "built-in"
-    lines: _Lines | None = None
+    lines: Lines | None = None
     time_limits: dict[str, float] = field(default_factory=dict)  # check -> its own limit (seconds)
     budget_s: float | None = None  # the whole suite's (seconds; None: each check its own limit)
     level: int | None = None  # a built-in level (1, 2, 3), None: a spec file
@@ -199,7 +200,7 @@ def load(path: str | Path) -> Spec:
     return spec
 
 
-def _seconds(v: Any, lines: _Lines, path: tuple) -> float | None:
+def _seconds(v: Any, lines: Lines, path: tuple) -> float | None:
     """A time limit or budget in seconds (None where not given)."""
     if v is None:
         return None
@@ -208,7 +209,7 @@ def _seconds(v: Any, lines: _Lines, path: tuple) -> float | None:
     return float(v)
 
 
-def _check_entry(name: Any, opts: Any, lines: _Lines) -> dict[str, Any]:
+def _check_entry(name: Any, opts: Any, lines: Lines) -> dict[str, Any]:
     if name not in CHECKS:
         raise lines.fail(("checks", name), f"unknown check {name!r}; checks: {', '.join(CHECKS)}")
     if opts is None:
@@ -221,7 +222,7 @@ def _check_entry(name: Any, opts: Any, lines: _Lines) -> dict[str, Any]:
     return dict(opts)
 
 
-def _thresholds(d: Any, lines: _Lines, path: tuple, alpha: bool = False) -> Thresholds:
+def _thresholds(d: Any, lines: Lines, path: tuple, alpha: bool = False) -> Thresholds:
     if not isinstance(d, dict):
         raise lines.fail(path, "must be a mapping: {warn: 0.05, fail: 0.10" + (", alpha: 0.01, run_spread: 0.15}"
                                                                               if alpha else "}"))
@@ -257,7 +258,7 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
         if options:
             raise spec.fail(("checks", check, next(iter(options))), f"{check} takes no options")
         return []
-    lines = spec.lines or _Lines(f"acceptance spec {spec.name}")
+    lines = spec.lines or Lines(f"acceptance spec {spec.name}")
     base = ("checks", check)
     origin = {k: base + (k,) if k in spec.checks.get(check, {}) else base for k in options}
     opts = {k: v for k, v in options.items() if k not in SCALE_ONLY}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale.analysis import domains
+from dlscale.analysis.domains import system_label
 from dlscale.analysis.formulas import pct_difference, relative_score
 from dlscale.record import RunRecord
 
@@ -32,11 +33,11 @@ LOWER_IS_BETTER_UNITS = ("s", "epochs")
 
 def key_value(rec: RunRecord, key: str) -> Any:
     """One grouping field of a record, wherever the record keeps it."""
-    c, m = rec.config, rec.metrics
+    c = rec.config
     if key == "model":
         return rec.workload
     if key == "world_size":
-        return m.get("world_size") or c.get("world_size") or 1
+        return domains.world_size(rec)
     if key == "nodes":
         return c.get("nodes") or c.get("nnodes") or 1
     if key == "system":
@@ -51,13 +52,6 @@ def key_value(rec: RunRecord, key: str) -> Any:
         nodes, per_node = layout_of(rec)
         return f"{nodes}x{per_node}" if key == "layout" else (link_of(rec) if nodes > 1 else "-")
     return c.get(key)
-
-
-def system_label(rec: RunRecord) -> str:
-    """A short name for where a run ran: the imported system's name, else the host name."""
-    if rec.imported:
-        return str(rec.config.get("system") or (rec.system or {}).get("name") or "imported")
-    return str((rec.system or {}).get("hostname") or "?")
 
 
 def value_of(rec: RunRecord, metric: str) -> float | None:

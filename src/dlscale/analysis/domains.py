@@ -151,16 +151,20 @@ def verdict(rows: Sequence[Mapping[str, Any]]) -> str | None:
     return "linear" if last["efficiency"] >= LINEAR_EFFICIENCY else "sub-linear"
 
 
-def _system(rec: Any) -> str:
-    from dlscale.analysis.compare import system_label
+def system_label(rec: Any) -> str:
+    """A short name for where a run ran: the imported system's name, else the host name."""
+    if rec.imported:
+        return str(rec.config.get("system") or (rec.system or {}).get("name") or "imported")
+    return str((rec.system or {}).get("hostname") or "?")
 
-    return system_label(rec)
+
+def world_size(rec: Any) -> Any:
+    """How many devices the run used: its metrics' world size, else its config's, else 1."""
+    return rec.metrics.get("world_size") or rec.config.get("world_size") or 1
 
 
 def _devices(rec: Any) -> int:
-    from dlscale.analysis.compare import key_value
-
-    return int(key_value(rec, "world_size") or 1)
+    return int(world_size(rec))
 
 
 def _norm(v: Any) -> Any:
@@ -191,7 +195,7 @@ def _domains(records: Sequence[Any], across_systems: bool) -> dict[tuple, list[A
     groups: dict[tuple, list[Any]] = {}
     for r in records:
         test = tuple(_norm(r.config.get(k)) for k in TEST_KEYS)
-        key = (sample_unit(r), family(r), r.workload, None if across_systems else _system(r), test)
+        key = (sample_unit(r), family(r), r.workload, None if across_systems else system_label(r), test)
         groups.setdefault(key, []).append(r)
     from dlscale.workloads.base import FAMILIES
 
@@ -216,7 +220,7 @@ def _per_device_count(recs: Sequence[Any], across_systems: bool) -> dict[int, li
         by_n[n] = [r for r in rs if layout_of(r)[0] == fewest]
     if across_systems:
         for n, rs in sorted(by_n.items()):
-            systems = sorted({_system(r) for r in rs})
+            systems = sorted({system_label(r) for r in rs})
             if len(systems) > 1:
                 raise UsageError(f"{rs[0].workload} on {n} device(s) has runs from {', '.join(systems)}: with "
                                  "--across-systems each device count must come from one system; select one of them")
@@ -240,7 +244,7 @@ def reference_value(domain_recs: Sequence[Any], reference: Sequence[Any], metric
     cands = same or cands
     n = min(_devices(r) for r in cands)
     at_n = [r for r in cands if _devices(r) == n]
-    configs = {(_system(r), r.config.get("batch_size"), r.config.get("precision")) for r in at_n}
+    configs = {(system_label(r), r.config.get("batch_size"), r.config.get("precision")) for r in at_n}
     out = {"devices": n, "runs": len(at_n), "systems": sorted({c[0] for c in configs}), "value": None, "note": None}
     if len(configs) > 1:
         out["note"] = (f"ambiguous reference: {len(configs)} systems/configs of {r0.workload} at {n} device(s); "
@@ -272,12 +276,12 @@ def domain_table(records: Iterable[Any], reference: Sequence[Any] | None = None,
         for row in rows:
             rs = by_n[row["devices"]]
             nodes, per_node = layout_of(rs[0])
-            row.update({"layout": f"{nodes}x{per_node}", "runs": len(rs), "systems": sorted({_system(r) for r in rs}),
+            row.update({"layout": f"{nodes}x{per_node}", "runs": len(rs), "systems": sorted({system_label(r) for r in rs}),
                         "run_ids": [r.run_id for r in rs]})
             row.update({k: mean_of(rs, k) for k in EFFICIENCY.get(metric, ())})
             row["prices"] = prices(rs)
         out.append({"family": fam, "sample_unit": unit, "unit": _value_unit(members, metric), "model": model,
-                    "system": system, "systems": sorted({_system(r) for r in members}),
+                    "system": system, "systems": sorted({system_label(r) for r in members}),
                     "test": {k: v for k, v in zip(TEST_KEYS, test) if v is not None}, "metric": metric,
                     "higher_is_better": higher_is_better, "base_devices": rows[0]["devices"],
                     "reference": refv, "rows": rows, "verdict": verdict(rows)})

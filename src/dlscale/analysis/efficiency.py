@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dlscale.analysis import domains
-from dlscale.analysis.compare import system_label
+from dlscale.analysis.domains import system_label
 
 J_PER_KWH = 3.6e6
 RANKED = ("units_per_kwh", "units_per_dollar")

@@ -38,7 +38,7 @@ def parse(selector: str) -> list[tuple[str, str]]:
 
 def select(store, selector: str) -> list[RunRecord]:
     """The ok runs a selector names (from the store, or from a reference dataset for ref:)."""
-    from dlscale.analysis.compare import system_label
+    from dlscale.analysis.domains import system_label
     from dlscale.importers.records import reference_records
 
     filters = parse(selector)

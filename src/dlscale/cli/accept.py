@@ -141,7 +141,7 @@ def accept(
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
-    from dlscale import api
+    from dlscale import accept as acceptance
     from dlscale.errors import UsageError
 
     if action is not None and (quick or level is not None or drain_on_fail or resume_on_pass or checks is not None):
@@ -169,13 +169,14 @@ def accept(
     if action == "verify":
         raise typer.Exit(_verify(target, fmt))
     if action == "judge":
-        acc = api.accept_judge(target, spec=spec, baseline=baseline, reference=reference, warn_fails=warn_fails,
+        acc = acceptance.judge(target, spec=spec, baseline=baseline, reference=reference, warn_fails=warn_fails,
                                out_dir=out_dir, db=db, refs=refs)
     else:
-        acc = api.accept(spec, quick=quick, level=level, drain_on_fail=drain_on_fail, resume_on_pass=resume_on_pass,
-                         baseline=baseline, reference=reference, warn_fails=warn_fails,
-                         out_dir=out_dir, db=db, executor=executor, partition=partition, nodes=nodes,
-                         gpus_per_node=gpus_per_node, time=time, refs=refs, checks=checks, **emulated)
+        acc = acceptance.run_suite(spec, quick=quick, level=level, drain_on_fail=drain_on_fail,
+                                   resume_on_pass=resume_on_pass, baseline=baseline, reference=reference,
+                                   warn_fails=warn_fails, out_dir=out_dir, db=db, executor=executor,
+                                   partition=partition, nodes=nodes, gpus_per_node=gpus_per_node, time=time,
+                                   refs=refs, checks=checks, **emulated)
     if acc is None:  # a rank other than 0 under a launcher: rank 0 prints
         return
     show(acc, fmt)
@@ -220,7 +221,7 @@ def show(acc: Any, fmt: Format) -> None:
 def _refs(target: str | None, model: str | None, from_: str | None, out_file: str | None, refs: str | None,
           db: str | None, fmt: Format) -> int:
     """`dlscale accept refs`: the healthy figures as a table (or JSON); `refs export`: a lab's file."""
-    from dlscale import api
+    from dlscale import accept as acceptance
     from dlscale.errors import UsageError
 
     if target not in (None, "export"):
@@ -229,7 +230,7 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
     if target == "export":
         if not from_ or not out_file:
             raise UsageError("`dlscale accept refs export` needs --from SELECTOR (e.g. kind:accept) and --out FILE")
-        doc = api.accept_refs_export(from_, out_file, db)
+        doc = acceptance.export_refs(from_, out_file, db)
         n = sum(len(m["rows"]) for m in doc["models"])
         if fmt == Format.json:
             print_json({"file": out_file, "models": len(doc["models"]), "rows": n, "document": doc})
@@ -239,7 +240,7 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
         return 0
     if from_:
         raise UsageError("--from is for `dlscale accept refs export`")
-    rows = api.accept_refs(model, refs)
+    rows = acceptance.list_refs(model, refs)
     if fmt == Format.json:
         print_json([r.to_dict() for r in rows])
         return 0
@@ -256,9 +257,9 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
 
 
 def _verify(folder: str, fmt: Format) -> int:
-    from dlscale import api
+    from dlscale import accept as acceptance
 
-    good, problems = api.accept_verify(folder)
+    good, problems = acceptance.verify(folder)
     if fmt == Format.json:
         print_json({"folder": folder, "matched": good, "problems": problems, "ok": not problems})
     else:

@@ -6,8 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from dlscale.cli.render import fmt_bytes, fmt_num, fmt_pct, fmt_seconds
-from dlscale.format import fmt_count
+from dlscale.format import fmt_bytes, fmt_count, fmt_num, fmt_pct, fmt_seconds
 
 PHASE_LABELS = {"data_wait": "data-wait", "h2d": "host-to-device copy", "forward": "forward",
                 "backward": "backward (compute)", "optimizer": "optimizer", "comm": "communication (exposed)"}

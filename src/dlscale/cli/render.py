@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from dlscale.cli.breakdown_view import is_breakdown_key
 from dlscale.format import fmt_bytes, fmt_ci, fmt_num, fmt_pct, fmt_seconds, fmt_si, format_metric
 from dlscale.record import RunRecord
 
@@ -47,9 +48,7 @@ def train_summary_table(rec: RunRecord) -> Table:
     t.add_row("peak memory", f"{fmt_bytes(m.get('peak_memory_bytes'))} ({m.get('peak_memory_kind')})")
     for what, words in energy_cost_rows(rec):
         t.add_row(what, words)
-    from dlscale.cli.breakdown_view import is_breakdown_key  # shown in their own tables
-
-    for k in sorted(k for k in set(m) - _SHOWN if not is_breakdown_key(k)):
+    for k in sorted(k for k in set(m) - _SHOWN if not is_breakdown_key(k)):  # those have their own tables
         t.add_row(k, format_metric(k, m[k], u.get(k)))
     return t
 

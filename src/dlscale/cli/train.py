@@ -160,9 +160,9 @@ class failed_as_json:
         from dlscale.errors import RunFailure
 
         if self.fmt == Format.json and isinstance(exc, RunFailure) and exc.run_id:
-            from dlscale.stores.spool import store_holding
+            from dlscale.store import Store
 
-            with store_holding(self.db, exc.run_id) as s:
+            with Store.open_holding(self.db, exc.run_id) as s:
                 rec = s.get(exc.run_id)
             if rec is not None:
                 print_json(rec.to_dict())

@@ -126,9 +126,7 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
         raise UsageError(usage[0]["cause"])
     if res.returncode == 0:
         if run_id:
-            from dlscale.stores.spool import store_holding
-
-            with store_holding(db, run_id) as store:
+            with Store.open_holding(db, run_id) as store:
                 return store.get(run_id)
         return None
     msg = faults.diagnose(failures, layout.world_size, res.failures, timed_out=res.timed_out,
@@ -169,10 +167,10 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
                     msg: str, log_tail: list[str] | None = None) -> Any:
     """Write the failure into rank 0's record, or a new one when rank 0 never recorded."""
     from dlscale.record import RunRecord, utc_now
-    from dlscale.stores.spool import store_holding
+    from dlscale.store import Store
     from dlscale.system import collect_cached
 
-    with store_holding(db, run_id) as store:
+    with Store.open_holding(db, run_id) as store:
         rec = store.get(run_id) if run_id else None
         if rec is None:
             rec = RunRecord(kind=FAMILIES[family][1], workload=workload_of(family, config),

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dlscale.analysis import domains
-from dlscale.analysis.compare import key_value, system_label
+from dlscale.analysis.compare import key_value
+from dlscale.analysis.domains import system_label
 from dlscale.format import fmt_ci, fmt_count, fmt_fixed, fmt_pct
 from dlscale.record import RunRecord
 from dlscale.report import plots, sections_extra

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlscale.analysis import domains
-from dlscale.analysis.compare import system_label
+from dlscale.analysis.domains import system_label
 from dlscale.format import fmt_ci, fmt_fixed, fmt_num, fmt_seconds
 from dlscale.record import RunRecord
 from dlscale.report import plots

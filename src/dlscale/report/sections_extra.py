@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dlscale.analysis import domains
-from dlscale.analysis.compare import system_label
+from dlscale.analysis.domains import system_label
 from dlscale.analysis.formulas import ideal_throughput
 from dlscale.format import fmt_fixed, fmt_pct
 from dlscale.record import RunRecord

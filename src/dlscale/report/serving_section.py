@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlscale.analysis.compare import system_label
+from dlscale.analysis.domains import system_label
 from dlscale.analysis.serving import points_of
 from dlscale.format import fmt_fixed, fmt_num, fmt_seconds
 from dlscale.record import RunRecord

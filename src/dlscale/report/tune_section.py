@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dlscale.analysis.compare import system_label
+from dlscale.analysis.domains import system_label
 from dlscale.format import fmt_ci, fmt_count, fmt_fixed, fmt_gain
 from dlscale.record import RunRecord
 from dlscale.report.model import Section, TableData

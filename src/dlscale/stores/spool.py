@@ -1,14 +1,14 @@
 """The local spool: where a record goes when the shared store it was meant for stays away.
 
 A run that finished while its PostgreSQL server went away, and stayed away past the retry window
-(``StoreUnavailable``), must not be thrown away with its figures. ``Store.insert`` hands such a
-record to ``keep``: it is written into a SQLite store under the dlscale data directory, one file
-per database it was meant for (``spool/<database>-<hash of its URL>.db``), with
-``raw.spooled`` saying when, for which database and why, and noted in this process. The command
-goes on (the CLI prints the figures as always) and then exits 1 with one line naming the spool
-and the command that delivers it later, ``dlscale results push --db SPOOL --to URL`` (by run id:
-pushing twice adds nothing). A distributed job's rank 0 hands its notes to the launcher through
-the job directory (``pending``/``note``). No torch here.
+(``StoreUnavailable``), must not be thrown away with its figures. ``Store.insert`` writes such a
+record into a SQLite store under the dlscale data directory, one file per database it was meant
+for (``spool_path``: ``spool/<database>-<hash of its URL>.db``), with ``raw.spooled`` saying when,
+for which database and why, and notes it here (``note``): this module names and remembers, the
+store writes. The command goes on (the CLI prints the figures as always) and then exits 1 with one
+line naming the spool and the command that delivers it later, ``dlscale results push --db SPOOL
+--to URL`` (by run id: pushing twice adds nothing). A distributed job's rank 0 hands its notes to
+the launcher through the job directory (``pending``/``note``). No torch here.
 """
 
 from __future__ import annotations
@@ -52,22 +52,6 @@ def spool_path(destination: str) -> Path:
     return data_dir() / SPOOL_DIR / f"{slug}-{hashlib.sha256(destination.encode()).hexdigest()[:10]}.db"
 
 
-def keep(rec: Any, destination: str, shown: str, reason: str) -> Spooled:
-    """Write ``rec`` into the spool of ``destination`` and note it; what was kept where."""
-    from dlscale.log import warn
-    from dlscale.record import utc_now
-    from dlscale.store import Store
-
-    path = spool_path(destination)
-    rec.raw["spooled"] = {"at": utc_now(), "for": shown, "reason": reason}
-    with Store.open(path) as spool:
-        spool.insert(rec)
-    entry = Spooled(rec.run_id, str(path), destination, shown, reason)
-    note(entry)
-    warn(f"{reason}: run {rec.run_id} is kept in the local spool {path}")
-    return entry
-
-
 def note(entry: Spooled | dict[str, Any]) -> None:
     """Remember a spooled record (one this process kept, or a rank of its job did)."""
     entry = entry if isinstance(entry, Spooled) else Spooled(**entry)
@@ -90,14 +74,6 @@ def take_pending() -> list[Spooled]:
 def find(run_id: str) -> Spooled | None:
     """The spooled record of ``run_id`` noted in this process, if any."""
     return next((e for e in _PENDING if e.run_id == run_id), None)
-
-
-def store_holding(db: Any, run_id: str | None) -> Any:
-    """The open store that holds ``run_id``: its spool where it was kept there, else ``db``."""
-    from dlscale.store import Store
-
-    kept = find(run_id) if run_id else None
-    return Store.open(kept.spool if kept else db)
 
 
 def summary(entries: list[Spooled]) -> str:

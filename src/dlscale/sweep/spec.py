@@ -52,6 +52,7 @@ from typing import Any
 
 from dlscale.errors import UsageError
 from dlscale.record import config_hash
+from dlscale.yamlfile import Lines, read_yaml
 from dlscale.sweep.fields import (COMMANDS, MICRO, Opt, build_configs, field_type, micro_fields, text, to_argv,
                                   type_problem)
 
@@ -114,90 +115,13 @@ class SlurmOptions:
     setup: tuple[str, ...] = ()
 
 
-class _Lines:
-    """YAML values with the line each came from (1-based), keyed by path."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.lines: dict[tuple, int] = {}
-
-    def at(self, path: tuple) -> str:
-        while path and path not in self.lines:
-            path = path[:-1]
-        return f"{self.source}:{self.lines.get(path, 1)}"
-
-    def fail(self, path: tuple, msg: str) -> UsageError:
-        where = ".".join(str(p) for p in path) or "(top level)"
-        return UsageError(f"{self.at(path)}: {where}: {msg}")
-
-    def build(self, node: Any, path: tuple = ()) -> Any:
-        import yaml
-
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for k, v in node.value:
-                key = self.build(k, path + ("<key>",))
-                if not isinstance(key, str):
-                    raise self.fail(path, f"keys must be names, got {key!r}")
-                if key in out:
-                    self.lines[path + (key,)] = k.start_mark.line + 1
-                    raise self.fail(path + (key,), "given twice")
-                self.lines[path + (key,)] = k.start_mark.line + 1
-                out[key] = self.build(v, path + (key,))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(v, path + (i,)) for i, v in enumerate(node.value)]
-        try:
-            return yaml.SafeLoader("").construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, TypeError) as e:
-            raise self.fail(path, f"bad value: {' '.join(str(getattr(e, 'problem', None) or e).split())}") from None
-
-
-def compose_yaml(p: Path, cannot_read: str) -> Any:
-    """The YAML node tree of a file (node marks give each value's line): the one reader of every YAML
-    file dlscale takes (sweep, acceptance spec, --config, systems and healthy-figures files). An
-    unreadable file, one that is not UTF-8 text, or malformed YAML is a one-line UsageError:
-    ``cannot_read: reason``, ``FILE:LINE: not UTF-8 text ...`` or ``FILE:LINE:COL: malformed YAML: ...``."""
-    import yaml
-
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise UsageError(f"{cannot_read}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise UsageError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save the "
-                         "file as UTF-8") from None
-    try:
-        return yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"{mark.line + 1}:{mark.column + 1}" if mark else "1"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UsageError(f"{p}:{line}: malformed YAML: {problem}") from None
-
-
-def read_yaml(path: str | Path, what: str, needs: str) -> tuple[Any, _Lines]:
-    """A YAML file's values and the line each came from; an unreadable, malformed or empty file is a
-    one-line UsageError (``what``: "sweep file"; ``needs``: what an empty one lacks)."""
-    p = Path(path)
-    root = compose_yaml(p, f"cannot read {what} {p}")
-    if root is None:
-        raise UsageError(f"{p}:1: the {what} is empty; it needs {needs}")
-    lines = _Lines(str(p))
-    return lines.build(root), lines
-
-
 def load(path: str | Path) -> Sweep:
     """Read, check and expand a sweep file; any problem is a one-line UsageError naming the place."""
     doc, lines = read_yaml(path, "sweep file", "at least `matrix:` or `include:`")
     return check(doc, lines)
 
 
-def check(doc: Any, lines: _Lines) -> Sweep:
+def check(doc: Any, lines: Lines) -> Sweep:
     """Check a parsed sweep file and expand it into points; the first problem is a UsageError naming its line."""
     parts = _check_fields(doc, lines)
     _check_point_values(parts, lines)
@@ -226,7 +150,7 @@ class _Parts:
     include: list[dict[str, Any]]
 
 
-def _check_fields(doc: Any, lines: _Lines) -> _Parts:
+def _check_fields(doc: Any, lines: Lines) -> _Parts:
     """The top-level fields: known names, the right shapes, something to run."""
     if not isinstance(doc, dict):
         raise lines.fail((), "the sweep file must be a mapping (name:, matrix:, ...)")
@@ -261,7 +185,7 @@ def _check_fields(doc: Any, lines: _Lines) -> _Parts:
                   exclude=doc.get("exclude") or [], include=doc.get("include") or [])
 
 
-def _check_point_values(parts: _Parts, lines: _Lines) -> None:
+def _check_point_values(parts: _Parts, lines: Lines) -> None:
     """Every value in fixed:, matrix:, exclude: and include: on its own: a field of the command, of its type."""
     for k, v in parts.fixed.items():
         check_value(parts.table, k, v, lines, ("fixed", k))
@@ -274,7 +198,7 @@ def _check_point_values(parts: _Parts, lines: _Lines) -> None:
                 check_value(parts.table, k, v, lines, (section, i, k))
 
 
-def _expand(parts: _Parts, lines: _Lines) -> Sweep:
+def _expand(parts: _Parts, lines: Lines) -> Sweep:
     """The matrix's combinations less the excluded, then the included; a repeated point runs once.
     Each point's typed configs are built here (``check_point``), so a bad point stops the sweep."""
     command = parts.command
@@ -312,7 +236,7 @@ def _raw_points(parts: _Parts) -> tuple[list[tuple[dict[str, Any], dict[str, tup
     return points, excluded
 
 
-def with_config_file(opts: dict[str, Any], origin: dict[str, tuple], lines: _Lines
+def with_config_file(opts: dict[str, Any], origin: dict[str, tuple], lines: Lines
                      ) -> tuple[dict[str, Any], dict[str, tuple]]:
     """A point with ``config: FILE`` replaced by the file's keys, under the point's own (which win);
     a problem in the file is a UsageError at the point's ``config:`` line naming the file's line too."""
@@ -349,14 +273,14 @@ def point_hash(command: str, options: dict[str, Any]) -> str:
     return config_hash({"command": command, **options})
 
 
-def command_table(command: Any, lines: _Lines) -> dict[str, Opt]:
+def command_table(command: Any, lines: Lines) -> dict[str, Opt]:
     """The sweep fields of ``dlscale COMMAND`` (``TRAIN`` or ``MICRO``)."""
     if not isinstance(command, str) or command not in COMMANDS:
         raise lines.fail(("command",), f"unknown command {command!r}; a sweep runs one of: {', '.join(COMMANDS)}")
     return COMMANDS[command]
 
 
-def check_value(table: dict[str, Opt], key: str, value: Any, lines: _Lines, path: tuple) -> None:
+def check_value(table: dict[str, Opt], key: str, value: Any, lines: Lines, path: tuple) -> None:
     """One value where the file gives it: a known field, of its type (a point's configs come later)."""
     if key in SWEEP_ONLY:
         _timeout(value, lines, path)
@@ -381,13 +305,13 @@ def check_value(table: dict[str, Opt], key: str, value: Any, lines: _Lines, path
             raise lines.fail(value_path, f"unknown microbenchmark {value!r}; choose one of {', '.join(READS)}, all")
 
 
-def _timeout(value: Any, lines: _Lines, path: tuple) -> float:
+def _timeout(value: Any, lines: Lines, path: tuple) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise lines.fail(path, f"must be a number of seconds > 0, got {value!r}")
     return float(value)
 
 
-def check_point(command: str, options: dict[str, Any], origin: dict[str, tuple], lines: _Lines) -> list[Any]:
+def check_point(command: str, options: dict[str, Any], origin: dict[str, tuple], lines: Lines) -> list[Any]:
     """Build the point's typed configs (each validates itself, as when the command runs); a problem
     is a UsageError at the line of the field it names (else of the point's first matrix value)."""
     table = COMMANDS[command]
@@ -428,7 +352,7 @@ def _culprit(message: str, options: dict[str, Any], origin: dict[str, tuple], ta
 
 
 
-def check_slurm(block: Any, lines: _Lines) -> SlurmOptions | None:
+def check_slurm(block: Any, lines: Lines) -> SlurmOptions | None:
     """The ``slurm:`` block, each value checked where the file gives it."""
     if block is None:
         return None
@@ -460,7 +384,7 @@ def check_slurm(block: Any, lines: _Lines) -> SlurmOptions | None:
     return SlurmOptions(**out)
 
 
-def _minutes(value: Any, lines: _Lines, path: tuple) -> int:
+def _minutes(value: Any, lines: Lines, path: tuple) -> int:
     try:
         return minutes(value)
     except ValueError as e:

@@ -12,6 +12,7 @@ from typing import Any
 
 from dlscale.harness.energy import EnergyMeter
 from dlscale.monitor import Monitor, summarize
+from dlscale.train.phases import explain, process_rank
 
 
 class RunObserver:
@@ -32,7 +33,7 @@ class RunObserver:
         if cfg.data:
             from dlscale.data.feed import open_feed
 
-            self.feed = open_feed(cfg, device, _rank(), world_size)
+            self.feed = open_feed(cfg, device, process_rank(), world_size)
 
     def end_window(self, times: list[float]) -> None:
         """After a measured window: keep the waits of its steps and its span on the monitor's clock."""
@@ -45,8 +46,6 @@ class RunObserver:
         self.window_seconds += sum(times)
 
     def explain(self, setup: Any) -> None:
-        from dlscale.train.phases import explain
-
         self.explained = explain(self.cfg, setup, self.device, self.feed, self.waits, self.window_seconds,
                                  self.world_size)
 
@@ -69,9 +68,3 @@ class RunObserver:
             raw["monitor"] = series
             warnings.extend(self.monitor.notes)
         return metrics, units, raw, warnings
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

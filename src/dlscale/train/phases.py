@@ -182,11 +182,16 @@ def explain(cfg: Any, setup: Any, device: Any, feed: Any, waits: list[float], wi
     v = bd.verdict(data_wait_share=wait_share, comm_share=comm, loader_rate=lrate, compute_rate=crate)
     metrics["verdict"], metrics["verdict_reason"] = v["verdict"], v["reason"]
     if cfg.profile:
-        from dlscale.train.observe import _rank
-
-        label = cfg.model if world_size == 1 else f"{cfg.model}-rank{_rank()}"  # one trace per rank
+        label = cfg.model if world_size == 1 else f"{cfg.model}-rank{process_rank()}"  # one trace per rank
         prof = profile_steps(setup.step, cfg.profile_steps, device, cfg.profile, label)
         metrics["profile_trace"] = prof["trace"]
         metrics["profile_comm_share"], units["profile_comm_share"] = prof["comm_share"], "fraction"
         raw["profile_top_ops"] = prof["top_ops"]
     return metrics, units, raw, warnings
+
+
+def process_rank() -> int:
+    """This process's rank in its process group (0 where there is none)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

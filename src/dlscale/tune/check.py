@@ -25,25 +25,28 @@ No torch at import time.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.tune.search import TIE, Outcome, Result, Search, Step, reference
+from dlscale.tune.search import TIE, Result, Search, Step, reference
 
 
-def seconds_of(search: Search, settings: dict[str, Any]) -> float:
-    """How long a trial of ``settings`` takes: the mean of its own trials, else of every trial (0: none known)."""
-    own = [t.seconds for t in search.trials if t.settings == settings and t.seconds is not None]
-    every = [t.seconds for t in search.trials if t.seconds is not None]
-    known = own or every
-    return sum(known) / len(known) if known else 0.0
+@dataclass
+class Outcome:
+    """The search's result: the start and the best (measured side by side at the end), the table, the trials."""
 
-
-def cost(search: Search) -> float:
-    """The seconds this check would take if the search stopped now with one knob more kept: per kept
-    knob a trial without it and one of the final configuration, then ``final_pairs`` pairs of the
-    start and the best and one more start trial. The search starts no trial past its budget less this."""
-    t_s, t_b = seconds_of(search, search.start), seconds_of(search, search.incumbent)
-    return (search.kept + 1) * (t_b + max(t_s, t_b)) + search.final_pairs * (t_s + t_b) + t_s
+    start: Result
+    best: Result
+    steps: list[Step]
+    trials: list[Result]
+    not_searched: list[str]
+    budget_spent: bool = False
+    gain: float | None = None  # the closing side-by-side's: the geometric mean of its pairs' ratios
+    gain_ci: tuple[float, float] | None = None
+    pairs: list[dict[str, Any]] = field(default_factory=list)  # the side-by-side: each best trial against the start
+    throughput_start: float = 0.0  # the mean of the start's trials in the side-by-side
+    throughput_best: float = 0.0
+    best_ci: tuple[float, float] | None = None  # over the best's trials in the side-by-side
 
 
 def without(settings: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -119,9 +122,11 @@ def geometric_gain(ratios: list[float]) -> tuple[float | None, tuple[float, floa
 
 
 def close(search: Search, start: Result, best: Result, steps: list[Step]) -> Outcome:
-    """The closing check after the search: re-tests, then the side-by-side that gives the gain."""
+    """The closing check after the search (``Search.select``): re-tests, then the side-by-side that gives
+    the gain. From here on the budget no longer stops a trial."""
     from dlscale.stats import mean_ci95
 
+    search.closing = True
     best = retest(search, steps, best)
     out = Outcome(start, best, steps, search.trials, [], search.budget_spent)
     if best.settings == start.settings:  # nothing kept: the best is the start, a gain of 1 by definition

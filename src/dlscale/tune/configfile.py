@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError
+from dlscale.yamlfile import load_yaml
 
 LAYOUT_KEYS = ("threads_per_rank",)
 NOT_IN_FILE = ("tag",)  # where a run is filed is the command line's business
@@ -33,14 +34,10 @@ def allowed_keys() -> tuple[str, ...]:
 def load(path: str | Path) -> dict[str, Any]:
     """The file's values, checked key by key; a problem is a UsageError naming ``file:line``."""
     from dlscale.sweep.fields import TRAIN, type_problem
-    from dlscale.sweep.spec import _Lines, compose_yaml
-
     p = Path(path)
-    root = compose_yaml(p, f"--config {p}: cannot read it")
-    if root is None:
+    doc, lines = load_yaml(p, f"--config {p}: cannot read it")
+    if doc is None:
         return {}
-    lines = _Lines(str(p))
-    doc = lines.build(root)
     if not isinstance(doc, dict):
         raise lines.fail((), "a config file must be a mapping of option: value (batch_size: 64, ...)")
     known = allowed_keys()

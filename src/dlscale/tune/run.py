@@ -23,7 +23,8 @@ from dlscale.errors import UsageError
 from dlscale.memsize import parse_memory, total_memory
 from dlscale.record import RunRecord
 from dlscale.system import usable_cpus
-from dlscale.tune.search import KNOBS, Outcome, Search, TrialRunner
+from dlscale.tune.check import Outcome, close
+from dlscale.tune.search import KNOBS, Search, TrialRunner
 
 SHAPE_KEYS = ("image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows", "data", "optimizer")
 TRIAL_ONLY = ("steps", "warmup_steps", "breakdown_steps", "monitor_interval", "tag", "device")
@@ -218,7 +219,7 @@ def search_body(search: Search, output: str | None, model: str, not_searched: li
     from dlscale.tune import configfile
 
     def body(_rec: Any) -> RunOutcome:
-        out: Outcome = search.run()
+        out: Outcome = close(search, *search.select())  # every knob in order, then the closing check
         out.not_searched = list(not_searched) + [f"{s.knob}: budget spent" for s in out.steps
                                                  if s.note == "budget spent"]
         best = best_config(out.best.settings)

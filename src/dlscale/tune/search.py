@@ -13,9 +13,9 @@ it no longer fits (out of memory, or a peak over ``max_memory``) or stops gettin
 bisects between the last batch that fitted and the first that did not; the incumbent is measured
 again after the growth. Every trial has a key (a hash of its options and repeat index); trials
 already in ``done`` (the store, with ``--resume``) are reused instead of run, in the same order, so
-a resumed search makes the same decisions. After the last knob comes the closing check
-(``tune.check``): each kept knob re-tested against the final configuration, then the start and the
-best side by side; the gain reported is that side-by-side's, not the product of the steps' gains
+a resumed search makes the same decisions. After the last knob (``Search.select``) comes the closing
+check (``tune.check.close``): each kept knob re-tested against the final configuration, then the start
+and the best side by side; the gain reported is that side-by-side's, not the product of the steps' gains
 (each the best of several noisy candidates, so biased upward). No trial of the search starts once
 the budget, less the time the closing check is expected to take, is spent; the closing check always
 runs. The clock and the runner are injected, so the search runs in tests on a fake device. No torch
@@ -94,24 +94,6 @@ class Step:
         d.pop("before")
         d["ci"] = [self.ci[0], None if math.isinf(self.ci[1]) else self.ci[1]]
         return d
-
-
-@dataclass
-class Outcome:
-    """The search's result: the start and the best (measured side by side at the end), the table, the trials."""
-
-    start: Result
-    best: Result
-    steps: list[Step]
-    trials: list[Result]
-    not_searched: list[str]
-    budget_spent: bool = False
-    gain: float | None = None  # the closing side-by-side's: the geometric mean of its pairs' ratios
-    gain_ci: tuple[float, float] | None = None
-    pairs: list[dict[str, Any]] = field(default_factory=list)  # the side-by-side: each best trial against the start
-    throughput_start: float = 0.0  # the mean of the start's trials in the side-by-side
-    throughput_best: float = 0.0
-    best_ci: tuple[float, float] | None = None  # over the best's trials in the side-by-side
 
 
 def trial_key(options: dict[str, Any], repeat: int = 0) -> str:
@@ -243,9 +225,7 @@ class Search:
         else:
             timeout = self.trial_timeout_s
             if not self.closing and self.deadline is not None:
-                from dlscale.tune.check import cost
-
-                left = self.deadline - self.clock() - cost(self)
+                left = self.deadline - self.clock() - self.closing_seconds()
                 if left <= 0:
                     self.budget_spent = True
                     return None
@@ -265,6 +245,20 @@ class Search:
         """The newest trial of ``settings`` that ran fine."""
         return next((t for t in reversed(self.trials) if t.settings == settings and t.fits), None)
 
+    def seconds_of(self, settings: dict[str, Any]) -> float:
+        """How long a trial of ``settings`` takes: the mean of its own trials, else of every trial (0: none known)."""
+        own = [t.seconds for t in self.trials if t.settings == settings and t.seconds is not None]
+        every = [t.seconds for t in self.trials if t.seconds is not None]
+        known = own or every
+        return sum(known) / len(known) if known else 0.0
+
+    def closing_seconds(self) -> float:
+        """The seconds the closing check would take if the search stopped now with one knob more kept: per
+        kept knob a trial without it and one of the final configuration, then ``final_pairs`` pairs of the
+        start and the best and one more start trial. No trial starts past the budget less this."""
+        t_s, t_b = self.seconds_of(self.start), self.seconds_of(self.incumbent)
+        return (self.kept + 1) * (t_b + max(t_s, t_b)) + self.final_pairs * (t_s + t_b) + t_s
+
     def pair(self, settings: dict[str, Any], inc: dict[str, Any]) -> tuple[Result | None, Result | None]:
         """Measure ``settings``, then the incumbent ``inc`` right after it: the candidate's trial and the
         incumbent's reference at its place (None when the candidate did not fit or the incumbent could not run)."""
@@ -277,8 +271,9 @@ class Search:
             return cand, None
         return cand, reference(before, after, cand.seq)
 
-    def run(self) -> Outcome:
-        """Every knob in order, then the closing check; the ablation table; what was left out."""
+    def select(self) -> tuple[Result, Result, list[Step]]:
+        """Every knob in order: the start's trial, the incumbent after the last knob, the table's steps.
+        The closing check (``tune.check.close``) comes next."""
         start = self.fresh(self.start)
         if start is None or not start.fits:
             from dlscale.errors import RunFailure
@@ -300,10 +295,7 @@ class Search:
             if step.kept:
                 self.kept += 1
                 self.incumbent = dict(inc.settings)
-        from dlscale.tune.check import close
-
-        self.closing = True
-        return close(self, start, inc, steps)
+        return start, inc, steps
 
     def knob(self, knob: str, inc: Result) -> tuple[Result, Step]:
         """Try one knob's candidates, each beside the incumbent; the new incumbent and the table row."""
