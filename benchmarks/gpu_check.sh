@@ -7,7 +7,7 @@
 #   micro gemm, best bf16                           vs  torch.matmul 8192^3
 #   micro memory, device copy                       vs  copy_ of 1 GiB
 #   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
-#   infer llama_small b1 decode, compiled           vs  eager, and transformers' generate (static cache)
+#   infer llama_small b1 decode, compiled / graph   vs  eager, and transformers' generate (static cache)
 #   accept --quick, twice                           (the second judged against the first)
 #   pytest -m gpu                                   (the GPU tests)
 #
@@ -83,7 +83,8 @@ step memory 60 $DL micro memory --device "$DEVICE" --tag gpu-check --format json
 step peer_copy 30 $PEER copy "${COPY[@]}"
 step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
 step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json
-step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --compile --device "$DEVICE" --tag gpu-check --format json
+step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode compiled --device "$DEVICE" --tag gpu-check --format json
+[ "$DEVICE" = cuda ] && step decode_graph 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph --device "$DEVICE" --tag gpu-check --format json
 step peer_generate 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --static-cache
 step accept_1 170 $DL accept --quick --out "$DEST/accept_1" --format json
 step accept_2 170 $DL accept --quick --out "$DEST/accept_2" --format json

@@ -72,6 +72,10 @@ def rows(folder: Path) -> list[tuple[str, str, str, str]]:
     compiled = load(folder, "decode_compiled")
     e_tps, c_tps = metric(eager, "decode_tokens_per_s"), metric(compiled, "decode_tokens_per_s")
     out.append(("LLM decode b1 compiled, tokens/s", fmt(c_tps), f"eager {fmt(e_tps)}", ratio(c_tps, e_tps)))
+    graph = load(folder, "decode_graph")
+    if graph is not None:
+        g_tps = metric(graph, "decode_tokens_per_s")
+        out.append(("LLM decode b1 CUDA graph, tokens/s", fmt(g_tps), f"eager {fmt(e_tps)}", ratio(g_tps, e_tps)))
     peer_gen = load(folder, "peer_generate") or {}
     c_req = metric(compiled, "request_latency_s")
     if c_req is None:
