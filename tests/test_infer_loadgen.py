@@ -178,7 +178,7 @@ def test_mlperf_durations_take_the_server_bound_from_mlperf_conf_and_say_so(tmp_
                                 "resnet50") == "--latency-bound"
 
 
-def test_find_peak_lands_nearprobe_capacity(tmp_path):
+def test_find_peak_lands_near_capacity(tmp_path):
     s = SleepSession(0.02)  # capacity 200 queries/s at batch 4
     r = run("server", s, tmp_path, max_batch=4, find_peak=True, latency_bound_s=0.1, duration_s=0.5, target_qps=50)
     assert r.metrics["find_peak_method"] == "loadgen-find-peak" and r.metrics["find_peak_start_qps"] == 50
@@ -517,3 +517,15 @@ def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
         r = run_scenario(s, ScenarioSettings("offline", max_batch=32, duration_s=1.0, log_dir=str(tmp_path / where)))
         assert r.metrics["samples_on"] == where and r.metrics["sut_mean_batch"] > 30
         assert r.metrics["scenario_metric"] > 0.5 * raw, (where, r.metrics["scenario_metric"], raw)
+
+
+def test_cpu_completes_single_and_multi_stream_inline_and_a_gpu_never():
+    import types
+
+    import torch
+
+    from dlscale.infer.loadgen_sut import completes_inline
+
+    cpu, gpu = SleepSession(0.0), types.SimpleNamespace(runtime="torch", device=torch.device("cuda", 0))
+    assert [completes_inline(cpu, s) for s in SCENARIOS] == [True, True, False, False]
+    assert not any(completes_inline(gpu, s) for s in SCENARIOS)

@@ -22,8 +22,8 @@ streams or events: the forward returns when it is done and ``finish`` only frees
 
 ``Completer`` reports finished batches to LoadGen (``QuerySamplesComplete``) from a thread of its
 own that waits on each batch's event in launch order, so the issuing thread goes on to the next
-batch; ``inline`` completes on the calling thread instead (the CPU's single-/multi-stream, where a
-hand-over would only add to each query's latency).
+batch; ``inline`` completes on the calling thread instead (a CPU's single- and multi-stream queries,
+where a hand-over would only add to each query's latency).
 """
 
 from __future__ import annotations
@@ -151,8 +151,19 @@ class Feed:
             if self.gpu:
                 slot.done.record(self.compute)
         except BaseException as e:  # noqa: BLE001 - the batch still needs finishing (its slot, LoadGen's samples)
-            return Ticket(k, None, n, error=e)
+            return Ticket(k, self._mark(slot), n, error=e)
         return Ticket(k, slot.done if self.gpu else None, n)
+
+    def _mark(self, slot: _Slot) -> Any:
+        """After a failed launch on a GPU: the slot's event after what was queued, so that ``finish``
+        frees the slot only when its copies are done (None when not even that can be recorded)."""
+        if not self.gpu:
+            return None
+        try:
+            slot.done.record(self.compute)
+            return slot.done
+        except BaseException:  # noqa: BLE001 - the launch's own error is the one to report
+            return None
 
     def batch(self, indices: Sequence[int]) -> Any:
         """The samples ``indices`` gathered once into the first slot's buffers, on the device, as the
@@ -195,8 +206,11 @@ class Feed:
         """Wait for this batch's forward (its event only) and free its slot; a launch or device error
         is raised after the slot is freed."""
         try:
-            if ticket.done is not None and ticket.error is None:
+            if ticket.done is not None:
                 ticket.done.synchronize()
+        except BaseException:
+            if ticket.error is None:
+                raise
         finally:
             self.free.put(ticket.slot)
         if ticket.error is not None:
