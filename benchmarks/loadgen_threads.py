@@ -3,7 +3,7 @@
 LoadGen issues single-stream, multi-stream and offline queries on the thread that called
 ``StartTest`` (the main one); dlscale's server SUT runs them on a worker thread. On a CPU shared
 with other busy processes the two can differ by far more than noise, so each probe that sizes a
-LoadGen run (``infer.loadgen._probe``) times ``session.run`` where the SUT will run it.
+LoadGen run (``infer.loadgen_settings.probe``) times a batch where the SUT will run it.
 
 A is one ``session.run`` of a stacked batch on the main thread, B the same call on a new
 ``threading.Thread``; each round times ``iters`` calls of each, alternating A/B and B/A so drift in

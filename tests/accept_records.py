@@ -167,3 +167,25 @@ def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):
                                  not_run=[("p2p", "needs at least 2 GPUs")])
     rec = run._record(acc_id, sp, plan, recs, verdicts, "gpu-node-07", "h1", None, None, str(db), missing)
     return run.Acceptance(acc_id, rec, recs, verdicts, plan.not_run, warn_fails)
+
+
+def inference(loadgen: float = 2000.0, raw: float = 11_000.0, runs: list[float] | None = None, batch: int = 64,
+              scenario: str = "offline", energy: bool = False, tag: str = "acc", iters: int = 20) -> RunRecord:
+    """``dlscale infer resnet50 --batch-sizes 64 --scenario offline --scenario-runs 3`` on one GPU: the
+    sweep's raw rate at the batch (its timed batches beside it) and LoadGen's figure of each run
+    (``runs``; the median is the record's). ``energy``: the raw phase at 0.027 J/image, LoadGen's own
+    test at 0.097 J/image (the issue's H100 figures), priced at $2/h."""
+    t = spread(batch / raw, iters)
+    runs = runs if runs is not None else spread(loadgen, 3)
+    metrics: dict[str, Any] = {"throughput": raw, "batch_sizes": [batch], "units_by_batch": [batch],
+                               "scenario": scenario, "scenario_metric": sorted(runs)[(len(runs) - 1) // 2],
+                               "scenario_metric_runs": runs, "scenario_runs": len(runs), "max_batch": batch}
+    units = {"throughput": "images/s", "scenario_metric": "images/s", "scenario_metric_runs": "images/s"}
+    if energy:
+        metrics.update(energy_per_unit_j=0.027, avg_power_w=300.0, scenario_energy_per_unit_j=0.097,
+                       scenario_avg_power_w=194.0, price_per_hour=2.0, cost_per_million_units=2.0 / 3600 * 1e6 / raw)
+        units.update(energy_per_unit_j="J/image", avg_power_w="W", scenario_energy_per_unit_j="J/image",
+                     scenario_avg_power_w="W", price_per_hour="$/h", cost_per_million_units="$/10^6 images")
+    return rec("inference", "resnet50", {"precision": "bf16", "batch_sizes": [batch], "scenario": scenario,
+                                         "samples_on": "device", "device_name": GPU},
+               metrics, {"batch_times": {str(batch): t}}, units, tag=tag)

@@ -16,25 +16,35 @@ from pathlib import Path
 import pytest
 
 from dlscale.errors import RunFailure, UsageError
-from dlscale.infer.loadgen import (SCENARIOS, ScenarioSettings, bisect_peak, parse_summary, run_scenario)
+from dlscale.infer.loadgen import bisect_peak, parse_summary, run_scenario
+from dlscale.infer.loadgen_settings import SCENARIOS, ScenarioSettings
 
 
 class SleepSession:
-    """The Session contract with a forward that sleeps ``per_batch_s`` whatever the batch size."""
+    """The Session contract with a forward that sleeps ``per_batch_s`` whatever the batch size; a
+    sample is one number (its index) held on the CPU."""
 
-    model, sample_unit, runtime, precision = "fake", "images", "torch", "fp32"
+    model, sample_unit, runtime, precision, samples_on, channels_last = "fake", "images", "torch", "fp32", "device", False
 
     def __init__(self, per_batch_s: float):
+        import torch
+
+        self.device = torch.device("cpu")
         self.per_batch_s, self.sizes, self.loaded = per_batch_s, [], set()
 
-    def sample(self, index: int) -> int:
-        self.loaded.add(index)
-        return index
+    def stored(self, index: int) -> tuple:
+        import torch
 
-    def run(self, samples: list) -> list:
+        self.loaded.add(index)
+        return (torch.tensor([float(index)]),)
+
+    def inputs(self, parts: tuple):
+        return parts[0]
+
+    def forward(self, batch):
         time.sleep(self.per_batch_s)
-        self.sizes.append(len(samples))
-        return samples
+        self.sizes.append(len(batch))
+        return batch
 
     def describe(self) -> dict:
         return {"runtime": "fake"}
@@ -155,7 +165,7 @@ def test_mlperf_durations_take_the_server_bound_from_mlperf_conf_and_say_so(tmp_
     100 ms LoadGen uses otherwise; --duration shortens the 600 s minimum so the run is quick."""
     import mlperf_loadgen as lg
 
-    from dlscale.infer.loadgen import latency_bound_source
+    from dlscale.infer.loadgen_settings import latency_bound_source
 
     r = run("server", SleepSession(0.001), tmp_path, target_qps=100, duration_s=0.3, mlperf_durations=True)
     assert r.metrics["latency_bound_s"] == 0.010
@@ -231,10 +241,10 @@ class _FailAfterProbe(SleepSession):
     def __init__(self):
         super().__init__(0.001)
 
-    def run(self, samples: list) -> list:
+    def forward(self, batch):
         if len(self.sizes) >= 4:
             raise ValueError("planted failure")
-        return super().run(samples)
+        return super().forward(batch)
 
 
 def test_temporary_log_dir_is_removed(tmp_path, monkeypatch):
@@ -279,27 +289,29 @@ def test_real_tinycnn_session_runs_offline(tmp_path):
     check_common(r, "samples_per_s", "images/s")
     assert r.metrics["scenario_metric"] > 0 and r.metrics["sut_mean_batch"] > 1
     assert r.metrics["samples_per_query"] == 110 and r.metrics["target_qps"] == 200  # 200 x 0.5 s x LoadGen's 1.1
+    # the QSL held LoadGen's 64 samples in one tensor on the device (the CPU): 64 x 3 x 32 x 32 fp32
+    assert r.metrics["samples_on"] == "device" and r.metrics["sample_store_bytes"] == 64 * 3 * 32 * 32 * 4
 
 
 def test_durations_short_by_default_official_when_asked():
     import mlperf_loadgen as lg
 
-    from dlscale.infer.loadgen import SHORT_DURATION_S, _test_settings
+    from dlscale.infer.loadgen_settings import SHORT_DURATION_S, settings_for
 
     s = SleepSession(0.001)
-    short = _test_settings(lg, s, ScenarioSettings("multi-stream"))
+    short = settings_for(lg, s, ScenarioSettings("multi-stream"))
     assert (short.min_duration_ms, short.min_query_count) == (int(SHORT_DURATION_S * 1000), 662)
-    official = _test_settings(lg, s, ScenarioSettings("multi-stream", mlperf_durations=True))
+    official = settings_for(lg, s, ScenarioSettings("multi-stream", mlperf_durations=True))
     assert (official.min_duration_ms, official.min_query_count) == (600_000, 662)  # LoadGen's mlperf.conf
-    server = _test_settings(lg, s, ScenarioSettings("server", latency_bound_s=0.025, target_qps=40.0, duration_s=3))
+    server = settings_for(lg, s, ScenarioSettings("server", latency_bound_s=0.025, target_qps=40.0, duration_s=3))
     assert (server.server_target_latency_ns, server.server_target_qps, server.min_duration_ms) == (25_000_000, 40.0,
                                                                                                      3000)
-    assert _test_settings(lg, s, ScenarioSettings("server")).server_target_latency_ns == 100_000_000
-    assert _test_settings(lg, s, ScenarioSettings("server", mlperf_durations=True)).server_target_latency_ns == 10_000_000
+    assert settings_for(lg, s, ScenarioSettings("server")).server_target_latency_ns == 100_000_000
+    assert settings_for(lg, s, ScenarioSettings("server", mlperf_durations=True)).server_target_latency_ns == 10_000_000
     # the query cap at a given rate: 4 x max(min queries, rate x min duration)
-    assert _test_settings(lg, s, ScenarioSettings("server", duration_s=3), capacity=500.0).max_query_count == 4 * 1500
-    assert _test_settings(lg, s, ScenarioSettings("server", query_count=5000), capacity=500.0).max_query_count == 20_000
-    assert _test_settings(lg, s, ScenarioSettings("offline")).max_query_count == 0  # LoadGen's 0: no cap
+    assert settings_for(lg, s, ScenarioSettings("server", duration_s=3), capacity=500.0).max_query_count == 4 * 1500
+    assert settings_for(lg, s, ScenarioSettings("server", query_count=5000), capacity=500.0).max_query_count == 20_000
+    assert settings_for(lg, s, ScenarioSettings("offline")).max_query_count == 0  # LoadGen's 0: no cap
 
 
 def test_no_early_stopping_estimate_means_no_headline():
@@ -342,7 +354,7 @@ def test_detail_keys_override_the_summary_as_mlperfs_checker_reads_them():
 class _OomAbove(SleepSession):
     """A session whose batches above ``limit`` run out of memory, in the batch sweep and in LoadGen alike."""
 
-    runtime, device = "onnxruntime", None  # the sweep times it on the host clock
+    runtime, samples_on = "onnxruntime", "host"  # the sweep times it on the host clock
 
     def __init__(self, limit: int):
         super().__init__(0.001)
@@ -351,16 +363,10 @@ class _OomAbove(SleepSession):
     def units(self, batch: int) -> int:
         return batch
 
-    def collate(self, samples: list) -> list:
-        return samples
-
-    def forward(self, batch: list) -> list:
-        return self.run(batch)
-
-    def run(self, samples: list) -> list:
-        if len(samples) > self.limit:
-            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {len(samples)}")
-        return super().run(samples)
+    def forward(self, batch):
+        if len(batch) > self.limit:
+            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {len(batch)}")
+        return super().forward(batch)
 
     def describe(self) -> dict:
         return {"family": "classification", "runtime_version": "fake", "device_name": "fake"}
@@ -386,25 +392,140 @@ def test_loadgen_after_an_out_of_memory_sweep_uses_the_largest_batch_that_ran(mo
 class _SlowOnMainThread(SleepSession):
     """Slow on the main thread only, as a CPU forward whose OpenMP team waits for descheduled workers."""
 
-    def run(self, samples: list) -> list:
+    def forward(self, batch):
         import threading
 
         self.per_batch_s = 0.05 if threading.current_thread() is threading.main_thread() else 0.001
-        return super().run(samples)
+        return super().forward(batch)
 
 
 def test_probes_time_the_session_on_the_thread_the_sut_runs_on():
     """LoadGen issues single-/multi-stream and offline queries on the thread that started the test;
     the server's queries run on dlscale's worker thread, so its probed rate is timed on one."""
-    from dlscale.infer.loadgen import _capacity, _probe
+    from dlscale.infer.loadgen_settings import probe, probe_capacity
 
     s = _SlowOnMainThread(0.0)
-    assert _probe(s, 1) >= 0.05
-    assert _capacity(s, ScenarioSettings("server", max_batch=4)) > 4 / 0.02
+    assert probe(s, 1) >= 0.05
+    assert probe_capacity(s, ScenarioSettings("server", max_batch=4)) > 4 / 0.02
     with pytest.raises(ValueError, match="planted failure"):  # a failing probe fails on the caller's thread
-        _probe(_Failing(0.0), 1, worker_thread=True)
+        probe(_Failing(0.0), 1, worker_thread=True)
 
 
 class _Failing(SleepSession):
-    def run(self, samples: list) -> list:
+    def forward(self, batch):
         raise ValueError("planted failure")
+
+
+class _Logged(SleepSession):
+    """A SleepSession that logs each sample it holds and each forward into ``log``."""
+
+    def __init__(self, per_batch_s: float, log: list):
+        super().__init__(per_batch_s)
+        self.log = log
+
+    def stored(self, index: int) -> tuple:
+        self.log.append("stored")
+        return super().stored(index)
+
+    def forward(self, batch):
+        self.log.append("forward")
+        return super().forward(batch)
+
+
+def test_energy_window_opens_after_the_samples_are_loaded_and_closes_after_the_test(tmp_path, monkeypatch):
+    from dlscale.harness import energy
+
+    log: list = []
+
+    class Meter:
+        def __init__(self, device=None):
+            pass
+
+        def begin(self):
+            log.append("begin")
+
+        def end(self):
+            log.append("end")
+
+        def close(self):
+            log.append("close")
+
+        def reading(self):
+            return energy.absent("a fake meter")
+
+    monkeypatch.setattr(energy, "EnergyMeter", Meter)
+    r = run("offline", _Logged(0.002, log), tmp_path, max_batch=4, target_qps=400, duration_s=0.2)
+    begin, end = log.index("begin"), log.index("end")
+    assert log.count("begin") == log.count("end") == 1 and "stored" not in log[begin:]  # loading is before the window
+    assert log[begin + 1:end].count("forward") == r.metrics["sut_batches"] > 0 and "forward" not in log[end:]
+    assert log[-1] == "close"
+
+
+def test_server_batches_fill_within_the_batch_timeout(tmp_path):
+    """At 200 queries/s a query arrives every 5 ms on average: with a 40 ms batch-fill timeout a
+    batch holds several; with none, nearly every query is a batch of its own (a 1 ms forward)."""
+    kw = dict(max_batch=8, target_qps=200, latency_bound_s=0.5, duration_s=0.5)
+    waited = run("server", SleepSession(0.001), tmp_path / "wait", batch_timeout_s=0.04, **kw)
+    assert waited.metrics["batch_timeout_s"] == 0.04 and waited.metrics["batch_timeout_source"] == "--batch-timeout"
+    assert waited.metrics["sut_mean_batch"] > 3
+    eager = run("server", SleepSession(0.001), tmp_path / "eager", batch_timeout_s=0.0, **kw)
+    assert eager.metrics["sut_mean_batch"] < waited.metrics["sut_mean_batch"] / 2
+    default = run("server", SleepSession(0.001), tmp_path / "default", query_count=64, duration_s=0.1, target_qps=200)
+    assert default.metrics["batch_timeout_s"] == pytest.approx(0.01)  # 1/10 of LoadGen's default 100 ms bound
+    assert default.metrics["batch_timeout_source"] == "0.1 x the latency bound"
+
+
+def test_scenario_runs_keep_the_median_run_and_every_runs_headline(tmp_path):
+    r = run("offline", SleepSession(0.005), tmp_path, max_batch=4, target_qps=400, duration_s=0.2, runs=3)
+    m = r.metrics
+    assert m["scenario_runs"] == 3 and len(m["scenario_metric_runs"]) == 3
+    assert m["scenario_metric"] == sorted(m["scenario_metric_runs"])[1]
+    assert r.units["scenario_metric_runs"] == r.units["scenario_metric"] == "images/s"
+
+
+def test_median_run_takes_the_worse_middle_and_headlines_missing_as_worst():
+    from dlscale.infer.loadgen import ScenarioResult, median_run
+
+    def res(v, name="samples_per_s"):
+        return ScenarioResult({"scenario_metric": v, "scenario_metric_name": name}, {"scenario_metric": "x"}, True, "",
+                              "")
+
+    assert median_run([res(5.0), res(1.0), res(3.0), res(4.0)]).metrics["scenario_metric"] == 3.0  # rates: lower middle
+    assert median_run([res(None), res(2.0), res(9.0)]).metrics["scenario_metric"] == 2.0
+    lat = median_run([res(0.5, "early_stopping_latency_p90"), res(0.1, "early_stopping_latency_p90"),
+                      res(0.2, "early_stopping_latency_p90"), res(0.3, "early_stopping_latency_p90")])
+    assert lat.metrics["scenario_metric"] == 0.3  # latencies: the higher middle
+
+
+@pytest.mark.gpu
+def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
+    from conftest import has_cuda
+
+    if not has_cuda():
+        pytest.skip("needs a CUDA GPU; this machine has none")
+    import torch
+
+    from dlscale.infer.config import InferConfig
+    from dlscale.infer.run import time_batch
+    from dlscale.infer.session import open_session
+
+    for where in ("device", "host"):
+        cfg = InferConfig("resnet18", batch_sizes="32", image_size=64, precision="bf16", device="cuda",
+                          samples_on=where).resolve("cuda")
+        s = open_session(cfg, torch.device("cuda", 0))
+        raw = 32 * 20 / sum(time_batch(s, 32, 3, 20))
+        r = run_scenario(s, ScenarioSettings("offline", max_batch=32, duration_s=1.0, log_dir=str(tmp_path / where)))
+        assert r.metrics["samples_on"] == where and r.metrics["sut_mean_batch"] > 30
+        assert r.metrics["scenario_metric"] > 0.5 * raw, (where, r.metrics["scenario_metric"], raw)
+
+
+def test_cpu_completes_single_and_multi_stream_inline_and_a_gpu_never():
+    import types
+
+    import torch
+
+    from dlscale.infer.loadgen_sut import completes_inline
+
+    cpu, gpu = SleepSession(0.0), types.SimpleNamespace(runtime="torch", device=torch.device("cuda", 0))
+    assert [completes_inline(cpu, s) for s in SCENARIOS] == [True, True, False, False]
+    assert not any(completes_inline(gpu, s) for s in SCENARIOS)

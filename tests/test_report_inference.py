@@ -38,7 +38,10 @@ def test_one_section_per_unit_and_a_scenario_table():
     assert all(r[0] == "tinycnn" for r in secs[0].tables[0].rows)  # tokens never in the images table
     assert secs[0].figure is not None and secs[0].tables[0].columns[5] == "throughput (images/s)"
     (row,) = scenario_rows(recs)
-    assert row[2:6] == ["single-stream", "90th percentile latency", "12.30 ms", "INVALID"]
+    assert row[2:7] == ["single-stream", "90th percentile latency", "12.30 ms", "INVALID", "-"]  # a record from before samples_on
+    pinned = _inf("tinycnn", "images", scenario="offline", scenario_metric=900.0, samples_on="host")
+    (host,) = scenario_rows([pinned])
+    assert host[6:] == ["host", pinned.run_id]
 
 
 def test_report_command_includes_inference(cli, db_path, tmp_path):

@@ -186,23 +186,43 @@ def reference_expectations(figs: Sequence[Figure], refs: Sequence[RunRecord]) ->
 
 
 def _throughput_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
+    """A throughput against the mean of the reference runs of the same model, devices, per-device batch
+    and precision; a LoadGen figure against the references' figure of the same LoadGen scenario (never
+    their raw throughput, which LoadGen's harness does not reach)."""
     from dlscale.analysis.compare import key_value, system_label
 
     want = f.context
     if not want.get("model") or f.check not in ("train", "train_alone", "scale", "inference"):
         return None
     kind = "inference" if f.check == "inference" else "train"
-    hits = [r for r in refs if r.kind == kind and r.workload == want["model"]
+    hits = [(r, v) for r in refs if r.kind == kind and r.workload == want["model"]
             and key_value(r, "world_size") == want["world_size"]
-            and all(r.config.get(k) in (None, want.get(k)) or want.get(k) is None for k in ("batch_size", "precision"))
-            and isinstance(r.metrics.get("throughput"), (int, float))]
+            and all(_given(r, k) in (None, want.get(k)) or want.get(k) is None for k in ("batch_size", "precision"))
+            for v in [_ref_value(r, want.get("scenario"))] if v is not None]
     if not hits:
         return None
-    value = sum(r.metrics["throughput"] for r in hits) / len(hits)
-    src = hits[0].config.get("source") or "imported"
-    return Expectation("reference", value, f"{system_label(hits[0])}: {want['model']} on {want['world_size']} device(s)"
-                                          f"{f' (mean of {len(hits)})' if len(hits) > 1 else ''}; {src}",
-                       run_id=None)
+    value = sum(v for _, v in hits) / len(hits)
+    first = hits[0][0]
+    what = f"LoadGen {want['scenario']} " if want.get("scenario") else ""
+    return Expectation("reference", value, f"{system_label(first)}: {what}{want['model']} on {want['world_size']} "
+                                           f"device(s){f' (mean of {len(hits)})' if len(hits) > 1 else ''}; "
+                                           f"{first.config.get('source') or 'imported'}", run_id=None)
+
+
+def _ref_value(r: RunRecord, scenario: str | None) -> float | None:
+    """A reference run's counterpart of a figure: its LoadGen ``scenario`` figure (that scenario only),
+    else its throughput."""
+    v = r.metrics.get("scenario_metric") if scenario else r.metrics.get("throughput")
+    if scenario and r.metrics.get("scenario") != scenario:
+        return None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _given(r: RunRecord, key: str) -> Any:
+    """A reference run's batch size or precision: an inference run's batch is its LoadGen batch."""
+    if key == "batch_size" and r.kind == "inference":
+        return r.metrics.get("max_batch")
+    return r.config.get(key)
 
 
 def _efficiency_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:

@@ -418,21 +418,30 @@ def rung_or_summary(rec: RunRecord, check: str) -> list[Figure]:
 
 
 def inference_figures(rec: RunRecord, check: str) -> list[Figure]:
-    """LoadGen offline's samples/s. LoadGen gives one figure and no interval; the noise is judged from
-    the per-batch rates the batch sweep timed at the same batch size before LoadGen ran (the same
-    session and forward): those are the samples."""
+    """LoadGen offline's samples/s (MLPerf's offline figure) with what is its own: its samples are the
+    scenario's repeated LoadGen runs (``scenario_metric_runs``), its energy the scenario's (over
+    LoadGen's test, samples loaded) and its cost per 10^6 units at its own rate. A record without a
+    LoadGen offline figure gives the batch sweep's throughput, its timed batches and its energy."""
     m, raw = rec.metrics, rec.raw or {}
-    value = m.get("scenario_metric") if m.get("scenario") == "offline" else m.get("throughput")
+    if m.get("scenario") == "offline":
+        value = m.get("scenario_metric")
+        if not isinstance(value, (int, float)):
+            return []
+        runs = [float(v) for v in m.get("scenario_metric_runs") or [] if isinstance(v, (int, float)) and v > 0]
+        ci = stats.mean_ci95(runs) if len(runs) >= 2 else None
+        return [Figure(check, "LoadGen offline", float(value), (rec.units or {}).get("scenario_metric", "samples/s"),
+                       rec.run_id, None, runs, ci95=tuple(ci) if ci else None,
+                       context={**_match(rec, world_size=1), "batch_size": m.get("max_batch"), "scenario": "offline",
+                                **scenario_energy_context(rec, float(value))})]
+    value = m.get("throughput")
     if not isinstance(value, (int, float)):
         return []
     sizes, units = m.get("batch_sizes") or [], m.get("units_by_batch") or []
     b = max(sizes) if sizes else None
     times = (raw.get("batch_times") or {}).get(str(b)) or []
     work = units[sizes.index(b)] if b in sizes and len(units) == len(sizes) else (b or 0)
-    name = "LoadGen offline" if m.get("scenario") == "offline" else "inference throughput"
-    unit = (rec.units or {}).get("scenario_metric") or (rec.units or {}).get("throughput", "samples/s")
-    return [Figure(check, name, float(value), unit, rec.run_id, None, rates(work, times),
-                   context={**_match(rec, world_size=1), **energy_context(rec)})]
+    return [Figure(check, "inference throughput", float(value), (rec.units or {}).get("throughput", "samples/s"),
+                   rec.run_id, None, rates(work, times), context={**_match(rec, world_size=1), **energy_context(rec)})]
 
 
 def serving_figures(rec: RunRecord, check: str) -> list[Figure]:
@@ -456,6 +465,21 @@ def energy_context(rec: RunRecord) -> dict[str, Any]:
     """Energy and cost of a result where the record carries them (docs/METRICS.md's names and units)."""
     m, u = rec.metrics or {}, rec.units or {}
     got = {k: {"value": m[k], "unit": u.get(k, "")} for k in ENERGY_KEYS if isinstance(m.get(k), (int, float))}
+    return {"energy": got} if got else {}
+
+
+def scenario_energy_context(rec: RunRecord, rate: float) -> dict[str, Any]:
+    """A LoadGen scenario's own energy (its ``scenario_*`` figures, under the plain names) and its cost
+    per 10^6 units at the scenario's ``rate``: the record's cost at the sweep's throughput x
+    throughput / rate (the same price and devices, cost per unit inversely as the rate)."""
+    m, u = rec.metrics or {}, rec.units or {}
+    got = {k: {"value": m[f"scenario_{k}"], "unit": u.get(f"scenario_{k}", "")} for k in ENERGY_KEYS
+           if isinstance(m.get(f"scenario_{k}"), (int, float))}
+    if isinstance(m.get("price_per_hour"), (int, float)):
+        got["price_per_hour"] = {"value": m["price_per_hour"], "unit": u.get("price_per_hour", "")}
+    cost, thr = m.get("cost_per_million_units"), m.get("throughput")
+    if isinstance(cost, (int, float)) and isinstance(thr, (int, float)) and rate > 0:
+        got["cost_per_million_units"] = {"value": cost * thr / rate, "unit": u.get("cost_per_million_units", "")}
     return {"energy": got} if got else {}
 
 

@@ -33,6 +33,7 @@ from dlscale.log import info
 LINK = "1gbit"  # the emulated link rate where none is given
 ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # under a launcher: the checks its ranks run in place
 FAULTS = ("node_link_bandwidth", "node_cpu_quota")  # a node set apart: the emulated machine's state, not the suite
+SCENARIO_RUNS = 3  # inference: LoadGen offline runs, whose spread is the figure's noise
 
 
 @dataclass
@@ -139,7 +140,7 @@ def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
         "scale": {**short, "steps": 30, "devices": [d for d in (1, 2, 4, 8, 16) if d < per] + [per],
                   **({"layouts": [f"{n}x{per}" for n in range(2, k + 1)]} if k else {})},
         "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": 2 if quick else 5,
-                      "iters": 20},
+                      "iters": 20, "scenario_runs": SCENARIO_RUNS},
         "burnin": {"duration": 60 if quick else 300, **ranks},
     }.get(check, {})
 
@@ -165,7 +166,7 @@ def _cpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
                                                       "layouts": [f"{n}x1" for n in range(2, k + 1)]}
                                                      if k else {"devices": [1, 2]})},
         "inference": {"model": "resnet18", "image_size": 32, "batch_sizes": [32], "duration": 2 if quick else 5,
-                      "iters": 10, "warmup": 2},
+                      "iters": 10, "warmup": 2, "scenario_runs": SCENARIO_RUNS},
         "burnin": {"duration": 10 if quick else 30, "nproc_per_node": 2, "threads_per_rank": 1},
     }.get(check, {})
 

@@ -12,7 +12,8 @@ from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, emit
 
 HELP = """Measure MODEL's inference throughput and latency at each batch size and record it.
 
-At each batch size one synthetic batch stays on the device; warm-up forwards are not counted,
+At each batch size one synthetic batch stays on the device (--samples-on host: copied in from pinned
+host memory for every forward, as LoadGen's samples then are); warm-up forwards are not counted,
 then each timed forward (under torch.inference_mode, or onnxruntime) is timed on its own.
 Prints samples/s in the family's unit with its 95% CI and CV, and latency per batch p50/p90/p99/max.
 --precision int8 quantises with PyTorch's PT2E flow (x86 inductor quantizer, CPU).
@@ -59,6 +60,9 @@ def infer(
     target_qps: Annotated[Optional[float], typer.Option("--target-qps", help="Server/offline: target queries per second.", show_default=False)] = None,
     mlperf_durations: Annotated[bool, typer.Option("--mlperf-durations", help="LoadGen's mlperf.conf settings for the model: official minimum durations and query counts (default: short runs), and for server its latency bound (e.g. 15 ms for resnet50, 10 ms for models mlperf.conf does not name) unless --latency-bound is given.")] = False,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of each LoadGen run (default: short).", show_default=False)] = None,
+    batch_timeout: Annotated[Optional[float], typer.Option("--batch-timeout", help="Server: seconds the oldest waiting query waits for its batch to fill (default: 1/10 of the latency bound).", show_default=False)] = None,
+    scenario_runs: Annotated[int, typer.Option("--scenario-runs", help="LoadGen runs of the scenario; the record keeps the median one and every run's figure.")] = 1,
+    samples_on: Annotated[Optional[str], typer.Option("--samples-on", help="Where the samples of the sweep and of LoadGen are held: device (default) | host (pinned memory, copied in per batch).", show_default=False)] = None,
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="llm: prompt tokens (prefill) per sequence.", show_default=False)] = None,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="llm: eager | compiled (static KV cache + torch.compile; CUDA graphs on a GPU) | graph (static KV cache + one CUDA graph; CUDA only). Default eager, compiled with --compile.", show_default=False)] = None,
@@ -79,6 +83,7 @@ def infer(
         channels_last=channels_last, warmup=warmup, iters=iters, device=device, seed=seed, tag=tag,
         find_max_batch=find_max_batch, max_memory=max_memory, scenario=scenario, find_peak=find_peak,
         latency_bound=latency_bound, target_qps=target_qps, mlperf_durations=mlperf_durations, duration=duration,
+        batch_timeout=batch_timeout, scenario_runs=scenario_runs, samples_on=samples_on,
         prompt_len=prompt_len, output_len=output_len, decode=decode,
     )
     price = copt.price(price_per_hour, systems_file, system)
@@ -123,9 +128,9 @@ def batch_table(rec):
 
 
 _EXTRA = ("max_batch_size", "max_batch_peak_memory", "max_memory_cap", "scenario", "scenario_metric_name",
-          "scenario_metric", "mlperf_result_key", "latency_bound_s", "latency_bound_source", "probed_samples_per_s",
-          "max_query_count", "valid", "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s",
-          "time_per_output_token_s")
+          "scenario_metric", "scenario_metric_runs", "mlperf_result_key", "latency_bound_s", "latency_bound_source",
+          "batch_timeout_s", "probed_samples_per_s", "max_query_count", "samples_on", "valid", "prefill_tokens_per_s",
+          "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
 _LLM = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
 
 

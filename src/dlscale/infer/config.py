@@ -21,7 +21,8 @@ from dlscale.memsize import memory_spec
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 RUNTIMES = ("torch", "onnxruntime")
 DEVICES = ("auto", "cpu", "cuda")
-SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # as dlscale.infer.loadgen.SCENARIOS
+SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # as dlscale.infer.loadgen_settings.SCENARIOS
+SAMPLES_ON = ("device", "host")  # as dlscale.infer.feed.SAMPLES_ON
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
 
@@ -73,6 +74,11 @@ class InferConfig:
     target_qps: float | None = None
     mlperf_durations: bool = False
     duration: float | None = None  # seconds of each LoadGen run (default: loadgen's short one)
+    batch_timeout: float | None = None  # server: seconds the oldest query waits for its batch to fill
+    scenario_runs: int = 1  # LoadGen tests of the scenario; the median one is the record's, every one's headline kept
+    # where the samples of the sweep and of LoadGen live: the device, or pinned host memory (None: device;
+    # onnxruntime, which reads host arrays: host)
+    samples_on: str | None = None
     # LLM prefill/decode (dlscale.infer.llm)
     prompt_len: int | None = None
     output_len: int | None = None
@@ -147,10 +153,27 @@ class InferConfig:
                              "server or offline)")
         if self.find_peak and self.scenario != "server":
             raise UsageError("--find-peak searches the server scenario's peak QPS; use it with --scenario server")
+        if self.batch_timeout is not None:
+            if isinstance(self.batch_timeout, bool) or not isinstance(self.batch_timeout, (int, float)) \
+                    or not self.batch_timeout >= 0:
+                raise UsageError(f"--batch-timeout must be >= 0 seconds, got {self.batch_timeout!r}")
+            if self.scenario != "server":
+                raise UsageError("--batch-timeout is how long the server scenario's batches wait to fill; use it with "
+                                 "--scenario server")
+        _positive("--scenario-runs", self.scenario_runs)
+        if self.scenario_runs > 1 and self.scenario is None:
+            raise UsageError("--scenario-runs repeats a LoadGen scenario; add --scenario")
+        if self.scenario_runs > 1 and self.find_peak:
+            raise UsageError("--scenario-runs repeats one LoadGen test; --find-peak is a search of many: drop one of them")
+        if self.samples_on is not None:
+            check_choice("--samples-on", self.samples_on, SAMPLES_ON)
 
     def _check_runtime(self, w: Any) -> None:
         """Combinations no device can run: said before anything is built."""
         if self.runtime == "onnxruntime":
+            if self.samples_on == "device":
+                raise UsageError("--samples-on device: onnxruntime reads its inputs from host arrays; drop "
+                                 "--samples-on or use --samples-on host")
             if self.precision != "fp32":
                 raise UsageError(f"--runtime onnxruntime runs the fp32 export here; use --runtime torch for "
                                  f"--precision {self.precision}")
@@ -215,7 +238,8 @@ class InferConfig:
             from dlscale.infer.decode import resolve_mode
 
             fields["decode"] = resolve_mode(self.decode, self.compile, device_type)
-        return replace(self, device=device_type, channels_last=bool(channels_last), **fields)
+        samples_on = self.samples_on or ("device" if self.runtime == "torch" else "host")
+        return replace(self, device=device_type, channels_last=bool(channels_last), samples_on=samples_on, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

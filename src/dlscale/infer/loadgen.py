@@ -2,75 +2,47 @@
 
 LoadGen (``mlperf_loadgen``, the MLCommons library) owns the traffic: it decides when queries
 are issued and measures each one from issue to completion; dlscale supplies the system under
-test (SUT: runs ``session.run`` on a query's samples and reports completion) and the query
-sample library (QSL: ``session.sample(i)`` preloaded into host memory). The figures come from
-LoadGen's own logs (``loadgen_log``), and each scenario's headline is the one MLPerf reports.
+test and the query sample library (``loadgen_sut``: the samples held once in one preallocated
+tensor per input, on the device or in pinned host memory, batches gathered there by index, copied
+on a side stream, completed from a thread that waits on each batch's event). The figures come
+from LoadGen's own logs (``loadgen_log``), and each scenario's headline is the one MLPerf reports.
 
 Batching in the SUT: single-stream runs its one sample; multi-stream runs the query's samples
 (LoadGen's 8) in batches of up to ``max_batch``; offline runs the one big query in batches of
-``max_batch``; server enqueues each query and one worker thread drains the queue, each batch
-being the oldest query plus whatever else is already waiting, up to ``max_batch`` (no timeout:
-it never waits for a batch to fill). Responses carry no data (pointer 0, size 0): these are
-performance runs, LoadGen's accuracy mode is not used.
+``max_batch``; server queues each query and a batcher thread launches the oldest waiting query
+plus whatever arrives within the batch-fill timeout of it (``batch_timeout_s``; default 1/10 of
+the latency bound), up to ``max_batch``, with two batches in flight on a GPU.
 
 Short runs (the default: 2 s, and the 64 or 662 queries LoadGen's early-stopping estimate needs)
 cannot always satisfy LoadGen's early-stopping rule, so their ``valid`` is often False for that
 reason alone; every reason LoadGen gives goes into ``warnings`` and the constraint flags
 (``latency_bound_met`` ...) are reported on their own. A server run is bounded: LoadGen's max
 query count (``server_query_cap``) stops one far above the SUT's probed throughput, which LoadGen
-would otherwise wait on until every scheduled query completed.
+would otherwise wait on until every scheduled query completed. ``runs`` > 1 repeats the test and
+keeps the median run, with every run's headline beside it (the scenario's own noise).
 """
 
 from __future__ import annotations
 
 import math
-import queue
 import re
 import tempfile
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dlscale.errors import RunFailure, UsageError
+from dlscale.errors import RunFailure
 from dlscale.format import fmt_num, fmt_seconds
 from dlscale.infer.loadgen_log import parse_summary, read_logs
+from dlscale.infer.loadgen_settings import (DEFAULT_LATENCY_BOUND_S, FIND_PEAK_START, MULTI_STREAM_SAMPLES,
+                                            SERVER_QUERY_CAP, ScenarioSettings, batch_timeout, check_settings,
+                                            latency_bound_source, probe_capacity, settings_for)
 
-SCENARIOS = ("single-stream", "multi-stream", "server", "offline")
-LG_SCENARIO = {"single-stream": "SingleStream", "multi-stream": "MultiStream", "server": "Server",
-               "offline": "Offline"}
-DEFAULT_LATENCY_BOUND_S = 0.1  # LoadGen's TestSettings default server bound (100 ms at the 99th percentile)
-SHORT_DURATION_S = 2.0  # min duration of a short run; LoadGen's official minimum is 600 s
-# min query count of a short run: LoadGen's early-stopping minimum (64 queries for a 90th-percentile
-# estimate, 662 for a 99th, as mlperf.conf's *.MultiStream.min_query_count), so the headline exists
-SHORT_QUERY_COUNT = {"single-stream": 64, "multi-stream": 662, "server": 64, "offline": 1}
-MULTI_STREAM_SAMPLES = 8  # LoadGen's samples per multi-stream query (MLPerf's fixed value)
-SERVER_LOAD = 0.5  # server target when none is given: this fraction of the probed full-batch throughput
-SERVER_QUERY_CAP = 4.0  # server: LoadGen's max query count = this x the queries of a run at the probed throughput
-UNNAMED_MODEL = "dlscale-unnamed-model"  # a name mlperf.conf does not have: its '*' values
-FIND_PEAK_START = 0.1  # find-peak's first QPS when none is given: LoadGen doubles from there, so start low
-OFFLINE_MARGIN = 1.2  # offline expected QPS = probe x this, so the one query lasts past min duration
 DETAIL_HEAD, DETAIL_TAIL = 20_000, 80_000  # characters of mlperf_log_detail.txt kept (start and end)
 BISECT_REL_TOL, BISECT_MAX_RUNS = 0.05, 10
 _LOCK = threading.Lock()  # LoadGen is one process-wide test at a time
-
-
-@dataclass
-class ScenarioSettings:
-    """One LoadGen scenario run: what traffic, how the SUT batches, how long."""
-
-    scenario: str
-    max_batch: int = 1
-    latency_bound_s: float | None = None
-    target_qps: float | None = None
-    find_peak: bool = False
-    mlperf_durations: bool = False
-    duration_s: float | None = None
-    query_count: int | None = None
-    samples: int = 64
-    log_dir: str | None = None
 
 
 @dataclass
@@ -83,227 +55,6 @@ class ScenarioResult:
     summary: str
     detail: str
     warnings: list[str] = field(default_factory=list)
-
-
-def check_settings(settings: ScenarioSettings) -> None:
-    """Reject settings LoadGen cannot run, before any work starts (one-line UsageError)."""
-    if settings.scenario not in SCENARIOS:
-        raise UsageError(f"--scenario {settings.scenario!r} is unknown: use one of {', '.join(SCENARIOS)}")
-    if settings.latency_bound_s is not None and not settings.latency_bound_s > 0:
-        raise UsageError(f"--latency-bound {settings.latency_bound_s} must be > 0 seconds")
-    if settings.max_batch < 1:
-        raise UsageError(f"--batch-sizes {settings.max_batch} must be >= 1 for a LoadGen scenario")
-    if settings.target_qps is not None and not settings.target_qps > 0:
-        raise UsageError(f"--target-qps {settings.target_qps} must be > 0")
-    if settings.duration_s is not None and not settings.duration_s > 0:
-        raise UsageError(f"--duration {settings.duration_s} must be > 0 seconds")
-    if settings.query_count is not None and settings.query_count < 1:
-        raise UsageError(f"--query-count {settings.query_count} must be >= 1")
-    if settings.samples < 1:
-        raise UsageError(f"--samples {settings.samples} must be >= 1 (samples in LoadGen's sample library)")
-    if settings.find_peak and settings.scenario != "server":
-        raise UsageError(f"--find-peak needs --scenario server, not {settings.scenario}")
-
-
-# --- the query sample library and the system under test -------------------------------------
-
-class _Samples:
-    """The QSL's host-memory cache: LoadGen asks to load/unload sample indices around a test."""
-
-    def __init__(self, session: Any):
-        self.session, self.loaded = session, {}
-
-    def load(self, indices: list[int]) -> None:
-        """LoadGen's LoadSamplesToRam: make these samples now, so no query pays for making one."""
-        for i in indices:
-            self.loaded[i] = self.session.sample(i)
-
-    def unload(self, indices: list[int]) -> None:
-        """LoadGen's UnloadSamplesFromRam."""
-        for i in indices:
-            self.loaded.pop(i, None)
-
-    def get(self, index: int) -> Any:
-        """A loaded sample (LoadGen only asks for loaded ones; made on demand otherwise)."""
-        hit = self.loaded.get(index)
-        return hit if hit is not None else self.session.sample(index)
-
-
-class _Sut:
-    """Runs the session on LoadGen's queries and reports each sample complete."""
-
-    def __init__(self, lg: Any, session: Any, samples: _Samples, scenario: str, max_batch: int):
-        self.lg, self.session, self.samples = lg, session, samples
-        self.scenario, self.max_batch = scenario, max_batch
-        self.error: BaseException | None = None
-        self.batches = self.ran = 0
-        self.pending: queue.Queue = queue.Queue()
-        self.worker: threading.Thread | None = None
-
-    def issue(self, queries: list[Any]) -> None:
-        """LoadGen's IssueQuery: server queues (returns at once), the others run in place."""
-        if self.scenario == "server":
-            for q in queries:
-                self.pending.put(q)
-            return
-        for start in range(0, len(queries), self.max_batch):
-            self._run(queries[start:start + self.max_batch])
-
-    def flush(self) -> None:
-        """LoadGen's FlushQueries: nothing is held back, the server worker never waits."""
-
-    def _run(self, batch: list[Any]) -> None:
-        """One session batch, then completion; after a failure only completion (the error is re-raised later)."""
-        try:
-            if self.error is None:
-                self.session.run([self.samples.get(q.index) for q in batch])
-                self.batches, self.ran = self.batches + 1, self.ran + len(batch)
-        except BaseException as e:  # noqa: BLE001 - LoadGen would wait forever for these samples
-            self.error = e
-        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, 0, 0) for q in batch])
-
-    def _drain(self) -> None:
-        """Server worker: the oldest waiting query plus whatever else waits, up to max_batch, until stopped."""
-        stop = False
-        while not stop:
-            first = self.pending.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self.pending.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._run(batch)
-
-    def start(self) -> None:
-        """Start the server worker (the other scenarios run on LoadGen's issue thread)."""
-        if self.scenario == "server":
-            self.worker = threading.Thread(target=self._drain, name="dlscale-loadgen-sut", daemon=True)
-            self.worker.start()
-
-    def stop(self) -> None:
-        """Stop the server worker once LoadGen's test has returned (every query is complete by then)."""
-        if self.worker is not None:
-            self.pending.put(None)
-            self.worker.join()
-            self.worker = None
-
-
-# --- settings -------------------------------------------------------------------------------
-
-def _probe(session: Any, batch: int, worker_thread: bool = False) -> float:
-    """Seconds per ``session.run`` of ``batch`` samples: the fastest of 3 after one warm-up run, timed
-    on the thread the SUT runs on: the calling one, as LoadGen's single-stream, multi-stream and
-    offline issue, or (``worker_thread``) a thread of its own, as the server worker.
-
-    The fastest, not the median: every use of it errs safe when it is low (offline issues more
-    samples than min duration needs, single/multi-stream generate more queries than they use, the
-    server's query cap is larger). The thread matters: on a CPU shared with other busy processes a
-    forward on the main thread, whose 2-thread OpenMP team waits at barriers for descheduled workers,
-    ran a median 52x slower than on a fresh thread (benchmarks/loadgen_threads.py; 1x with one thread).
-    """
-    samples = [session.sample(i) for i in range(batch)]
-    times: list[float] = []
-    failed: list[BaseException] = []
-
-    def timed() -> None:
-        try:
-            session.run(samples)
-            for _ in range(3):
-                t0 = time.perf_counter()
-                session.run(samples)
-                times.append(time.perf_counter() - t0)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            failed.append(e)
-
-    if worker_thread:
-        worker = threading.Thread(target=timed, name="dlscale-loadgen-probe")
-        worker.start()
-        worker.join()
-    else:
-        timed()
-    if failed:
-        raise failed[0]
-    return max(min(times), 1e-6)
-
-
-def _capacity(session: Any, s: ScenarioSettings) -> float:
-    """Samples per second of full batches (the fastest of 3 probes) on a worker thread, as the server
-    SUT runs them: its best sustained rate."""
-    full = min(s.max_batch, s.samples)
-    return full / _probe(session, full, worker_thread=True)
-
-
-def server_query_cap(min_queries: int, min_duration_s: float, capacity: float) -> int:
-    """LoadGen's max query count for a server run: SERVER_QUERY_CAP x the queries a run needs at ``capacity``.
-
-    LoadGen issues every query on its schedule whether or not the SUT keeps up, then waits for all of
-    them, so an unbounded run far above capacity lasts (target QPS x min duration) / capacity. A run
-    at or below capacity issues at most max(min_queries, capacity x min_duration) + 1 and is never
-    cut, nor is one up to SERVER_QUERY_CAP x capacity (room for a probe that ran slow); one above
-    stops issuing at the cap and is drained in about SERVER_QUERY_CAP x min duration (LoadGen then
-    finds min duration unmet: INVALID).
-    """
-    return math.ceil(SERVER_QUERY_CAP * max(min_queries, capacity * min_duration_s))
-
-
-def _test_settings(lg: Any, session: Any, s: ScenarioSettings, qps: float | None = None,
-                   mode: str = "PerformanceOnly", load: float = SERVER_LOAD, capacity: float | None = None) -> Any:
-    """LoadGen TestSettings for ``s``: short durations unless ``mlperf_durations``; probed expectations;
-    a server run's query count capped by ``server_query_cap`` at ``capacity`` (probed if not given)."""
-    ts = lg.TestSettings()
-    if s.mlperf_durations:  # LoadGen's built-in mlperf.conf for this model and scenario (600 s, server bound ...)
-        ts.FromConfig("", session.model, LG_SCENARIO[s.scenario], 0)
-        ts.performance_sample_count_override = 0  # the QSL's own count: settings.samples
-    else:
-        ts.min_duration_ms = int(1000 * SHORT_DURATION_S)
-        ts.min_query_count = SHORT_QUERY_COUNT[s.scenario]
-    ts.scenario = getattr(lg.TestScenario, LG_SCENARIO[s.scenario])
-    ts.mode = getattr(lg.TestMode, mode)
-    if s.duration_s is not None:
-        ts.min_duration_ms = max(1, int(1000 * s.duration_s))
-    if s.query_count is not None:
-        ts.min_query_count = s.query_count
-    if s.latency_bound_s is not None:
-        ts.server_target_latency_ns = int(s.latency_bound_s * 1e9)
-    full = min(s.max_batch, s.samples)
-    if s.scenario == "single-stream":
-        ts.single_stream_expected_latency_ns = max(1, int(_probe(session, 1) * 1e9 / 2))
-    elif s.scenario == "multi-stream":
-        per_query = math.ceil(MULTI_STREAM_SAMPLES / s.max_batch) * _probe(session, min(full, MULTI_STREAM_SAMPLES))
-        ts.multi_stream_expected_latency_ns = max(1, int(per_query * 1e9 / 2))
-    elif s.scenario == "offline":
-        ts.offline_expected_qps = s.target_qps or OFFLINE_MARGIN * full / _probe(session, full)
-    else:
-        capacity = capacity or _capacity(session, s)
-        ts.server_target_qps = qps or s.target_qps or load * capacity
-        cap = server_query_cap(ts.min_query_count, ts.min_duration_ms / 1000, capacity)
-        ts.max_query_count = min(cap, ts.max_query_count or cap)  # a lower one from mlperf.conf stands
-        if s.find_peak and not s.mlperf_durations:
-            ts.server_find_peak_qps_decimals_of_precision = 0  # stop at 1 QPS resolution: fewer runs
-    return ts
-
-
-def latency_bound_source(lg: Any, s: ScenarioSettings, model: str) -> str:
-    """Where a server run's latency bound came from: --latency-bound, mlperf.conf, or LoadGen's default."""
-    if s.latency_bound_s is not None:
-        return "--latency-bound"
-    if not s.mlperf_durations:
-        return f"LoadGen's default ({DEFAULT_LATENCY_BOUND_S * 1000:g} ms)"
-    bounds = []
-    for name in (model, UNNAMED_MODEL):
-        ts = lg.TestSettings()
-        ts.FromConfig("", name, "Server", 0)
-        bounds.append(ts.server_target_latency_ns)
-    if bounds[0] != bounds[1]:
-        return f"mlperf.conf {model}.Server.target_latency"
-    return "mlperf.conf *.Server.target_latency (its bound for models it does not name)"
 
 
 @contextmanager
@@ -328,55 +79,86 @@ class _Run:
     detail: str
     batches: int
     ran: int
-    energy: dict[str, Any] | None = None  # harness.energy reading over LoadGen's test
+    energy: dict[str, Any] | None = None  # harness.energy reading over LoadGen's test, samples loaded
+    store_bytes: int = 0
+    batch_timeout_s: float | None = None  # server: the batch-fill timeout used
 
 
 def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Path) -> _Run:
-    """One LoadGen test of ``session`` under ``ts``; logs in ``outdir``; the session's error re-raised."""
-    samples = _Samples(session)
-    sut = _Sut(lg, session, samples, s.scenario, s.max_batch)
+    """One LoadGen test of ``session`` under ``ts``; logs in ``outdir``; the session's error re-raised.
+    The energy window is LoadGen's test with its samples loaded (the QSL opens and closes it)."""
+    from dlscale.harness.energy import EnergyMeter
+    from dlscale.infer.loadgen_sut import Qsl, Sut, completes_inline
+
+    meter = EnergyMeter(getattr(session, "device", None) if getattr(session, "runtime", "torch") == "torch" else None)
+    timeout = batch_timeout(s, ts)[0] if s.scenario == "server" else None
+    qsl = Qsl(lg, session, s.samples, s.max_batch, completes_inline(session, s.scenario), meter)
+    sut = Sut(qsl, s.scenario, s.max_batch, timeout)
     log = lg.LogSettings()
     out = lg.LogOutputSettings()
     out.outdir, out.copy_summary_to_stdout, out.copy_detail_to_stdout = str(outdir), False, False
     log.log_output = out
-    sut_handle = lg.ConstructSUT(sut.issue, sut.flush)
-    qsl_handle = lg.ConstructQSL(s.samples, s.samples, samples.load, samples.unload)
-    from dlscale.harness.energy import EnergyMeter
-
-    meter = EnergyMeter(getattr(session, "device", None) if getattr(session, "runtime", "torch") == "torch" else None)
+    log.enable_trace = False  # LoadGen's per-sample trace: not read, and work on the measured path
+    sut_handle = lg.ConstructFastSUT(sut.issue, sut.flush)
+    qsl_handle = lg.ConstructQSL(s.samples, s.samples, qsl.load, qsl.unload)
     sut.start()
     try:
-        meter.begin()  # LoadGen's test is the measured window: its queries, latencies and rates
         lg.StartTestWithLogSettings(sut_handle, qsl_handle, ts, log)
-        meter.end()
     finally:
-        meter.close()
         sut.stop()
+        qsl.close()
+        meter.close()
         lg.DestroyQSL(qsl_handle)
         lg.DestroySUT(sut_handle)
-    if sut.error is not None:
+    if qsl.error is not None:
         raise RunFailure(f"--scenario {s.scenario}: the session failed during the LoadGen run: "
-                         f"{type(sut.error).__name__}: {sut.error}") from sut.error
+                         f"{type(qsl.error).__name__}: {qsl.error}") from qsl.error
     summary = (outdir / "mlperf_log_summary.txt").read_text()
     detail = (outdir / "mlperf_log_detail.txt").read_text()
-    return _Run(summary, detail, sut.batches, sut.ran, meter.reading())
+    return _Run(summary, detail, qsl.batches, qsl.ran, meter.reading(), qsl.store_bytes, timeout)
 
 
 def run_scenario(session: Any, settings: ScenarioSettings) -> ScenarioResult:
-    """Run one LoadGen scenario on ``session`` and return LoadGen's figures and verdict."""
+    """Run one LoadGen scenario on ``session`` (``settings.runs`` times) and return LoadGen's figures
+    and verdict: of several runs, the median one's, with every run's headline."""
     check_settings(settings)
     import mlperf_loadgen as lg
 
     with _LOCK, _log_dir(settings.log_dir) as outdir:
-        capacity = _capacity(session, settings) if settings.scenario == "server" else None
+        capacity = probe_capacity(session, settings) if settings.scenario == "server" else None
         if settings.find_peak:
             return _find_peak(lg, session, settings, outdir, capacity)
-        ts = _test_settings(lg, session, settings, capacity=capacity)
-        run = _start_test(lg, session, settings, ts, outdir)
-    return _result(lg, session, settings, run, capacity)
+        ts = settings_for(lg, session, settings, capacity=capacity)
+        results = [_result(lg, session, settings, _start_test(lg, session, settings, ts, outdir), capacity, ts)
+                   for _ in range(settings.runs)]
+    return median_run(results) if len(results) > 1 else results[0]
 
 
-def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: float | None = None) -> ScenarioResult:
+def median_run(results: list[ScenarioResult]) -> ScenarioResult:
+    """The median run by its headline (for an even count the worse middle one; a run without a
+    headline counts as the worst), with ``scenario_metric_runs``: every run's headline in run order."""
+    name = str(results[0].metrics.get("scenario_metric_name") or "")
+    lower_better = "latency" in name
+    worst = math.inf if lower_better else -math.inf
+
+    def key(r: ScenarioResult) -> float:
+        v = r.metrics.get("scenario_metric")
+        return float(v) if isinstance(v, (int, float)) else worst
+
+    ranked = sorted(results, key=key, reverse=lower_better)
+    mid = ranked[(len(ranked) - 1) // 2]
+    mid.metrics["scenario_metric_runs"] = [r.metrics.get("scenario_metric") for r in results]
+    mid.units["scenario_metric_runs"] = mid.units.get("scenario_metric", "")
+    mid.metrics["scenario_runs"] = len(results)
+    mid.units["scenario_runs"] = "runs"
+    bad = sum(not r.valid for r in results)
+    if bad and mid.valid:
+        mid.warnings.append(f"{bad} of the {len(results)} LoadGen runs were INVALID (the median run is VALID)")
+    return mid
+
+
+def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: float | None = None,
+            ts: Any = None) -> ScenarioResult:
     """The ScenarioResult of one run: LoadGen's logs read, SUT batching counts, LoadGen's reasons as warnings."""
     per_sample = session.units(1) if hasattr(session, "units") else 1
     unit = getattr(session, "sample_unit", "samples") if per_sample == 1 else "samples"
@@ -384,8 +166,12 @@ def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: flo
     if per_sample != 1:  # token families: a LoadGen sample is one sequence of per_sample tokens
         metrics["units_per_sample"], units["units_per_sample"] = per_sample, session.sample_unit
     metrics.update(max_batch=s.max_batch, sut_batches=run.batches,
-                   sut_mean_batch=round(run.ran / run.batches, 3) if run.batches else None)
-    units.update(max_batch="samples", sut_batches="batches", sut_mean_batch="samples")
+                   sut_mean_batch=round(run.ran / run.batches, 3) if run.batches else None,
+                   samples_on=getattr(session, "samples_on", None), sample_store_bytes=run.store_bytes)
+    units.update(max_batch="samples", sut_batches="batches", sut_mean_batch="samples", sample_store_bytes="bytes")
+    if s.scenario == "server" and ts is not None:
+        metrics["batch_timeout_s"], metrics["batch_timeout_source"] = batch_timeout(s, ts)
+        units["batch_timeout_s"] = "s"
     if s.scenario == "multi-stream" and s.max_batch < MULTI_STREAM_SAMPLES:
         warnings.append(f"multi-stream: each query's {MULTI_STREAM_SAMPLES} samples ran as "
                         f"{math.ceil(MULTI_STREAM_SAMPLES / s.max_batch)} batches of up to {s.max_batch}; "
@@ -457,27 +243,29 @@ _PEAK = re.compile(r"Found peak performance field: ([0-9.]+)")
 
 def _find_peak(lg: Any, session: Any, s: ScenarioSettings, outdir: Path, capacity: float | None) -> ScenarioResult:
     """LoadGen's FindPeakPerformance mode; when its starting QPS already fails, bisection below it."""
-    ts = _test_settings(lg, session, s, mode="FindPeakPerformance", load=FIND_PEAK_START, capacity=capacity)
+    ts = settings_for(lg, session, s, mode="FindPeakPerformance", load=FIND_PEAK_START, capacity=capacity)
     start = ts.server_target_qps
     run = _start_test(lg, session, s, ts, outdir)
     found = _PEAK.search(run.detail)
     if found:
         peak = float(found.group(1))
         steps = len(re.findall(r"FindBoundaries: Checking|BinarySearch: Testing", run.detail)) + 1
-        return _peak_result(_result(lg, session, s, run, capacity), peak, "loadgen-find-peak", steps, start)
-    last: dict[float, _Run] = {}
+        return _peak_result(_result(lg, session, s, run, capacity, ts), peak, "loadgen-find-peak", steps, start)
+    last: dict[float, tuple[_Run, Any]] = {}
 
     def passes(qps: float) -> bool:
-        r = _start_test(lg, session, s, _test_settings(lg, session, s, qps=qps, capacity=capacity), outdir)
+        at = settings_for(lg, session, s, qps=qps, capacity=capacity)
+        r = _start_test(lg, session, s, at, outdir)
         m, _, _ = parse_summary(r.summary, "server", "samples")
-        last[qps] = r
+        last[qps] = (r, at)
         return bool(m.get("latency_bound_met")) and bool(m.get("min_duration_met"))
 
     peak, tried = bisect_peak(passes, start / 2, hi=start)
     if peak is None:
         raise RunFailure(f"--find-peak: no target QPS down to {tried[-1][0]:.3g} met the latency bound; "
                          "raise --latency-bound or lower the batch size")
-    result = _peak_result(_result(lg, session, s, last[peak], capacity), peak, "bisection", len(tried) + 1, start)
+    run_at, ts_at = last[peak]
+    result = _peak_result(_result(lg, session, s, run_at, capacity, ts_at), peak, "bisection", len(tried) + 1, start)
     result.warnings.append(f"find-peak: LoadGen's FindPeakPerformance failed at its start {start:.4g} QPS; "
                            f"bisected over {len(tried)} short runs: {tried}")
     return result

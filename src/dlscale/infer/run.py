@@ -1,7 +1,9 @@
 """The batch-size sweep of ``dlscale infer``, the largest-batch search, and the run's figures.
 
-At each batch size one batch of synthetic samples is stacked on the device once (as the
-training short test keeps its batch), ``warmup`` uncounted forwards run, then ``iters`` forwards
+At each batch size one batch of synthetic samples is gathered on the device once from a sample
+store held as LoadGen's is (``infer.feed``; with ``--samples-on host`` on a GPU every forward's
+batch is copied in from pinned host memory instead, overlapped with the previous forward), as the
+training short test keeps its batch; ``warmup`` uncounted forwards run, then ``iters`` forwards
 are timed one by one by the harness's step clock (``harness.timing.timed_loop``: CUDA events on a
 GPU, ``perf_counter`` on the CPU; onnxruntime returns host arrays, so its forwards are timed on
 the host clock). Per batch size: latency per batch p50/p90/p99/max, throughput in the family's
@@ -51,15 +53,38 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
 
 
 def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None) -> list[float]:
-    """Seconds of each of ``iters`` timed forwards of one stacked batch, after ``warmup`` uncounted ones
-    (``meter``: an EnergyMeter read at the window's edges)."""
+    """Seconds of each of ``iters`` timed forwards of one batch, after ``warmup`` uncounted ones
+    (``meter``: an EnergyMeter read at the window's edges). The batch's samples are held as LoadGen's
+    are (``infer.feed``: one tensor per input, the model's input dtype and layout): on the device they
+    are gathered once and every step is a forward of that batch; in host memory on a GPU
+    (``--samples-on host``) every step gathers them into pinned memory and copies them on a side
+    stream while the previous step computes (two batches in flight)."""
     import torch
 
     from dlscale.harness.timing import timed_loop
+    from dlscale.infer.feed import SLOTS, Feed, SampleStore
 
-    batch = session.collate([session.sample(i) for i in range(batch_size)])
+    store = SampleStore(session, batch_size)
+    store.load(range(batch_size))
+    feed = Feed(session, store, batch_size)
+    indices = list(range(batch_size))
     clock_device = session.device if session.runtime == "torch" else torch.device("cpu")
-    times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter)
+    if not store.pinned:
+        batch = feed.batch(indices)
+        times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter)
+        return times
+    flying: list[Any] = []
+
+    def step() -> None:
+        if len(flying) == SLOTS:
+            feed.finish(flying.pop(0))
+        flying.append(feed.launch(indices))
+
+    try:
+        times, _ = timed_loop(step, warmup, iters, clock_device, meter=meter)
+    finally:
+        for t in flying:
+            feed.finish(t)
     return times
 
 
@@ -319,12 +344,13 @@ def run_scenario(session: Any, cfg: Any, ran: list[int]) -> tuple[dict[str, Any]
                                                                    dict[str, str]]:
     """One MLPerf LoadGen scenario over this session (dlscale.infer.loadgen), in batches of up to the
     largest batch size the sweep ran (``ran``): one that ran out of memory there is not retried."""
-    from dlscale.infer.loadgen import ScenarioSettings, run_scenario as loadgen_run
+    from dlscale.infer.loadgen import run_scenario as loadgen_run
+    from dlscale.infer.loadgen_settings import ScenarioSettings
 
     settings = ScenarioSettings(scenario=cfg.scenario, max_batch=max(ran),
                                 latency_bound_s=cfg.latency_bound, target_qps=cfg.target_qps,
                                 find_peak=cfg.find_peak, mlperf_durations=cfg.mlperf_durations,
-                                duration_s=cfg.duration)
+                                duration_s=cfg.duration, batch_timeout_s=cfg.batch_timeout, runs=cfg.scenario_runs)
     warnings = []
     if max(ran) < max(cfg.batch_sizes):
         warnings.append(f"LoadGen {cfg.scenario}: batches of up to {max(ran)}, the largest batch size that ran "

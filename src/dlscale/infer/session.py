@@ -12,8 +12,12 @@ What one forward is, per family (what ``dlscale infer`` measures):
   tokens. Decoding with a KV cache is ``dlscale.infer.llm``.
 
 A sample is one row of the workload's own synthetic batch (``make_batch`` at batch 1), seeded by
-(seed, index), so every runtime and precision sees the same inputs. ``run`` stacks samples into a
-batch on the device and returns when the outputs are ready.
+(seed, index), so every runtime and precision sees the same inputs. Held for a run (``stored``), a
+sample is its input tensors in the model's input dtype: an image classifier's image in the autocast
+precision (bf16/fp16), which its first layer would cast it to anyway; everything else as made.
+``inputs`` turns stacked rows into what the forward takes, and ``infer.feed`` gathers the batches of
+the sweep and of LoadGen from one preallocated tensor per input. ``run`` stacks samples into a batch
+on the device and returns when the outputs are ready (the largest-batch search).
 """
 
 from __future__ import annotations
@@ -40,15 +44,24 @@ class Family:
             return tuple(t[0] for t in inputs)
         return inputs[0]
 
+    def parts(self, sample: Any) -> tuple[Any, ...]:
+        """A sample as its input tensors (one per input of the forward)."""
+        return sample if isinstance(sample, tuple) else (sample,)
+
+    def inputs(self, parts: tuple[Any, ...]) -> Any:
+        """Stacked rows of every input (``parts``) as the forward takes them: one tensor, a tuple, or
+        (detection) a list of images."""
+        if self.w.family == "detection":
+            return list(parts[0].unbind(0))
+        return parts if len(parts) > 1 else parts[0]
+
     def collate(self, samples: list[Any], device: Any, channels_last: bool) -> Any:
         import torch
 
-        if self.w.family == "detection":
-            return [s.to(device) for s in samples]
-        if isinstance(samples[0], tuple):
-            return tuple(torch.stack([s[i] for s in samples]).to(device) for i in range(len(samples[0])))
-        x = torch.stack(samples).to(device)
-        return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        cols = [torch.stack(col) for col in zip(*(self.parts(s) for s in samples))]
+        if channels_last:
+            cols = [c.contiguous(memory_format=torch.channels_last) if c.dim() == 4 else c for c in cols]
+        return self.inputs(tuple(c.to(device) for c in cols))
 
     def args(self, inputs: Any) -> tuple[Any, ...]:
         """A collated batch as a flat tuple of tensors (a detection batch: its one list)."""
@@ -86,6 +99,17 @@ class Translation(Family):
         return batch_size * self.seq_len
 
 
+def input_dtype(cfg: Any, w: Any) -> Any:
+    """The dtype an image classifier's images are held in: the autocast precision (bf16/fp16), the
+    dtype its first layer (a convolution, autocast's) would cast them to anyway; None (as made) for
+    every other model, precision and runtime (int8's quantised graph takes fp32)."""
+    if cfg.runtime != "torch" or not w.images_in:
+        return None
+    from dlscale.harness.device import autocast_dtype
+
+    return autocast_dtype(cfg.precision)
+
+
 def mix(seed: int, index: int) -> int:
     """A per-sample seed from (seed, index): distinct for every pair a run uses."""
     return (seed * 1_000_003 + index) % (1 << 62)
@@ -103,6 +127,11 @@ class Session:
         self._forward = forward
         self._info = info
         self._samples: dict[int, Any] = {}
+        torch_ = self.runtime == "torch"
+        self.channels_last = bool(torch_ and cfg.channels_last)  # 4-D inputs held NHWC
+        # where the samples of a run live: the device, or (pinned) host memory; onnxruntime reads host arrays
+        self.samples_on: str = getattr(cfg, "samples_on", None) or ("device" if torch_ else "host")
+        self.input_dtype = input_dtype(cfg, family.w)
 
     def sample(self, index: int) -> Any:
         """One sample's input, deterministic from (seed, index), on the host (cached)."""
@@ -110,11 +139,22 @@ class Session:
             self._samples[index] = self.family.sample(index, self.cfg.seed)
         return self._samples[index]
 
+    def stored(self, index: int) -> tuple[Any, ...]:
+        """Sample ``index`` as the run holds it: its input tensors, floating ones in ``input_dtype``."""
+        parts = self.family.parts(self.sample(index))
+        if self.input_dtype is None:
+            return parts
+        return tuple(p.to(self.input_dtype) if p.is_floating_point() else p for p in parts)
+
+    def inputs(self, parts: tuple[Any, ...]) -> Any:
+        """Stacked rows of every input as ``forward`` takes them."""
+        return self.family.inputs(parts)
+
     def collate(self, samples: list[Any]) -> Any:
         """A batch of these samples, stacked on the device (or host arrays for onnxruntime)."""
         if self.runtime != "torch":  # onnxruntime reads contiguous host arrays
             return self.family.collate(samples, "cpu", False)
-        return self.family.collate(samples, self.device, bool(self.cfg.channels_last))
+        return self.family.collate(samples, self.device, self.channels_last)
 
     def forward(self, batch: Any) -> Any:
         """One forward of a collated batch; on CUDA it may return before the kernels finish."""

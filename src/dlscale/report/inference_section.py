@@ -73,7 +73,7 @@ def scenario_rows(recs: Sequence[RunRecord]) -> list[list[str]]:
         value = m.get("scenario_metric")
         shown = fmt_seconds(value) if unit == "s" else f"{fmt_num(value)} {unit}".strip()
         rows.append([r.workload, system_label(r), str(m["scenario"]), str(m.get("scenario_metric_name", "")), shown,
-                     "valid" if m.get("valid") else "INVALID", r.run_id])
+                     "valid" if m.get("valid") else "INVALID", str(m.get("samples_on") or "-"), r.run_id])
     return rows
 
 
@@ -89,6 +89,8 @@ def inference_sections(ok: Sequence[RunRecord]) -> list[Section]:
             intro=("Each scenario's figure as MLPerf Inference reports it, from LoadGen's logs: single-stream "
                    "LoadGen's early-stopping estimate of the 90th-percentile latency, multi-stream that of the "
                    "99th, server completed samples/s under the latency bound, offline samples/s. An INVALID run "
-                   "broke a scenario rule (see its summary in the record)."),
-            tables=[TableData(["model", "system", "scenario", "metric", "value", "LoadGen", "run id"], rows)]))
+                   "broke a scenario rule (see its summary in the record). Samples on: where the query sample "
+                   "library held the samples (the device, or pinned host memory copied in per batch)."),
+            tables=[TableData(["model", "system", "scenario", "metric", "value", "LoadGen", "samples on", "run id"],
+                              rows)]))
     return out
