@@ -78,7 +78,8 @@ def start(kind: str, model_dir: Path, log: Path) -> tuple[subprocess.Popen, str,
         cmd, model = [sys.executable, "-c", code], "instant"
     else:
         cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())",
-               "serve", str(model_dir), "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1",
+               "serve", str(model_dir), "--continuous-batching", "--cb-num-blocks", "64", "--cb-block-size", "32",
+               "--cb-max-batch-tokens", "256", "--device", "cpu", "--host", "127.0.0.1",
                "--port", str(port)]
         model = str(model_dir)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,

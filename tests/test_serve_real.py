@@ -22,6 +22,8 @@ from serve_model import write_tiny_llama
 pytestmark = pytest.mark.slow
 
 START_S = 300  # a busy 2-core machine loads torch and the model slowly
+# a small paged KV cache: sized by default from the machine's memory, it took 13.7 GB here for a 4-layer model
+KV_CACHE = ("--cb-num-blocks", "64", "--cb-block-size", "32", "--cb-max-batch-tokens", "256")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def server(tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")
     cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.exit(main())",
-           "serve", str(model), "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+           "serve", str(model), "--continuous-batching", *KV_CACHE, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dlscale.accept.figures import READERS, Figure, Unreadable, device_subject, host_subject
+from dlscale.accept.figure import Figure, Unreadable, device_subject, host_subject
+from dlscale.accept.readers import READERS
 from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
 from dlscale.format import fmt_count
 from dlscale.record import RunRecord
@@ -164,7 +165,7 @@ def _same_part(v: Verdict, w: Verdict, culprit: int | None) -> bool:
 
 def link_culprits(bad: Sequence[Verdict]) -> tuple[list[str], int | None]:
     """("node 2's link is below expectation, the other nodes' links are not", 2) where one node's link
-    is the slow one (a link verdict is about one node's link: ``figures.links_figures``), judged by
+    is the slow one (a link verdict is about one node's link: ``readers.links_figures``), judged by
     the worst verdicts: one node's link FAILing names that node, whatever WARNs beside it; else the
     slow links by name and None."""
     slow = [v for v in bad if v.check == "links" and v.nodes]

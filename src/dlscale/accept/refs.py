@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.accept import datasheet
-from dlscale.accept.figures import Figure
+from dlscale.accept.figure import Figure
 from dlscale.accept.verdict import Expectation
 from dlscale.peaks import normalize_name
 from dlscale.yamlfile import read_yaml

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlscale.accept import signif
-from dlscale.accept.figures import Figure, sound
+from dlscale.accept.figure import Figure, sound
 
 PASS, WARN, FAIL, NO_EXPECTATION, ERROR = "PASS", "WARN", "FAIL", "NO EXPECTATION", "ERROR"
 STATUSES = (PASS, WARN, FAIL, ERROR, NO_EXPECTATION)

@@ -27,7 +27,7 @@ schedule; the client's own overhead measured against an instant local server. Wi
 which SLO binds. The API key is read from the variable named by --api-key-env, never stored."""
 
 EPILOG = """Examples:\n\n
-  transformers serve ./tiny-llama --continuous-batching --host 127.0.0.1 --port 8000 &\n\n
+  transformers serve ./tiny-llama --continuous-batching --cb-num-blocks 64 --cb-block-size 32 --cb-max-batch-tokens 256 --host 127.0.0.1 --port 8000 &\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --concurrencies 1,2,4 --requests 20\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 1,16 --find-max --slo mlperf-llama2-70b\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 2 --loadgen --slo mlperf-llama2-70b\n\n
