@@ -51,6 +51,7 @@ def steady(shares: list[float]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, tmp_path, tiny):
     from dlscale.accept import expect, figures, verdict
 
@@ -157,6 +158,7 @@ def test_under_a_launcher_across_two_nodes_what_crosses_them_runs_in_place(db_pa
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goes_on(db_path, tmp_path, monkeypatch):
     """GEMM's process hangs at once (a test hook: it ignores SIGTERM and leaves two sleeping processes in a
     session of their own, as a rank stuck in a collective does); the short test alone runs far longer

@@ -192,6 +192,7 @@ SMALL = "checks:\n  burnin: {duration: 1, gemm_size: 64, gemm_chain: 4, llm_step
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_cpu_ranks_pass_then_the_perturbed_one_fails_by_name(cli_subprocess, db_path, tmp_path):
     p = tmp_path / "burn.yaml"
     p.write_text(SMALL)

@@ -30,7 +30,7 @@ from conftest import cpu_share, need_system
 from dlscale.distributed import cgroup, netns
 from test_accept import ONE_THREAD
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ALONE = EXAMPLES / "accept-node-cpu.yaml"  # the short test alone, resnet18: sustained work

@@ -29,6 +29,7 @@ def failing_spec(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_slurmd_runs_it_as_its_health_check_program_drain_on_fail_then_resume_on_pass(slurm_cluster, db_path,
                                                                                       tmp_path):
     """The tests' slurm.conf names a HealthCheckProgram (every 5 s) that runs what ``set_health_check`` gives:

@@ -149,6 +149,7 @@ def test_launcher_filter_holds_back_torchrun_banner_only():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_hung_rank_ends_the_job_within_the_timeout(db_path):
     code, stderr, elapsed, left = _fault_run(db_path, lambda q: q.send_signal(signal.SIGSTOP), timeout_s=10)
     assert code == 1

@@ -21,11 +21,12 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
     # CI runs exactly the README's test command, then the ISA-sensitive tests again capped at AVX2, then
-    # the launcher/distributed/inference/micro tests in a user's venv at the oldest supported torch
+    # the long proofs, then the launcher/distributed/inference/micro tests in a user's venv at the oldest torch
     at = ci_lines.index(test_cmd.strip())
     assert ci_lines[at + 1] == ("DLSCALE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 DNNL_MAX_CPU_ISA=AVX2 "
                                 ".venv/bin/python -m pytest -q -m isa")
-    lowest = " ".join(ci_lines[at + 2:])
+    assert ci_lines[at + 2] == ".venv/bin/python -m pytest -q -m long"  # the long proofs the README's suite leaves out
+    lowest = " ".join(ci_lines[at + 3:])
     assert lowest.startswith(".venv/bin/python tools/deps.py torch-lowest -- ")
     for name in ("test_compat", "test_distributed", "test_infer", "test_infer_llm", "test_micro"):
         assert f"tests/{name}.py" in lowest

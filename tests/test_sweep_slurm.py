@@ -191,6 +191,7 @@ def timeout_sweep(slurm_cluster, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_submitter_then_resume_submits_only_the_rest(slurm_cluster, timeout_sweep, tmp_path):
     # sbatch hangs on its second call, as if the submitter were killed between two submissions
     mark, shim = tmp_path / "first-submitted", tmp_path / "bin" / "sbatch"
@@ -230,6 +231,7 @@ def test_a_killed_submitter_then_resume_submits_only_the_rest(slurm_cluster, tim
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_controller_outage_while_a_job_runs_leaves_one_record(slurm_cluster, tmp_path):
     f = _write(tmp_path, "name: outage\nfixed: {model: tinycnn, image_size: 32, batch_size: 4, warmup_steps: 1, "
                          "steps: 2500, threads_per_rank: 1}\nslurm: {cpus_per_task: 1, time: 10}\nmatrix:\n  seed: [0]\n")
@@ -272,6 +274,7 @@ def test_a_controller_outage_while_a_job_runs_leaves_one_record(slurm_cluster, t
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_point_past_its_time_limit_is_recorded_failed_with_timeout(slurm_cluster, timeout_sweep):
     f, db, submitted = timeout_sweep
     rows = _status(slurm_cluster, str(f), db)

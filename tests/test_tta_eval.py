@@ -86,6 +86,7 @@ def test_the_ranks_shards_together_give_the_whole_sets_figures(domain, made):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_evaluation_longer_than_the_collective_timeout_does_not_end_the_job(tmp_path, cli, monkeypatch, db_path):
     data = str(tmp_path / "data")
     assert cli("dataset", "recommendation", data, "--scale", "0.2").code == 0
