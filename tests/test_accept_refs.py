@@ -91,6 +91,80 @@ def test_topology_decides_which_row_applies():
     assert refs.rows_for(fig, sys8, rows) == []
 
 
+# -- H100 PCIe, B200, L40S: published minimums ------------------------------------------------------------
+PUBLISHED = [  # model, driver name, PCI device id, d2d floor (GB/s), fp32 floor (TFLOP/s): healthy.yaml's rows
+    ("H100 PCIe", "NVIDIA H100 PCIe", 0x2331, 1230.0, 14.606),
+    ("B200", "NVIDIA B200", 0x2901, 2558.0, 11.756),
+    ("L40S", "NVIDIA L40S", 0x26B9, 525.0, 28.5),
+]
+
+
+def of_model(r, name, pci):
+    """``r`` (accept_records' H100 SXM server) with every GPU of model ``name``, PCI device id ``pci``."""
+    acc = r.system["accelerators"]
+    for d in acc["devices"] + acc["topology"]["gpus"]:
+        d["name"] = name
+    for g in acc["topology"]["gpus"]:
+        g["pci_device_id"] = pci
+    r.config["device_name"] = name
+    return r
+
+
+def floor_of(vs, check, figure, subject="GPU 0"):
+    (v,) = [v for v in vs if (v.check, v.figure, v.subject) == (check, figure, subject)
+            and v.expectation == "healthy" and v.warn == 0.0]
+    return v
+
+
+def test_h100_pcie_b200_and_l40s_have_published_minimums_with_their_sources():
+    rows = [r for r in refs.load() if r.model in {m for m, *_ in PUBLISHED}]
+    assert {r.model for r in rows} == {"H100 PCIe", "B200", "L40S"}
+    for model, name, pci, d2d, fp32 in PUBLISHED:
+        mine = {(r.check, r.figure): r for r in rows if r.model == model}
+        assert mine[("memory", "d2d")].value == d2d and mine[("gemm", "fp32 best rate")].value == fp32
+        assert mine[("memory", "d2d")].names == (name,) and mine[("memory", "d2d")].pci_ids == (pci,)
+    for r in rows:  # no typical row: only published pass/fail minimums were found for these three
+        assert r.basis == "floor" and r.tolerance is None, r
+        assert r.url.startswith(("https://github.com/NVIDIA/DCGM/blob/", "https://github.com/oracle-quickstart/")), r
+    # DCGM's rule, by hand: fail below target_perf_min_ratio 0.95 x target_stress; minimum_bandwidth MB/s -> GB/s
+    assert [f for *_, f in PUBLISHED] == [round(0.95 * t / 1000, 3) for t in (15375, 12375, 30000)]
+    assert [d for *_, d, _ in PUBLISHED] == [1230.0, float(2558124 // 1000), 525.0]
+
+
+@pytest.mark.parametrize("model, name, pci, d2d, fp32", PUBLISHED, ids=[m for m, *_ in PUBLISHED])
+def test_a_gpu_above_its_published_minimum_passes_and_one_10_percent_below_fails(model, name, pci, d2d, fp32):
+    def run(scale):
+        g = of_model(ar.gemm(n=2, tflops=fp32 * scale), name, pci)
+        for row in g.raw["rows"]:
+            row["precision"] = "fp32"
+        return judge([g, of_model(ar.memory(n=2, d2d=d2d * scale), name, pci)])
+
+    ok, low = run(1.01), run(0.90)
+    for check, figure in (("gemm", "fp32 best rate"), ("memory", "d2d")):
+        good, bad = floor_of(ok, check, figure), floor_of(low, check, figure)
+        assert good.status == PASS and bad.status == FAIL, (model, figure, good.reason, bad.reason)
+        assert bad.ratio == pytest.approx(0.9, rel=2e-3) and "below its healthy minimum" in bad.reason
+        assert f"healthy {model}, floor: NVIDIA DCGM" in bad.source and "diag-skus.yaml.in" in bad.source
+
+
+def test_a_b200_rows_apply_by_pci_id_when_the_driver_names_it_otherwise():
+    r = of_model(ar.memory(n=2, d2d=2558.0 * 0.9), "NVIDIA B200 (some driver's spelling)", 0x2901)
+    assert floor_of(judge([r]), "memory", "d2d").status == FAIL
+
+
+def test_an_8_gpu_b200_all_reduce_against_oracles_minimum():
+    """OCI's check: all_reduce_perf -b 1G -e 16G over the 8 GPUs of a BM.GPU.B200.8, mean busbw >= 440."""
+    def allreduce(busbw, top=2**34):
+        rows = [{"op": "all_reduce", "size": s, "out-of-place": {"busbw": busbw * 0.99}, "in-place": {"busbw": busbw * 1.01}}
+                for s in (2**30, 2**31, 2**32, 2**33, 2**34) if s <= top]
+        return of_model(ar.rec("micro", "collectives", {"world_size": 8}, raw={"rows": rows}), "NVIDIA B200", 0x2901)
+
+    ok, low = floor_of(judge([allreduce(445.0)]), "collectives", "all_reduce busbw", None), \
+        floor_of(judge([allreduce(396.0)]), "collectives", "all_reduce busbw", None)
+    assert ok.status == PASS and low.status == FAIL and "oci-hpc" in low.source
+    short = judge([allreduce(396.0, top=2**33)])  # the sweep stops at 8G: not what OCI measured, the row does not apply
+    assert not [v for v in short if v.check == "collectives" and v.expectation == "healthy"]
+
 def test_a_bad_lab_file_is_one_line_naming_its_line(tmp_path):
     from dlscale.errors import UsageError
 
