@@ -106,6 +106,8 @@ def main(argv: list[str]) -> int:
     sw = env.get("software") or {}
     print(f"device: {device}; torch {sw.get('torch', '?')}, CUDA {sw.get('cuda')}, driver "
           f"{(env.get('accelerators') or {}).get('driver')}\n")
+    if not (env.get("accelerators") or {}).get("count"):
+        print("no GPU: a dry run at toy sizes (--device cpu); its ratios show the steps ran, they are no figures\n")
     print("| what | dlscale | peer | ratio |\n| --- | --- | --- | --- |")
     for what, mine, peer, r in rows(folder):
         print(f"| {what} | {mine} | {peer} | {r} |")
