@@ -74,6 +74,20 @@ EPILOG = """Examples:\n\n
   dlscale accept judge accept-20261125T101500-1a2b3c4d --spec stricter.yaml"""
 
 ACTIONS = ("verify", "judge", "refs")
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="local: run the suite on this machine; slurm: submit it "
+                                                            "as one Slurm job, wait, judge here.")]
+PartitionOpt = Annotated[Optional[str], typer.Option("--partition", help="Slurm: the partition (default: the "
+                                                     "cluster's).", show_default=False)]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Slurm: nodes in the job; the checks across nodes span "
+                                                 "them (default 1).", show_default=False)]
+GpusPerNodeOpt = Annotated[Optional[int], typer.Option("--gpus-per-node", help="Slurm: GPUs per node to ask for "
+                                                       "(default none: a CPU node).", show_default=False)]
+TimeOpt = Annotated[Optional[str], typer.Option("--time", help="Slurm: the job's time limit, minutes or [D-]H:MM[:SS] "
+                                                "(default 30 with --quick, else 180).", show_default=False)]
+DrainOpt = Annotated[bool, typer.Option("--drain-on-fail", help="On a FAIL or ERROR, drain this Slurm node (scontrol) "
+                                        "with a one-line reason starting 'dlscale:'.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume-on-pass", help="On a pass, return this Slurm node to service if "
+                                         "dlscale drained it (its reason starts 'dlscale:').")]
 
 
 def accept(
@@ -117,22 +131,13 @@ def accept(
     warn_fails: Annotated[Optional[bool], typer.Option("--warn-fails/--warn-passes", help="Whether a WARN exits 1 like "
                                                        "a FAIL (default: the spec's warn_fails, else no).",
                                                        show_default=False)] = None,
-    executor: Annotated[str, typer.Option("--executor", help="local: run the suite on this machine; slurm: submit "
-                                                            "it as one Slurm job, wait, judge here.")] = "local",
-    partition: Annotated[Optional[str], typer.Option("--partition", help="Slurm: the partition (default: the "
-                                                     "cluster's).", show_default=False)] = None,
-    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Slurm: nodes in the job; the checks across nodes "
-                                                 "span them (default 1).", show_default=False)] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="Slurm: GPUs per node to ask for "
-                                                         "(default none: a CPU node).", show_default=False)] = None,
-    time: Annotated[Optional[str], typer.Option("--time", help="Slurm: the job's time limit, minutes or "
-                                                "[D-]H:MM[:SS] (default 30 with --quick, else 180).",
-                                                show_default=False)] = None,
-    drain_on_fail: Annotated[bool, typer.Option("--drain-on-fail", help="On a FAIL or ERROR, drain this Slurm node "
-                                                "(scontrol) with a one-line reason starting 'dlscale:'.")] = False,
-    resume_on_pass: Annotated[bool, typer.Option("--resume-on-pass", help="On a pass, return this Slurm node to "
-                                                 "service if dlscale drained it (its reason starts 'dlscale:').")
-                              ] = False,
+    executor: ExecutorOpt = "local",
+    partition: PartitionOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    time: TimeOpt = None,
+    drain_on_fail: DrainOpt = False,
+    resume_on_pass: ResumeOpt = False,
     emulate_nodes: EmulateOpt = None,
     link_bandwidth: BandwidthOpt = None,
     link_latency: LatencyOpt = None,
@@ -142,30 +147,14 @@ def accept(
     fmt: FormatOpt = Format.human,
 ) -> None:
     from dlscale import accept as acceptance
-    from dlscale.errors import UsageError
 
-    if action is not None and (quick or level is not None or drain_on_fail or resume_on_pass or checks is not None):
-        raise UsageError(f"--level, --quick, --checks, --drain-on-fail and --resume-on-pass are for running the suite; "
-                         f"`dlscale accept {action}` runs nothing")
-    if action is not None and (executor != "local" or {partition, nodes, gpus_per_node, time} != {None}):
-        raise UsageError(f"--executor and its Slurm options are for running the suite; `dlscale accept {action}` "
-                         "reads the store here")
-    if action is not None and action not in ACTIONS:
-        raise UsageError(f"unknown action {action!r}: `dlscale accept` runs the suite; `dlscale accept verify DIR` "
-                         "or `dlscale accept judge ID`")
-    if action == "refs":
-        raise typer.Exit(_refs(target, model, from_, out_dir, refs, db, fmt))
-    if model or from_:
-        raise UsageError("--model and --from are for `dlscale accept refs`")
-    if action is not None and not target:
-        raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
-    if action is None and target:
-        raise UsageError(f"unexpected argument {target!r}; the suite takes options only (see --help)")
     emulated = {"emulate_nodes": emulate_nodes, "link_bandwidth": link_bandwidth, "link_latency": link_latency,
                 "node_link_bandwidth": node_link_bandwidth or (), "node_cpu_quota": node_cpu_quota or ()}
-    if action is not None and any(emulated.values()):
-        raise UsageError(f"`dlscale accept {action}` runs nothing: leave out --emulate-nodes and the link and "
-                         "node options")
+    _check_args(action, target, running=quick or level is not None or drain_on_fail or resume_on_pass
+                or checks is not None, slurm=executor != "local" or {partition, nodes, gpus_per_node, time} != {None},
+                refs_only=bool(model or from_), emulated=any(emulated.values()))
+    if action == "refs":
+        raise typer.Exit(_refs(target, model, from_, out_dir, refs, db, fmt))
     if action == "verify":
         raise typer.Exit(_verify(target, fmt))
     if action == "judge":
@@ -181,6 +170,33 @@ def accept(
         return
     show(acc, fmt)
     raise typer.Exit(acc.exit_code)
+
+
+def _check_args(action: str | None, target: str | None, *, running: bool, slurm: bool, refs_only: bool,
+                emulated: bool) -> None:
+    """One line and exit 2 for an argument or option that does not go with the action (or with running the suite)."""
+    from dlscale.errors import UsageError
+
+    if action is not None and running:
+        raise UsageError(f"--level, --quick, --checks, --drain-on-fail and --resume-on-pass are for running the suite; "
+                         f"`dlscale accept {action}` runs nothing")
+    if action is not None and slurm:
+        raise UsageError(f"--executor and its Slurm options are for running the suite; `dlscale accept {action}` "
+                         "reads the store here")
+    if action is not None and action not in ACTIONS:
+        raise UsageError(f"unknown action {action!r}: `dlscale accept` runs the suite; `dlscale accept verify DIR` "
+                         "or `dlscale accept judge ID`")
+    if action == "refs":
+        return
+    if refs_only:
+        raise UsageError("--model and --from are for `dlscale accept refs`")
+    if action is not None and not target:
+        raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
+    if action is None and target:
+        raise UsageError(f"unexpected argument {target!r}; the suite takes options only (see --help)")
+    if action is not None and emulated:
+        raise UsageError(f"`dlscale accept {action}` runs nothing: leave out --emulate-nodes and the link and "
+                         "node options")
 
 
 def show(acc: Any, fmt: Format) -> None:

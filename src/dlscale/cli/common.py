@@ -68,6 +68,17 @@ def emit(rec: Any, fmt: "Format", tables: Any) -> None:
         out.print(t)
 
 
+def config_options(cls: type, given: dict[str, Any], *extra: str) -> dict[str, Any]:
+    """The command's parameters that are fields of the config dataclass ``cls`` (plus ``extra`` names).
+
+    ``given`` is the command's ``locals()`` taken first thing, so every option named as a field
+    reaches the config (nothing is left out by hand)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)} | set(extra)
+    return {k: v for k, v in given.items() if k in names}
+
+
 def warn(msg: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {msg}", markup=True, highlight=False)
 

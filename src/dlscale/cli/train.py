@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -10,7 +10,8 @@ from dlscale.cli import costopts as copt
 from dlscale.cli import dataopts as dataopt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, err, info, interactive, out, print_json, warn
+from dlscale.cli.common import (DbOpt, Format, FormatOpt, TagOpt, config_options, err, info, interactive, out,
+                                print_json, warn)
 
 HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
 
@@ -89,31 +90,10 @@ def train(
     systems_file: copt.SystemsFileOpt = None,
     system: copt.SystemOpt = None,
 ) -> None:
+    given = dict(locals())
     from dlscale import api
-    from dlscale.config import TrainConfig
 
-    opts = dict(
-        model=model, batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
-        model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
-        activation_checkpointing=activation_checkpointing, precision=precision,
-        channels_last=channels_last, compile=compile, compile_mode=compile_mode, warmup_steps=warmup_steps,
-        steps=steps, optimizer=optimizer, optimizer_impl=optimizer_impl, lr=lr, device=device, repeat=repeat,
-        seed=seed, tag=tag, data=data, workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-        strict=strict, monitor_interval=monitor_interval, ddp_bucket_mb=ddp_bucket_mb,
-        ddp_grad_as_bucket_view=ddp_grad_as_bucket_view, ddp_static_graph=ddp_static_graph,
-        breakdown_steps=breakdown_steps, profile=profile, profile_steps=profile_steps, threads_per_rank=threads_per_rank,
-    )
-    if config is not None:
-        from dlscale.tune import configfile
-
-        opts = configfile.merge(config, opts, configfile.explicit_options())
-    elif model is None:
-        from dlscale.errors import UsageError
-
-        raise UsageError("give MODEL (e.g. dlscale train resnet50; `dlscale models` lists them) or --config FILE "
-                         "naming one (what `dlscale tune` wrote)")
-    threads_per_rank = opts.pop("threads_per_rank")
-    cfg = TrainConfig(**opts)
+    cfg, threads_per_rank = _config(given, config)
     price = copt.price(price_per_hour, systems_file, system)
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout, threads_per_rank,
@@ -131,6 +111,25 @@ def train(
     else:
         report(rec, fmt)
         show_hint(rec, db)
+
+
+def _config(given: dict[str, Any], config: str | None) -> tuple[Any, int | None]:
+    """The run's TrainConfig (a --config file's values under the options given) and its threads per rank."""
+    from dlscale.config import TrainConfig
+
+    opts = config_options(TrainConfig, given, "threads_per_rank")
+
+    if config is not None:
+        from dlscale.tune import configfile
+
+        opts = configfile.merge(config, opts, configfile.explicit_options())
+    elif opts["model"] is None:
+        from dlscale.errors import UsageError
+
+        raise UsageError("give MODEL (e.g. dlscale train resnet50; `dlscale models` lists them) or --config FILE "
+                         "naming one (what `dlscale tune` wrote)")
+    threads_per_rank = opts.pop("threads_per_rank")
+    return TrainConfig(**opts), threads_per_rank
 
 
 def show_hint(rec, db: str | None) -> None:

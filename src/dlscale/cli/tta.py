@@ -8,7 +8,7 @@ import typer
 
 from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, info, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, config_options, info, out, print_json, warn
 from dlscale.format import fmt_count
 
 HELP = """Long test: train MODEL to a quality target and record the time to reach it.
@@ -86,6 +86,7 @@ def tta(
     system: copt.SystemOpt = None,
     fmt: FormatOpt = Format.human,
 ) -> None:
+    given = dict(locals())
     from dlscale import api
     from dlscale.cli.train import failed_as_json
     from dlscale.longtest.config import TTAConfig
@@ -94,15 +95,7 @@ def tta(
                          link_bandwidth, link_latency, timeout,
                          node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
                          cpu_binding=cpu_binding)
-    cfg = TTAConfig(
-        model=model, data=data, target_top1=target_top1, target_top5=target_top5, target=target, max_epochs=max_epochs,
-        eval_every=eval_every, batch_size=batch_size, image_size=image_size, optimizer=optimizer, lr=lr,
-        lr_scaling=lr_scaling, lr_schedule=lr_schedule, warmup_epochs=warmup_epochs, end_lr=end_lr,
-        poly_power=poly_power, momentum=momentum, weight_decay=weight_decay, lars_eta=lars_eta,
-        label_smoothing=label_smoothing, precision=precision, device=device, workers=workers, threads=threads,
-        seed=seed, runs=runs, mlperf_log=mlperf_log, checkpoint_dir=checkpoint_dir, resume=resume,
-        world_size=layout.world_size, seq_len=seq_len, tokenizer=tokenizer, tag=tag,
-    )
+    cfg = TTAConfig(**config_options(TTAConfig, given), world_size=layout.world_size)
     price = copt.price(price_per_hour, systems_file, system)
     with failed_as_json(fmt, db):
         recs = api.tta(config=cfg, layout=layout, db=db, price=price)
