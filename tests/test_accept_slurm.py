@@ -21,7 +21,8 @@ from dlscale.accept import bounded, run, slurm, spec, suite
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import slurm as executor
-from dlscale.sweep.slurm import JobState
+from dlscale.sweep import squeue
+from dlscale.sweep.squeue import JobState
 
 GEMM = "name: tiny\nchecks:\n  gemm: {{shapes: {shapes}, precision: [fp32], iters: 5}}\n" \
        "thresholds: {{warn: 0.5, fail: 0.9}}\n"
@@ -187,8 +188,8 @@ def test_waiting_through_a_controller_outage_says_when_it_begins_and_ends(db_pat
                 s.insert(ar.gemm())
         return answers.pop(0)
 
-    monkeypatch.setattr(executor, "job_states", job_states)
-    monkeypatch.setenv(executor.POLL_ENV, "0")
+    monkeypatch.setattr(squeue, "job_states", job_states)
+    monkeypatch.setenv(squeue.POLL_ENV, "0")
     with Store.open(db_path) as store:
         state = slurm._wait(store, "acc", "41")
     err = capsys.readouterr().err
@@ -207,7 +208,7 @@ def test_a_slurm_acceptance_records_its_runs_and_judges_them_as_a_local_one(slur
     from dlscale import accept
 
     local = accept.run_suite(str(sp_file), out_dir=str(tmp_path / "local"))  # this node's first acceptance: the baseline
-    env = {**os.environ, **slurm_cluster.env(), executor.POLL_ENV: "1"}
+    env = {**os.environ, **slurm_cluster.env(), squeue.POLL_ENV: "1"}
     r = subprocess.run([sys.executable, "-m", "dlscale.cli.app", "accept", "--executor", "slurm", "--time", "5",
                         "--spec", str(sp_file), "--out", str(tmp_path / "out"), "--format", "json"],
                        capture_output=True, text=True, env=env, timeout=300)

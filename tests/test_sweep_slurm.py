@@ -25,7 +25,8 @@ from conftest import wait_until
 
 from dlscale.errors import UsageError
 from dlscale.store import Store
-from dlscale.sweep import slurm, spec
+from dlscale.sweep import slurm, spec, squeue
+from dlscale.sweep.state import open_state
 
 TINY = "fixed: {model: tinycnn, image_size: 32, warmup_steps: 1, steps: 2}\n"
 
@@ -98,13 +99,13 @@ def test_time_limits_in_slurm_formats_are_whole_minutes(tmp_path):
 def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
     sw = spec.load(_write(tmp_path, "name: ended\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
     p_none, p_own = sw.points
-    st = slurm.open_state(sw, tmp_path / "state")
+    st = open_state(sw, tmp_path / "state")
     with Store.open(tmp_path / "r.db") as store:
         from dlscale.sweep.run import record_failure
 
         own = record_failure(p_own, store, sw.name, "crashed: killed by SIGTERM", "")  # what the job itself wrote
-        res = slurm.settle(p_none, slurm.JobState("41", "CANCELLED", "None", "00:05:00"), store, sw.name, st)
-        res2 = slurm.settle(p_own, slurm.JobState("42", "TIMEOUT", "TimeLimit", "00:01:00"), store, sw.name, st)
+        res = slurm.settle(p_none, squeue.JobState("41", "CANCELLED", "None", "00:05:00"), store, sw.name, st)
+        res2 = slurm.settle(p_own, squeue.JobState("42", "TIMEOUT", "TimeLimit", "00:01:00"), store, sw.name, st)
         recs = {r.raw["sweep_point"]: r for r in store.query()}
     assert res.status == "failed" and res.error == "Slurm job 41 CANCELLED: was cancelled (scancel or an administrator)"
     assert res2.run_id == own.run_id and len(recs) == 2  # the point's own record, now with Slurm's reason
@@ -123,13 +124,13 @@ def test_a_controller_that_does_not_answer_is_not_a_forgotten_job(tmp_path, monk
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     _shim(tmp_path / "bin", "sacct", "Slurm accounting storage is disabled")  # no accounting here
     _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
-    states = slurm.job_states(["41", "42"])
+    states = squeue.job_states(["41", "42"])
     assert {j: s.phase for j, s in states.items()} == {"41": "unreachable", "42": "unreachable"}
     assert states["41"].unreachable == "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
     _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Invalid job id specified")
-    assert slurm.job_states(["41"]) == {}  # the controller answered: it has forgotten the job
+    assert squeue.job_states(["41"]) == {}  # the controller answered: it has forgotten the job
     _shim(tmp_path / "bin", "scontrol", "", "JobId=41 JobState=RUNNING Reason=None TimeLimit=00:05:00", 0)
-    assert slurm.job_states(["41"])["41"].phase == "running"
+    assert squeue.job_states(["41"])["41"].phase == "running"
 
 
 def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monkeypatch):
@@ -137,11 +138,11 @@ def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monke
 
     sw = spec.load(_write(tmp_path, "name: outage\n" + TINY + "matrix:\n  batch_size: [4]\n"))
     (p,) = sw.points
-    st = slurm.open_state(sw, tmp_path / "state")
+    st = open_state(sw, tmp_path / "state")
     st.points[p.hash].update(job_id="41", submitted_at="2026-01-01T00:00:00Z")
-    monkeypatch.setenv(slurm.POLL_ENV, "0")
-    down = slurm.JobState("41", "", unreachable="Unable to contact slurm controller (connect failure)")
-    answers = [{"41": down}] * 6 + [{"41": slurm.JobState("41", "COMPLETED")}]
+    monkeypatch.setenv(squeue.POLL_ENV, "0")
+    down = squeue.JobState("41", "", unreachable="Unable to contact slurm controller (connect failure)")
+    answers = [{"41": down}] * 6 + [{"41": squeue.JobState("41", "COMPLETED")}]
     with Store.open(tmp_path / "r.db") as store:
         def job_states(ids):
             if len(answers) == 2:  # the job finishes while the controller is down, and records itself
@@ -149,7 +150,7 @@ def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monke
                                        raw={"sweep_point": p.hash}, finished_at=utc_now()))
             return answers.pop(0)
 
-        monkeypatch.setattr(slurm, "job_states", job_states)
+        monkeypatch.setattr(squeue, "job_states", job_states)
         results: dict = {}
         slurm._wait(sw, {p.hash: "41"}, store, st, results, None)
         recs = store.query()
@@ -160,7 +161,7 @@ def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monke
 
 
 def _dlscale(cluster, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, **cluster.env(), slurm.POLL_ENV: "1", **(extra_env or {})}
+    env = {**os.environ, **cluster.env(), squeue.POLL_ENV: "1", **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "dlscale.cli.app", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
@@ -201,7 +202,7 @@ def test_a_killed_submitter_then_resume_submits_only_the_rest(slurm_cluster, tim
     f = _write(tmp_path, "name: killed\n" + TINY + "slurm: {cpus_per_task: 1, time: 5}\nmatrix:\n  batch_size: [4, 8]\n")
     sw, db = spec.load(f), tmp_path / "runs.db"
     state = tmp_path / "sweeps" / "killed.json"
-    env = {**os.environ, **slurm_cluster.env(), slurm.POLL_ENV: "1", "PATH": f"{shim.parent}:{os.environ['PATH']}"}
+    env = {**os.environ, **slurm_cluster.env(), squeue.POLL_ENV: "1", "PATH": f"{shim.parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--executor", "slurm", "--db",
                              str(db)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -247,7 +248,7 @@ def test_a_controller_outage_while_a_job_runs_leaves_one_record(slurm_cluster, t
             return [rec for rec in s.query() if rec.raw.get("sweep_point") == point.hash]
 
     # the submitter waits for the job (--resume re-attaches); its client gives up on a silent controller in 2 s
-    env = {**os.environ, **slurm_cluster.client_env(2), slurm.POLL_ENV: "1"}
+    env = {**os.environ, **slurm_cluster.client_env(2), squeue.POLL_ENV: "1"}
     waiter = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "sweep", str(f), "--executor", "slurm", "--db",
                                str(db), "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -6,8 +6,8 @@ the combinations the allocation rules out, the baseline and reference selectors,
 then submits one job through ``sweep.slurm`` (submitit; one task per node; the nodes exclusive with
 all their CPUs and memory, and the task's step given all of it with ``srun --whole``, since an
 acceptance measures them whole) named ``dlscale-accept-<id>``, waits for it with the
-sweep's wait loop (a controller outage is waited through and said once when it begins and once
-when it ends), saying on stderr where the job stands and each run as it is recorded, and then
+sweep's wait loop (``sweep.squeue``; a controller outage is waited through and said once when it
+begins and once when it ends), saying on stderr where the job stands and each run as it is recorded, and then
 judges the runs recorded under the acceptance id and writes the outputs as a local ``dlscale
 accept`` does (``run.conclude``). Ctrl-C cancels the job.
 
@@ -50,7 +50,7 @@ from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.procs import die_with_parent, end_tree
 from dlscale.record import RunRecord
-from dlscale.sweep.spec import SlurmOptions, minutes
+from dlscale.sweep.slurmspec import SlurmOptions, minutes
 
 JOB_PREFIX = "dlscale-accept-"
 MODULE = "dlscale.accept.slurm"
@@ -277,7 +277,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
 def _wait(store: Any, acc_id: str, job_id: str) -> Any:
     """Wait for the job (the sweep's loop), saying where it stands and each run it records; its last
     state. Ctrl-C cancels the job."""
-    from dlscale.sweep.slurm import wait_for_jobs
+    from dlscale.sweep.squeue import wait_for_jobs
 
     ended: dict[str, Any] = {}
     progress = _Progress(store, acc_id, job_id)
@@ -348,7 +348,8 @@ def job_failure(js: Any, folder: str, nodes: int) -> str | None:
     """Why the job did not complete (None: it did): Slurm's reason, else the last error a node's task
     logged, with its log."""
     from dlscale.sweep.run import last_line
-    from dlscale.sweep.slurm import ENDED_BY_SLURM, log_tail, slurm_reason
+    from dlscale.sweep.slurm import log_tail
+    from dlscale.sweep.squeue import ENDED_BY_SLURM, slurm_reason
 
     if js.state == "COMPLETED":
         return None

@@ -86,11 +86,11 @@ def _status(target: str, db: str | None, state_dir: str | None, fmt: Format) -> 
     from pathlib import Path
 
     from dlscale.store import Store
-    from dlscale.sweep import slurm
+    from dlscale.sweep import state
 
     with Store.open(db) as store:
-        st, _ = slurm.find_state(target, Path(state_dir) if state_dir else slurm.default_state_dir(store))
-        rows = slurm.status_rows(st, store)
+        st, _ = state.find_state(target, Path(state_dir) if state_dir else state.default_state_dir(store))
+        rows = state.status_rows(st, store)
     if fmt == Format.json:
         print_json({"name": st.name, "tag": st.tag, "file": st.file, "state_file": str(st.path), "points": rows})
         return

@@ -31,7 +31,7 @@ sweep file's folder. Its keys merge under the point's own keys, which win (``fix
 as the point's own); a ``model:`` in it must match the point's model, or gives the point its model.
 
 ``slurm:`` (optional) names the resources of each point's job for ``dlscale sweep --executor
-slurm`` (``sweep.slurm``); the local executor ignores it::
+slurm`` (``sweep.slurm``; the block is checked by ``sweep.slurmspec``); the local executor ignores it::
 
     slurm: {partition: gpu, nodes: 2, gpus_per_node: 8, cpus_per_task: 64, time: "2:00:00",
             account: proj42, constraint: h100, qos: normal, mem: 500G, setup: ["module load cuda"]}
@@ -55,10 +55,10 @@ from dlscale.record import config_hash
 from dlscale.yamlfile import Lines, read_yaml
 from dlscale.sweep.fields import (COMMANDS, MICRO, Opt, build_configs, field_type, micro_fields, text, to_argv,
                                   type_problem)
+from dlscale.sweep.slurmspec import SlurmOptions, check_slurm
 
 TOP_LEVEL = ("name", "description", "command", "tag", "timeout_per_run", "fixed", "matrix", "exclude", "include",
              "slurm")
-SLURM_TEXT = ("partition", "account", "constraint", "qos", "mem")  # slurm: fields given as text
 SWEEP_ONLY = ("timeout_per_run",)  # point fields the sweep consumes instead of passing on
 RESERVED = ("db", "format", "help")  # the sweep chooses these for every point
 DEFAULT_TIMEOUT_S = 1800.0
@@ -97,22 +97,6 @@ class Sweep:
         if not (math.isfinite(seconds) and seconds > 0):
             raise UsageError(f"--timeout-per-run must be a number of seconds > 0, got {seconds:g}")
         return replace(self, timeout_s=seconds, points=[replace(p, timeout_s=seconds) for p in self.points])
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """The ``slurm:`` block: what each point's job asks Slurm for (None: the cluster's default)."""
-
-    partition: str | None = None
-    nodes: int | None = None
-    gpus_per_node: int | str | None = None  # a count, or "auto": one per rank
-    cpus_per_task: int | None = None
-    time_min: int | None = None
-    account: str | None = None
-    constraint: str | None = None
-    qos: str | None = None
-    mem: str | None = None
-    setup: tuple[str, ...] = ()
 
 
 def load(path: str | Path) -> Sweep:
@@ -348,61 +332,3 @@ def _culprit(message: str, options: dict[str, Any], origin: dict[str, tuple], ta
     quoted = [k for k, v in options.items() if isinstance(v, str) and repr(v) in message]
     keys = [k for _, k in sorted(named)] + quoted + [k for k, p in origin.items() if p[0] != "fixed"] + list(origin)
     return next((origin[k] for k in keys if k in origin), ())
-
-
-
-
-def check_slurm(block: Any, lines: Lines) -> SlurmOptions | None:
-    """The ``slurm:`` block, each value checked where the file gives it."""
-    if block is None:
-        return None
-    if not isinstance(block, dict):
-        raise lines.fail(("slurm",), "must be a mapping (partition:, nodes:, gpus_per_node:, time:, ...)")
-    known = (*SLURM_TEXT, "nodes", "gpus_per_node", "cpus_per_task", "time", "setup")
-    out: dict[str, Any] = {}
-    for key, value in block.items():
-        path = ("slurm", key)
-        if key not in known:
-            raise lines.fail(path, f"unknown field {key!r}; known: {', '.join(known)}")
-        if key in SLURM_TEXT:
-            if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value).strip() == "":
-                raise lines.fail(path, f"must be a name, got {value!r}")
-            out[key] = str(value)
-        elif key == "time":
-            out["time_min"] = _minutes(value, lines, path)
-        elif key == "setup":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise lines.fail(path, "must be a list of shell lines (run in the job before the point)")
-            out[key] = tuple(value)
-        elif key == "gpus_per_node" and value == "auto":
-            out[key] = value
-        elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "gpus_per_node" else 1):
-            least = "0 or auto" if key == "gpus_per_node" else "1"
-            raise lines.fail(path, f"must be an integer >= {least}, got {value!r}")
-        else:
-            out[key] = value
-    return SlurmOptions(**out)
-
-
-def _minutes(value: Any, lines: Lines, path: tuple) -> int:
-    try:
-        return minutes(value)
-    except ValueError as e:
-        raise lines.fail(path, str(e)) from None
-
-
-def minutes(value: Any) -> int:
-    """A Slurm time limit in whole minutes: a number of minutes, or ``[D-]H:MM[:SS]`` (seconds round
-    up); anything else is a ValueError saying so."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?", str(value).strip()) if isinstance(value, str) else None
-    if m is None:
-        raise ValueError(f"must be minutes (an integer >= 1) or [D-]H:MM[:SS], got {value!r}")
-    days, hours, mins, secs = (int(g or 0) for g in m.groups())
-    total = days * 1440 + hours * 60 + mins + math.ceil(secs / 60)
-    if total < 1:
-        raise ValueError(f"must be at least one minute, got {value!r}")
-    return total
