@@ -305,12 +305,12 @@ def test_a_cpu_machine_is_keyed_by_its_machine_id():
 def test_the_inventory_records_each_gpus_serial(monkeypatch):
     from fakes_gpu import FakeGpu, fake_nvml
 
-    from dlscale import system
+    from dlscale import system_gpu
 
     fake_nvml(monkeypatch, gpus=[FakeGpu(serial="1654922001234")])
-    monkeypatch.setattr(system, "nvml", system.nvml)
+    monkeypatch.setattr(system_gpu, "nvml", system_gpu.nvml)
     nv = __import__("pynvml")
-    entry = system._gpu_entry(nv, 0, system.nvml.host_gpus(nv, [])[0], [])
+    entry = system_gpu._gpu_entry(nv, 0, system_gpu.nvml.host_gpus(nv, [])[0], [])
     assert entry["serial"] == "1654922001234" and entry["uuid"].startswith("GPU-")
 
 

@@ -27,7 +27,7 @@ from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.longtest.config import TTAConfig, same_config_key
 from dlscale.longtest.tasks import EpochContext, Task, TaskData
 from dlscale.longtest import checkpoint
-from dlscale.longtest.tta import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
+from dlscale.longtest.epochs import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",

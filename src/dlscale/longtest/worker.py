@@ -23,8 +23,9 @@ def run_rank(spec: Any, env: Any) -> Any:
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
     from dlscale.longtest.config import TTAConfig
+    from dlscale.longtest.epochs import Ranks
     from dlscale.longtest.run import add_reference, epoch_line, platform_name
-    from dlscale.longtest.tta import Ranks, run_tta
+    from dlscale.longtest.tta import run_tta
     from dlscale.store import Store
     from dlscale.system import collect_cached
 

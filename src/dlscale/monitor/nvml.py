@@ -1,4 +1,4 @@
-"""NVML access shared by the inventory (system.py), the monitor and the health checks.
+"""NVML access shared by the inventory (system_gpu.py), the monitor and the health checks.
 
 ``start()`` imports the bindings (nvidia-ml-py's ``pynvml``) and initialises NVML, or says None
 where either is missing. ``cuda_gpus()`` maps each CUDA device to its NVML device: CUDA numbers
