@@ -190,3 +190,32 @@ def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_
         "for the verdicts")
     with lock.host_lock("accept-next", wait=False):  # the lock went with the interrupted acceptance
         pass
+
+
+def inventory_run(gpus: int, when: str, cpus: int = 64):
+    r = ar.rec("inventory", "node", {}, {"gpus": gpus, "nvml_gpus": gpus, "cpus": cpus, "memory_gib": 503.2},
+               {"gpu_names": [ar.GPU] * gpus}, sys=CPU)
+    r.created_at = r.finished_at = when
+    return r
+
+
+def test_the_inventory_is_held_to_the_nodes_last_sound_acceptance_never_a_later_or_unsound_one(db_path, tmp_path, cli):
+    first = conclude(db_path, [inventory_run(8, "2026-11-01T10:00:00.000+00:00")], tmp_path)
+    assert {v.figure: v.status for v in first.verdicts}["GPUs"] == "NO EXPECTATION"  # nothing before it
+    lost = conclude(db_path, [inventory_run(7, "2026-11-02T10:00:00.000+00:00")], tmp_path)  # a GPU fell off the bus
+    gpus = next(v for v in lost.verdicts if v.figure == "GPUs")
+    assert (gpus.status, gpus.expected, gpus.expectation) == ("FAIL", 8, "baseline") and lost.exit_code == 1
+    assert gpus.reason == f"7 GPUs, 1 fewer than at acceptance {first.id} (2026-11-01)"
+    # the acceptance that FAILed its inventory is nobody's baseline: the next one is held to the first one still
+    still = conclude(db_path, [inventory_run(7, "2026-11-03T10:00:00.000+00:00")], tmp_path)
+    assert f"acceptance {first.id}" in next(v for v in still.verdicts if v.figure == "GPUs").reason
+    mended = conclude(db_path, [inventory_run(8, "2026-11-04T10:00:00.000+00:00")], tmp_path)
+    assert {v.figure: v.status for v in mended.verdicts}["GPUs"] == "PASS"
+    # judged again, the first acceptance has still nothing before it (the later ones are not its baseline)
+    r = cli("accept", "judge", first.id, "--format", "json")
+    doc = {v["figure"]: v for v in json.loads(r.stdout)["verdicts"]}
+    assert r.code == 0 and doc["GPUs"]["status"] == "NO EXPECTATION", r.stdout
+    # and the one that lost a GPU, judged again, is held to the first one as it was then
+    r = cli("accept", "judge", lost.id, "--format", "json")
+    doc = {v["figure"]: v for v in json.loads(r.stdout)["verdicts"]}
+    assert r.code == 1 and doc["GPUs"]["status"] == "FAIL" and first.id in doc["GPUs"]["reason"]

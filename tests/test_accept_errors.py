@@ -177,6 +177,30 @@ def test_the_inventory_against_the_spec_and_cuda_against_nvml():
     assert "GPU 7 is NVIDIA A100-SXM4-80GB, not H100" in next(v.reason for v in other if v.figure == "GPU model")
 
 
+def test_an_item_the_spec_does_not_give_is_held_to_the_nodes_last_sound_acceptance():
+    then = (inv(nvml=8, cpus=224, memory=2015.5), "acceptance accept-A (2026-11-01)")
+    same = inventory.verdicts(inv(memory=1990.0), {}, last=then)  # memory 1.3% lower: the kernel's share moved
+    assert by_figure(same) == {"GPUs": PASS, "logical CPUs": PASS, "memory": PASS, "CUDA devices vs NVML": PASS}
+    assert {v.expectation for v in same if v.figure != "CUDA devices vs NVML"} == {"baseline"}
+    gpu = next(v for v in same if v.figure == "GPUs")
+    assert gpu.expected == 8 and gpu.source == "acceptance accept-A (2026-11-01): the node's inventory then"
+    # one GPU gone from CUDA and NVML alike (fell off the bus): CUDA vs NVML cannot see it, the last acceptance does
+    gone = inventory.verdicts(inv(gpus=7, nvml=7, cpus=112, memory=1763.6), {}, last=then)
+    assert by_figure(gone) == {"GPUs": FAIL, "logical CPUs": FAIL, "memory": FAIL, "CUDA devices vs NVML": PASS}
+    reasons = {v.figure: v.reason for v in gone}
+    assert reasons["GPUs"] == "7 GPUs, 1 fewer than at acceptance accept-A (2026-11-01)"
+    assert reasons["logical CPUs"] == "112 CPUs, 112 fewer than at acceptance accept-A (2026-11-01)"
+    assert reasons["memory"] == "1763.6 GiB, 251.9 GiB less than at acceptance accept-A (2026-11-01)"  # 12.5%: a DIMM
+    more = inventory.verdicts(inv(gpus=9, nvml=9), {}, last=then)
+    assert by_figure(more)["GPUs"] == WARN and "1 more than at" in {v.figure: v.reason for v in more}["GPUs"]
+    # the spec wins where it gives the item; what neither gives stays NO EXPECTATION
+    spec_says = inventory.verdicts(inv(gpus=7, nvml=7), {"gpus": 7}, last=then)
+    assert {v.figure: (v.status, v.expectation) for v in spec_says}["GPUs"] == (PASS, "spec")
+    bare = ar.rec("inventory", "node", {}, {"gpus": 8}, {})
+    assert by_figure(inventory.verdicts(inv(), {}, last=(bare, "acceptance accept-B (2026-11-02)")))["memory"] == \
+        NO_EXPECTATION
+
+
 def test_the_inventory_check_in_a_spec_names_a_bad_option_by_line(tmp_path):
     from dlscale.errors import UsageError
 

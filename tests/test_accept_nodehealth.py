@@ -95,3 +95,21 @@ def test_bad_combinations_are_refused_before_anything_runs(cli, db_path, monkeyp
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol here
     r = cli("accept", "--level", "1", "--drain-on-fail")
     assert r.code == 2 and "need Slurm's scontrol on PATH" in r.stderr
+
+
+def test_a_second_level_1_holds_the_node_to_its_first(cli, db_path, tmp_path):
+    """Without a spec the node's counts are held to its last sound acceptance: measured twice here, the
+    second acceptance's CPUs and memory PASS against the first one's (a GPU or DIMM lost in between would FAIL)."""
+    import json
+
+    first = cli("accept", "--level", "1", "--out", str(tmp_path / "a"), "--format", "json")
+    assert first.code == 0, first.stderr[-2000:]
+    doc = json.loads(first.stdout)
+    assert {v["figure"]: v["status"] for v in doc["verdicts"] if v["check"] == "inventory"}["logical CPUs"] == \
+        "NO EXPECTATION"
+    second = cli("accept", "--level", "1", "--out", str(tmp_path / "b"), "--format", "json")
+    assert second.code == 0, second.stderr[-2000:]
+    inv = {v["figure"]: v for v in json.loads(second.stdout)["verdicts"] if v["check"] == "inventory"}
+    assert inv["logical CPUs"]["status"] == "PASS" and inv["logical CPUs"]["expectation"] == "baseline"
+    assert inv["logical CPUs"]["expected"] == os.cpu_count() and doc["acceptance_id"] in inv["logical CPUs"]["source"]
+    assert inv["memory"]["status"] == "PASS"

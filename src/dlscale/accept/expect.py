@@ -47,6 +47,8 @@ class Baseline:
     origin: dict[str, list[str]] = field(default_factory=dict)  # figure key -> ["acceptance ID (date)", ...]
     what: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # figure key -> each run's ``measured``
     notes: dict[str, str] = field(default_factory=dict)  # figure key -> why runs of it were set aside
+    # node (None on one node) -> its inventory run at its last sound acceptance, and where from (lastinventory)
+    inventory: dict[str | None, tuple[RunRecord, str]] = field(default_factory=dict)
 
     def add(self, figs: Iterable[Figure], origin: str, keys: set[str] | None = None,
             runs: dict[str, RunRecord] | None = None) -> None:
@@ -70,7 +72,7 @@ class Baseline:
         """The runs of each figure that measured what ``figs``' own runs did (``records``: theirs); a
         figure whose baseline runs all measured something else gets a note saying what differs."""
         mine = {r.run_id: measured(r) for r in records}
-        out = Baseline(notes=dict(self.notes))
+        out = Baseline(notes=dict(self.notes), inventory=dict(self.inventory))
         for f in figs:
             if f.key not in self.figures or f.key in out.figures:
                 continue

@@ -7,7 +7,10 @@ gpu_model: H100, cpus: 224, memory_gib: 2000}``), and against itself: every GPU 
 host must be a CUDA device where ``CUDA_VISIBLE_DEVICES`` hides none (a GPU that fell off the bus
 or whose driver state broke is listed by one and not the other). A count below the spec's is a
 FAIL, above it a WARN (the node is not the one the spec describes; memory is a least value, as
-the kernel's share of it moves between boots); an item the spec does not give is NO EXPECTATION. Fast and with no load: it belongs to level 1, the Slurm health check.
+the kernel's share of it moves between boots). An item the spec does not give is held to the node's
+inventory at its last sound acceptance (``lastinventory``: a GPU or CPU fewer than then is a FAIL,
+one more a WARN; memory more than ``MEMORY_SLACK`` below it a FAIL), else NO EXPECTATION. Fast and
+with no load: it belongs to level 1, the Slurm health check.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ OPTIONS: dict[str, tuple[type | tuple[type, ...], str, str, str]] = {
 
 
 FLOORS = ("memory_gib",)  # items the spec gives as a least value, not an exact count
+MEMORY_SLACK = 0.05  # memory below the last acceptance's by more than this is lost (a DIMM of 16 is 6.25%)
 
 
 def check_options(options: dict[str, Any]) -> dict[str, str]:
@@ -42,13 +46,16 @@ def check_options(options: dict[str, Any]) -> dict[str, str]:
     return bad
 
 
-def verdicts(rec: RunRecord, expect: dict[str, Any], host: str | None = None) -> list[Verdict]:
-    """The inventory record's verdicts: each counted item against the spec's, the GPU model, and CUDA
-    against NVML (``host``: the record's node, named where the acceptance spans several)."""
+def verdicts(rec: RunRecord, expect: dict[str, Any], host: str | None = None,
+             last: tuple[RunRecord, str] | None = None) -> list[Verdict]:
+    """The inventory record's verdicts: each counted item against the spec's (else against ``last``:
+    the node's inventory run at its last sound acceptance, and where it came from), the GPU model, and
+    CUDA against NVML (``host``: the record's node, named where the acceptance spans several)."""
     if rec.status != "ok":
         return [error("inventory", f"the run failed: {rec.error}", subject=host, run_ids=[rec.run_id])]
     m = rec.metrics or {}
-    out = [_count(rec, key, expect.get(key), host) for key in ("gpus", "cpus", "memory_gib")]
+    out = [_count(rec, key, expect.get(key), host) if key in expect or last is None else _since(rec, key, last, host)
+           for key in ("gpus", "cpus", "memory_gib")]
     if expect.get("gpu_model"):
         out.append(_model(rec, str(expect["gpu_model"]), host))
     nvml, cuda = m.get("nvml_gpus"), m.get("gpus")
@@ -73,6 +80,26 @@ def _count(rec: RunRecord, key: str, want: Any, host: str | None) -> Verdict:
     word = {PASS: "at least" if floor else "as the spec says", FAIL: "fewer than the spec's",
             WARN: "more than the spec's"}[status]
     return _verdict(rec, name, host, status, have, unit, f"{have:g} {unit}, {word} {want:g}", expected=want)
+
+
+def _since(rec: RunRecord, key: str, last: tuple[RunRecord, str], host: str | None) -> Verdict:
+    """A counted item the spec does not give, against the node's own count at its last sound acceptance."""
+    _, metric, unit, name = OPTIONS[key]
+    have, then = (rec.metrics or {}).get(metric), (last[0].metrics or {}).get(metric)
+    if not isinstance(then, (int, float)) or isinstance(then, bool):
+        return _count(rec, key, None, host)
+    if not isinstance(have, (int, float)) or isinstance(have, bool):
+        return _count(rec, key, then, host)  # the ERROR of a missing count
+    if key in FLOORS:
+        lost = have < then * (1 - MEMORY_SLACK)
+        status = FAIL if lost else PASS
+        word = (f"{then - have:.1f} {unit} less than at" if lost else
+                f"within {MEMORY_SLACK:.0%} of what it had at" if have < then else "at least what it had at")
+    else:
+        status = PASS if have == then else FAIL if have < then else WARN
+        word = {PASS: "as at", FAIL: f"{then - have:g} fewer than at", WARN: f"{have - then:g} more than at"}[status]
+    return _verdict(rec, name, host, status, have, unit, f"{have:g} {unit}, {word} {last[1]}", expected=then,
+                    kind="baseline", source=f"{last[1]}: the node's inventory then")
 
 
 def _model(rec: RunRecord, want: str, host: str | None) -> Verdict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import burnin, drift, explain, figures
+from dlscale.accept import burnin, drift, explain, figures, lastinventory
 from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
@@ -77,7 +77,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
                         sp.thresholds.run_spread, sp.thresholds.alpha)
     _spec_expectations(figs, sp, exps)
     verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
-                for v in _own_verdicts(r, sp, hosts.get(r.run_id))]
+                for v in _own_verdicts(r, sp, hosts.get(r.run_id), base.inventory.get(hosts.get(r.run_id)))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
                                              and check_of[r.run_id] not in missing
                                              and not burnin.explained_failure(r)], check_of, hosts)
@@ -98,11 +98,13 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     return verdicts
 
 
-def _own_verdicts(rec: RunRecord, sp: specs.Spec, host: str | None) -> list[Verdict]:
-    """A health or inventory record's verdicts, by their own rules (``host``: its node among several)."""
+def _own_verdicts(rec: RunRecord, sp: specs.Spec, host: str | None, last: tuple[RunRecord, str] | None
+                  ) -> list[Verdict]:
+    """A health or inventory record's verdicts, by their own rules (``host``: its node among several;
+    ``last``: its inventory at its last sound acceptance)."""
     if rec.kind == "health":
         return explain.health_verdicts(rec, host)
-    return inventory_verdicts(rec, sp.checks.get("inventory") or {}, host)
+    return inventory_verdicts(rec, sp.checks.get("inventory") or {}, host, last)
 
 
 def _spec_expectations(figs: Sequence[Any], sp: specs.Spec, exps: dict[int, list[Expectation]]) -> None:
@@ -249,6 +251,7 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     with Store.open(db) as store:
         base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
                 find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)}, this=this))
+        base.inventory = lastinventory.find(store, vs.baseline, system, this)
         good = burnin.find_known_good(store, records)
         folder = Path(out_dir) if out_dir else default_out(store, acc_id)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
@@ -299,6 +302,7 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         base = (selected_baseline(store, baseline, this) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
                               {f.key for f in figures.figures(records)}, exclude=acc_rec.tag, this=this))
+        base.inventory = lastinventory.find(store, baseline, cfg.get("system"), this, exclude=acc_rec.tag)
         good = burnin.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
