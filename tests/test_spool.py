@@ -173,3 +173,46 @@ def test_a_sweep_names_the_spool_a_point_kept_its_record_in(home, tmp_path):
         (kept,) = spool.pending()
         assert kept.spool == str(spool.spool_path(str(store.path)))
     assert res.status == "ok" and kept.run_id == printed["run_id"] and kept.reason == "lost"
+
+
+def test_an_acceptance_check_whose_database_went_away_is_judged_from_the_spool(own_server, home, monkeypatch):
+    """A check runs in its own process (accept/bounded.py): a run it could not store reaches the spool there,
+    and the acceptance's process notes it (the command ends naming the spool) and judges it from the spool.
+    The check's process is played here in this one (run_check, then the hand-over, then this process's
+    notes forgotten as a process's end forgets them), the server going away once the node is counted."""
+    from dlscale import system
+    from dlscale.accept import bounded, suite
+    from dlscale.accept import spec as specs
+
+    url = own_server.url(own_server.createdb())
+    sp = specs.builtin(level=1)
+    planned = suite.Planned("inventory", {}, specs.validate(sp, "inventory", {}))
+    collect = system.collect_cached
+
+    def counted_then_the_server_goes():
+        out = collect()
+        own_server.stop()
+        return out
+
+    def the_checks_process(cmd, limit_s):
+        job = json.loads(open(cmd[-1]).read())
+        monkeypatch.setattr(system, "collect_cached", counted_then_the_server_goes)
+        try:
+            suite.run_check(planned, job["acceptance"], job["db"])
+            bounded._hand_over_spooled(os.path.dirname(cmd[-1]))
+        finally:
+            monkeypatch.setattr(system, "collect_cached", collect)
+            spool.take_pending()  # gone with the check's process
+            own_server.start()
+        return 0, None, []
+
+    monkeypatch.setattr(bounded, "_supervise", the_checks_process)
+    ran = bounded.run(planned, sp, "accept-outage", url, 120.0)
+    assert ran.problem is None, ran.tail
+    (rec,) = ran.records
+    assert rec.kind == "inventory" and rec.tag == "accept-outage" and rec.metrics["cpus"] == os.cpu_count()
+    assert rec.raw["spooled"]["for"] == url
+    (kept,) = spool.take_pending()
+    assert kept.run_id == rec.run_id and kept.spool == str(spool.spool_path(url))
+    with Store.open(url) as s:
+        assert s.query(tag="accept-outage") == []  # not there: the push line says how to deliver it

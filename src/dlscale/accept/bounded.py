@@ -10,7 +10,10 @@ stays below it, and a check past its limit is ended with its whole tree (``procs
 SIGTERM, which a run turns into an ``interrupted`` record and a launcher into the end of its
 torchrun and ranks, then SIGKILL after ``GRACE_S`` to everything still there). What ended it, or
 why it recorded nothing, is its ``problem``: judging makes that an ERROR naming the runs it had
-recorded, whose figures are judged on their own (``run.judge``).
+recorded, whose figures are judged on their own (``run.judge``). A run the check could not store
+(its database stayed away past the retry window) is in the local spool: the check hands the spool's
+notes over in its job folder, and they are noted here (the command ends naming the spool and the
+push that delivers it, exit 1) and read back from the spool to be judged.
 
 A test hook: ``DLSCALE_ACCEPT_HANG=CHECK`` makes that check's process hang at once, as a check
 stuck in a driver call or a collective does: it ignores SIGTERM and starts a process in a session
@@ -74,9 +77,27 @@ def run(p: suite.Planned, sp: specs.Spec, acc_id: str, db: str | None, limit_s: 
         t0 = time.monotonic()
         code, killed, tail = _supervise([sys.executable, "-m", MODULE, str(job)], limit_s)
         seconds = time.monotonic() - t0
+        kept = _spooled(tmp)
     with Store.open(db) as store:
         records = [r for r in store.query(tag=acc_id, newest_first=False) if r.run_id not in before]
+    records += [r for r in kept if r.run_id not in {x.run_id for x in records}]
     return Ran(p.check, records, seconds, limit_s, _problem(code, killed, tail, limit_s, why_limit, records), tail)
+
+
+def _spooled(job_dir: str) -> list[RunRecord]:
+    """The check's runs that went to the local spool (the database stayed away while it recorded them):
+    noted in this process, so the command ends naming the spool and how to deliver them, and read back
+    from the spool to be judged with the rest."""
+    from dlscale.distributed.faults import read_spooled
+    from dlscale.store import Store
+    from dlscale.stores import spool
+
+    out = []
+    for entry in read_spooled(job_dir):
+        spool.note(entry)
+        with Store.open(entry["spool"], create=False) as kept:
+            out.append(kept.get(entry["run_id"]))
+    return out
 
 
 def _supervise(cmd: list[str], limit_s: float) -> tuple[int | None, list[int] | None, list[str]]:
@@ -155,7 +176,17 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        _hand_over_spooled(str(Path(argv[0]).parent))
     return 0
+
+
+def _hand_over_spooled(job_dir: str) -> None:
+    """This check's records kept in the local spool, for the acceptance's process (``_spooled``)."""
+    from dlscale.distributed.faults import write_spooled
+    from dlscale.stores import spool
+
+    write_spooled(job_dir, [e.to_dict() for e in spool.pending()])
 
 
 def _hang_if_asked(check: str) -> None:
