@@ -204,6 +204,9 @@ def _hang_if_asked(check: str) -> None:
 
 
 if __name__ == "__main__":
+    from dlscale import importguard
+
+    importguard.install()  # a SIGTERM during torch's first import is delivered after it, not lost
     code = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

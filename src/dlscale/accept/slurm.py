@@ -376,4 +376,7 @@ def unrecorded(plan: suite.Plan, records: list[RunRecord], js: Any, failure: str
 
 
 if __name__ == "__main__":
+    from dlscale import importguard
+
+    importguard.install()  # a Ctrl-C or SIGTERM during torch's first import is delivered after it, not lost
     sys.exit(main(sys.argv[1:]))

@@ -102,6 +102,9 @@ def _one_line(msg: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from dlscale import importguard
+
+    importguard.install()  # a Ctrl-C during torch's first import is delivered after it, not lost
     debug = bool(os.environ.get("DLSCALE_DEBUG"))
     command = typer.main.get_command(app)
     code = 0

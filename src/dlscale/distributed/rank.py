@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from dlscale import importguard
+
+    importguard.install()  # a SIGTERM during torch's first import is delivered after it, not lost
     # Leave without the interpreter's teardown: the record is stored and the process group destroyed,
     # and C++ destructors of communication threads at exit can abort an otherwise finished rank
     # ("terminate called without an active exception", SIGABRT), which would fail a job that succeeded.
