@@ -131,7 +131,8 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
 
     from dlscale.store import Store
 
-    env = {**os.environ, "DLSCALE_DB": str(db_path)}
+    env = {**os.environ, "DLSCALE_DB": str(db_path), "PYTHONFAULTHANDLER": "1"}
+    family: list = []
     p = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "train", "tinycnn", "-b", "8", "--steps", "100000",
                           "--device", "cpu", "--emulate-nodes", "2", "--tag", "ctrlc"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -141,7 +142,8 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
             found = 0
             for q in psutil.Process(p.pid).children(recursive=True):
                 try:
-                    found += "dlscale.distributed.rank" in " ".join(q.cmdline())
+                    cmd = " ".join(q.cmdline())  # a rank, not the torchrun that starts it with the same arguments
+                    found += "dlscale.distributed.rank" in cmd and "torch.distributed.run" not in cmd
                 except psutil.Error:
                     pass
             return found
@@ -153,7 +155,12 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
         family = psutil.Process(p.pid).children(recursive=True)
         assert [n for n in netns.list_namespaces() if n.startswith(mine)]
         p.send_signal(signal.SIGINT)
-        p.communicate(timeout=60)
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (PYTHONFAULTHANDLER), then fail
+            p.send_signal(signal.SIGABRT)
+            _, err = p.communicate(timeout=30)
+            pytest.fail(f"Ctrl-C did not end the run within 60 s; its stderr:\n{err[-6000:]}")
         assert p.returncode == 130
         time.sleep(0.5)
         assert not [q for q in family if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
@@ -162,9 +169,17 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
             (rec,) = s.query(tag="ctrlc")
         assert rec.status == "failed" and "interrupted" in rec.error
     finally:
+        leftover = [q for q in family if q.is_running()] if family else []
         if p.poll() is None:
             p.kill()
             p.wait()
+        for q in leftover:  # nothing of the run outlives the test, whatever failed
+            try:
+                q.kill()
+            except psutil.Error:
+                pass
+        for ns in [n for n in netns.list_namespaces() if n.startswith(mine)]:
+            netns.remove_namespace(ns)
 
 
 def _rate_of(ns, dev):
