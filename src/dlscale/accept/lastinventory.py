@@ -44,6 +44,8 @@ def newest(store: Any, accs: Sequence[RunRecord], this: tuple[str, str] | None
             host = hosts.get(r.run_id)
             if r.kind == CHECK and host not in found and host not in unsound:
                 found[host] = (r, f"acceptance {acc.tag} ({when[0][:10]})")
+        if None in found:
+            break  # one node: its newest sound inventory is found
     return found
 
 
