@@ -158,6 +158,15 @@ def digits_root(tmp_path_factory):
     return root
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` of a child a test sends Ctrl-C: SIGINT at its default whatever this process
+    inherited. A shell starts a background job (`cmd &`, nohup) with SIGINT ignored, the ignoring is
+    inherited across exec, and a Python started so installs no KeyboardInterrupt handler at all."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def marked_processes(marker: str) -> list[int]:
     """Pids of the live processes whose environment holds ``marker`` ("NAME=value"): a test sets a
     variable of its own on a command, and every process that command starts inherits it."""

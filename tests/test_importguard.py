@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from conftest import sigint_default
+
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from dlscale import importguard
@@ -39,7 +41,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_a_ctrl_c_during_torchs_first_import_is_delivered_after_it_with_torch_whole():
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120,
+                       preexec_fn=sigint_default)
     assert r.returncode == 130, (r.stdout, r.stderr[-2000:])
     assert r.stdout.split() == ["interrupted", "3.0", "True"], r.stdout
 

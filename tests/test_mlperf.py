@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import sigint_default
 from dlscale.longtest import mlperf
 from dlscale.longtest.config import TTAConfig
 
@@ -87,7 +88,8 @@ def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_roo
             "--max-epochs", str(EPOCHS), "--threads", "1", *LARS_ARGS, "--mlperf-log", str(log), "--checkpoint-dir", str(ck),
             "--db", str(db_path), "--format", "json"]
     err = (tmp_path / "stderr.txt").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", *args], stdout=subprocess.DEVNULL, stderr=err,
+                            preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:

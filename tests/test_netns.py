@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import FakeNodes, need_system
+from conftest import FakeNodes, need_system, sigint_default
 from dlscale.distributed import netns
 from dlscale.errors import UsageError
 
@@ -135,7 +135,7 @@ def test_ctrl_c_removes_namespaces_and_processes(db_path):
     family: list = []
     p = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "train", "tinycnn", "-b", "8", "--steps", "100000",
                           "--device", "cpu", "--emulate-nodes", "2", "--tag", "ctrlc"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default)
     try:
         mine = f"{netns.PREFIX}{p.pid}-"
         def ranks() -> int:  # both nodes' ranks are up (each rank runs the dlscale.distributed.rank module)
