@@ -183,6 +183,7 @@ def test_an_acceptance_check_whose_database_went_away_is_judged_from_the_spool(o
     from dlscale import system
     from dlscale.accept import bounded, suite
     from dlscale.accept import spec as specs
+    from dlscale.distributed import faults
 
     url = own_server.url(own_server.createdb())
     sp = specs.builtin(level=1)
@@ -199,7 +200,7 @@ def test_an_acceptance_check_whose_database_went_away_is_judged_from_the_spool(o
         monkeypatch.setattr(system, "collect_cached", counted_then_the_server_goes)
         try:
             suite.run_check(planned, job["acceptance"], job["db"])
-            bounded._hand_over_spooled(os.path.dirname(cmd[-1]))
+            faults.hand_over_spooled(os.path.dirname(cmd[-1]))
         finally:
             monkeypatch.setattr(system, "collect_cached", collect)
             spool.take_pending()  # gone with the check's process

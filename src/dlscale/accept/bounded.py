@@ -88,13 +88,11 @@ def _spooled(job_dir: str) -> list[RunRecord]:
     """The check's runs that went to the local spool (the database stayed away while it recorded them):
     noted in this process, so the command ends naming the spool and how to deliver them, and read back
     from the spool to be judged with the rest."""
-    from dlscale.distributed.faults import read_spooled
+    from dlscale.distributed.faults import take_over_spooled
     from dlscale.store import Store
-    from dlscale.stores import spool
 
     out = []
-    for entry in read_spooled(job_dir):
-        spool.note(entry)
+    for entry in take_over_spooled(job_dir):
         with Store.open(entry["spool"], create=False) as kept:
             out.append(kept.get(entry["run_id"]))
     return out
@@ -177,16 +175,10 @@ def main(argv: list[str]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        _hand_over_spooled(str(Path(argv[0]).parent))
+        from dlscale.distributed.faults import hand_over_spooled
+
+        hand_over_spooled(str(Path(argv[0]).parent))  # for the acceptance's process (``_spooled``)
     return 0
-
-
-def _hand_over_spooled(job_dir: str) -> None:
-    """This check's records kept in the local spool, for the acceptance's process (``_spooled``)."""
-    from dlscale.distributed.faults import write_spooled
-    from dlscale.stores import spool
-
-    write_spooled(job_dir, [e.to_dict() for e in spool.pending()])
 
 
 def _hang_if_asked(check: str) -> None:

@@ -58,15 +58,25 @@ def write_run_id(job_dir: str | None, run_id: str) -> None:
         _write(Path(job_dir) / "run_id", run_id)
 
 
-def write_spooled(job_dir: str | None, entries: list[dict[str, Any]]) -> None:
-    """Rank 0's records that went to the local spool (its database stayed away), for the launcher."""
+def hand_over_spooled(job_dir: str | None) -> None:
+    """The records this process kept in the local spool (its database stayed away), for the process
+    that started it (a rank's for its launcher, a bounded check's for its acceptance)."""
+    from dlscale.stores import spool
+
+    entries = [e.to_dict() for e in spool.pending()]
     if job_dir and entries:
         _write(Path(job_dir) / "spooled.json", json.dumps(entries))
 
 
-def read_spooled(job_dir: str) -> list[dict[str, Any]]:
+def take_over_spooled(job_dir: str) -> list[dict[str, Any]]:
+    """What ``hand_over_spooled`` left in ``job_dir``, noted as this process's to report (``spool.note``)."""
+    from dlscale.stores import spool
+
     p = Path(job_dir) / "spooled.json"
-    return json.loads(p.read_text()) if p.exists() else []
+    entries = json.loads(p.read_text()) if p.exists() else []
+    for entry in entries:
+        spool.note(entry)
+    return entries
 
 
 def read_run_id(job_dir: str) -> str | None:

@@ -114,7 +114,7 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     try:
         res = _launch(spec, layout, placement.mode(layout, config))
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
-        _note_spooled(job_dir)
+        faults.take_over_spooled(job_dir)  # rank 0's spooled records: this process reports them
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
         if layout.node_rank == 0:
             _record_failure(family, config, layout, db, None, "interrupted (Ctrl-C or SIGTERM) before the run finished")
@@ -182,10 +182,3 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
         store.insert(rec)
     return rec
 
-
-def _note_spooled(job_dir: str) -> None:
-    """Rank 0's records kept in the local spool become this process's to report."""
-    from dlscale.stores import spool
-
-    for entry in faults.read_spooled(job_dir):
-        spool.note(entry)

@@ -30,16 +30,9 @@ def run(spec: Any, env: Any) -> int:
         _fail(spec, env, e)
     if env.rank == 0 and rec is not None:
         faults.write_run_id(spec.job_dir, rec.run_id)
-    _hand_over_spooled(spec)
+    faults.hand_over_spooled(spec.job_dir)
     _teardown()
     return 0
-
-
-def _hand_over_spooled(spec: Any) -> None:
-    """Tell the launcher which records this rank had to keep in the local spool."""
-    from dlscale.stores import spool
-
-    faults.write_spooled(spec.job_dir, [e.to_dict() for e in spool.pending()])
 
 
 def _fail(spec: Any, env: Any, e: BaseException) -> None:
@@ -52,7 +45,7 @@ def _fail(spec: Any, env: Any, e: BaseException) -> None:
                          usage=isinstance(e, UsageError), finding=finding)
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
-    _hand_over_spooled(spec)
+    faults.hand_over_spooled(spec.job_dir)
     if finding:  # not a crash: the other ranks wait in the teardown barrier, so leave with them
         try:
             _teardown()
