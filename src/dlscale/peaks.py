@@ -8,7 +8,8 @@ unknown device gets no peak (null) and a reason rather than somebody else's peak
 
 ``resolve_peak`` is the one place a run gets its peak: a datasheet row on GPUs, and on CPUs either
 the measured rate of a large GEMM (the short test's MFU) or the cores x GHz x FLOP/cycle estimate
-(the microbenchmarks' % of peak). docs/METRICS.md derives each.
+(the microbenchmarks' % of peak). docs/METRICS.md derives each. ``MEMORY`` holds each GPU's datasheet
+memory bandwidth (the acceptance's memory expectation, and the decode limit of ``dlscale.infer.limit``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,36 @@ def normalize_name(name: str) -> str:
 
 _BY_NAME = {normalize_name(n): row for row in GPU_PEAKS for n in row.names}
 _BY_PCI = {i: row for row in GPU_PEAKS for i in row.pci_ids}
+
+
+# Device memory bandwidth: the datasheet rate of each GPU's memory interface (what the acceptance's
+# memory copy is judged against, and what bounds a decode step that reads its weights and KV cache).
+@dataclass(frozen=True)
+class MemoryRow:
+    names: tuple[str, ...]  # exact device names, as the driver reports them
+    gbps: float  # GB/s (1e9 bytes/s) of device memory
+    source: str
+
+
+MEMORY: tuple[MemoryRow, ...] = (
+    MemoryRow(("NVIDIA H100 80GB HBM3",), 3350, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: 3.35 TB/s"),
+    MemoryRow(("NVIDIA H100 PCIe",), 2000, "NVIDIA H100 Tensor Core GPU datasheet (2022), H100 PCIe: 2 TB/s"),
+    MemoryRow(("NVIDIA H100 NVL",), 3900, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL: 3.9 TB/s"),
+    MemoryRow(("NVIDIA H200", "NVIDIA H200 NVL"), 4800, "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-80GB",), 2039, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM: 2,039 GB/s"),
+    MemoryRow(("NVIDIA A100 80GB PCIe",), 1935, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB PCIe: 1,935 GB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 1555,
+              "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 40GB: 1,555 GB/s"),
+    MemoryRow(("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), 900,
+              "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 900 GB/s"),
+    MemoryRow(("AMD Instinct MI300X",), 5300, "AMD Instinct MI300X accelerator data sheet (2023): 5.3 TB/s"),
+)
+_MEMORY_BY_NAME = {normalize_name(n): row for row in MEMORY for n in row.names}
+
+
+def memory_gbps(device_name: str | None) -> MemoryRow | None:
+    """The datasheet memory row of an exact (normalised) device name, else None."""
+    return _MEMORY_BY_NAME.get(normalize_name(device_name or ""))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The rated figures come from tables that name their sources: dense FLOP/s per precision
 (``peaks.GPU_PEAKS``), PCIe and NVLink rates (``predict.links``), and the memory bandwidth of
-each GPU (``MEMORY`` below, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
+each GPU (``peaks.MEMORY``, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
 each carry their source, or say that the fraction is dlscale's own choice and why (no vendor
 publishes what a healthy device reaches in a STREAM-like copy or a GEMM); docs/METRICS.md
 ("Acceptance: datasheet expectations") repeats them. A figure with no rated figure here (every
@@ -15,30 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.peaks import normalize_name
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    names: tuple[str, ...]  # exact device names, as the driver reports them
-    gbps: float  # GB/s (1e9 bytes/s) of device memory
-    source: str
-
-
-MEMORY: tuple[MemoryRow, ...] = (
-    MemoryRow(("NVIDIA H100 80GB HBM3",), 3350, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: 3.35 TB/s"),
-    MemoryRow(("NVIDIA H100 PCIe",), 2000, "NVIDIA H100 Tensor Core GPU datasheet (2022), H100 PCIe: 2 TB/s"),
-    MemoryRow(("NVIDIA H100 NVL",), 3900, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL: 3.9 TB/s"),
-    MemoryRow(("NVIDIA H200", "NVIDIA H200 NVL"), 4800, "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s"),
-    MemoryRow(("NVIDIA A100-SXM4-80GB",), 2039, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM: 2,039 GB/s"),
-    MemoryRow(("NVIDIA A100 80GB PCIe",), 1935, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB PCIe: 1,935 GB/s"),
-    MemoryRow(("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 1555,
-              "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 40GB: 1,555 GB/s"),
-    MemoryRow(("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), 900,
-              "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 900 GB/s"),
-    MemoryRow(("AMD Instinct MI300X",), 5300, "AMD Instinct MI300X accelerator data sheet (2023): 5.3 TB/s"),
-)
-_MEMORY_BY_NAME = {normalize_name(n): row for row in MEMORY for n in row.names}
+from dlscale.peaks import memory_gbps  # the table of memory rates lives in peaks (infer reads it too)
 
 
 @dataclass(frozen=True)
@@ -96,10 +73,6 @@ class Rated:
     @property
     def text(self) -> str:
         return f"{self.fraction.value:g} x {self.rated:.4g} ({self.source}); fraction: {self.fraction.source}"
-
-
-def memory_gbps(device_name: str | None) -> MemoryRow | None:
-    return _MEMORY_BY_NAME.get(normalize_name(device_name or ""))
 
 
 def pcie_gbps(gen: int | None, width: int | None) -> float | None:
