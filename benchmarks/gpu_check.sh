@@ -7,7 +7,8 @@
 #   micro gemm, best bf16                           vs  torch.matmul 8192^3
 #   micro memory, device copy                       vs  copy_ of 1 GiB
 #   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
-#   infer llama_small b1 decode, compiled / graph   vs  eager, and transformers' generate (static cache)
+#   infer llama_small b1 decode eager / compiled     vs  transformers generate eager (DynamicCache, compile off)
+#     / graph-eager, each against its memory limit       / compiled (static cache, torch.compile + CUDA graphs)
 #   accept --quick, twice                           (the second judged against the first)
 #   pytest -m gpu                                   (the GPU tests)
 #
@@ -17,6 +18,10 @@
 #   bash benchmarks/gpu_check.sh                  # on a GPU machine; writes to $OUT or ./gpu-check-DATE
 #   bash benchmarks/gpu_check.sh --device cpu     # the dry run: the same steps at toy sizes on a CPU (~10 min)
 #   bash benchmarks/gpu_check.sh --out DIR --deadline 480 --python /path/to/python
+#   bash benchmarks/gpu_check.sh --llm            # the second call (benchmarks/gpu_check_llm.sh): llama_7b decode
+#                                                 # against its limit and its peers, llama training compiled with a
+#                                                 # fused AdamW beside a plain loop (MFU), transformers serve under
+#                                                 # serve-bench; the serving extra's wheels: benchmarks/gpu_wheels.txt
 #
 # Each step runs under min(its limit, the time left before --deadline seconds); a step that fails or
 # runs out of time is reported as such in the table and the check goes on. Exit 1 if any step failed.
@@ -29,7 +34,8 @@ while [ $# -gt 0 ]; do
     --deadline) DEADLINE=$2; shift 2 ;;
     --out) DEST=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --llm) LLM_CALL=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -73,6 +79,7 @@ fi
 LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
 
 step env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv >&2 || true; $DL sysinfo --format json"
+[ -n "${LLM_CALL:-}" ] && . benchmarks/gpu_check_llm.sh  # the second call: its own steps and table, then exit
 step train_a 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
 step peer_train_a 90 $PEER train "${PRN[@]}" "${PSTEPS[@]}"
 step train_b 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
@@ -84,8 +91,9 @@ step peer_copy 30 $PEER copy "${COPY[@]}"
 step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
 step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json
 step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode compiled --device "$DEVICE" --tag gpu-check --format json
-[ "$DEVICE" = cuda ] && step decode_graph 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph --device "$DEVICE" --tag gpu-check --format json
-step peer_generate 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --static-cache
+[ "$DEVICE" = cuda ] && step decode_graph_eager 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph-eager --device "$DEVICE" --tag gpu-check --format json
+step peer_generate_eager 60 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --mode eager
+step peer_generate_compiled 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --mode compiled
 step accept_1 170 $DL accept --quick --out "$DEST/accept_1" --format json
 step accept_2 170 $DL accept --quick --out "$DEST/accept_2" --format json
 if [ "$DEVICE" = cuda ]; then
