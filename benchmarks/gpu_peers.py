@@ -51,6 +51,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def timed_steps(step, device: torch.device, warmup: int, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` training steps after ``warmup`` uncounted ones (one synchronise at the end)."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    clock = Clock(device, steps + 1)
+    clock.mark(0)
+    for i in range(steps):
+        step()
+        clock.mark(i + 1)
+    return clock.intervals()
+
+
 def train(a: argparse.Namespace, device: torch.device) -> dict:
     import torchvision
 
@@ -70,15 +83,7 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(a.warmup):
-        step()
-    sync(device)
-    clock = Clock(device, a.steps + 1)
-    clock.mark(0)
-    for i in range(a.steps):
-        step()
-        clock.mark(i + 1)
-    dts = clock.intervals()
+    dts = timed_steps(step, device, a.warmup, a.steps)
     return {"peer": "train", "model": a.model, "batch": a.batch, "images_per_s": a.batch * len(dts) / sum(dts),
             "images_per_s_median_step": a.batch / statistics.median(dts)}
 
@@ -188,15 +193,7 @@ def train_llm(a: argparse.Namespace, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(a.warmup):
-        step()
-    sync(device)
-    clock = Clock(device, a.steps + 1)
-    clock.mark(0)
-    for i in range(a.steps):
-        step()
-        clock.mark(i + 1)
-    dts = clock.intervals()
+    dts = timed_steps(step, device, a.warmup, a.steps)
     return {"peer": "train-llm", "batch": a.batch, "seq": a.seq, "compile": a.compile, "fused": a.fused,
             "tokens_per_s": a.batch * a.seq * len(dts) / sum(dts),
             "label": f"plain loop: bf16 autocast, AdamW{' fused' if a.fused else ''}"
