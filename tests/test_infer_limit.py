@@ -149,7 +149,8 @@ def test_the_datasheet_rate_is_the_gpus_row_and_none_on_a_cpu(monkeypatch):
 
 
 def test_the_copy_rate_counts_read_and_write_as_micro_memory_does(monkeypatch):
-    """CPU: STREAM copy's 2 arrays of n float64 over the mean call time; GPU: 2 x 256 MiB over the median."""
+    """CPU: STREAM copy's 2 arrays of n float64 over the mean call time (arrays capped at CPU_COPY_MIB, said where
+    that is under STREAM's rule); GPU: 2 x 256 MiB over the median."""
     import torch
 
     from dlscale.micro import memory
@@ -166,4 +167,8 @@ def test_the_copy_rate_counts_read_and_write_as_micro_memory_does(monkeypatch):
     assert gbps == pytest.approx(memory.stream_bytes("copy", 2**20 // 8) / 0.2 / 1e9) and "STREAM copy of 1 MiB" in how
     gbps, how = limit.copy_bandwidth(_Cuda(), timer)
     assert gbps == pytest.approx(2 * 256 * 2**20 / 0.02 / 1e9) and "device-to-device" in how and "median" in how
-    assert [c[:2] for c in calls] == [(limit.COPY_WARMUP, limit.COPY_REPS)] * 2
+    assert [c[:2] for c in calls] == [(1, limit.CPU_COPY_REPS), (limit.COPY_WARMUP, limit.COPY_REPS)]
+    monkeypatch.setattr(memory, "default_array_mib", lambda: 4096)  # a VM's huge cache: capped, and said
+    monkeypatch.setattr(memory, "last_level_cache_bytes", lambda: 480 * 2**20)
+    _, how = limit.copy_bandwidth(torch.device("cpu"), lambda *a: [1.0])
+    assert f"STREAM copy of {limit.CPU_COPY_MIB} MiB" in how and "4x the last-level cache (480 MiB)" in how
