@@ -7,8 +7,8 @@
 #   micro gemm, best bf16                           vs  torch.matmul 8192^3
 #   micro memory, device copy                       vs  copy_ of 1 GiB
 #   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
-#   infer llama_small b1 decode eager / compiled     vs  transformers generate eager (DynamicCache, compile off)
-#     / graph-eager, each against its memory limit       / compiled (static cache, torch.compile + CUDA graphs)
+#   infer llama_small b1 decode eager / compiled    vs  transformers generate eager (DynamicCache, compile off)
+#     / graph-eager, each against its memory limit      / compiled (static cache, torch.compile + CUDA graphs)
 #   accept --quick, twice                           (the second judged against the first)
 #   pytest -m gpu                                   (the GPU tests)
 #
@@ -21,7 +21,8 @@
 #   bash benchmarks/gpu_check.sh --llm            # the second call (benchmarks/gpu_check_llm.sh): llama_7b decode
 #                                                 # against its limit and its peers, llama training compiled with a
 #                                                 # fused AdamW beside a plain loop (MFU), transformers serve under
-#                                                 # serve-bench; the serving extra's wheels: benchmarks/gpu_wheels.txt
+#                                                 # serve-bench (carry benchmarks/gpu_wheels.txt); on a machine's
+#                                                 # 10-minute call give it --deadline 570
 #
 # Each step runs under min(its limit, the time left before --deadline seconds); a step that fails or
 # runs out of time is reported as such in the table and the check goes on. Exit 1 if any step failed.
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --out) DEST=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --llm) LLM_CALL=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
