@@ -64,12 +64,14 @@ def gemm(slow_gpu: int | None = None, slow: float = 0.10, n: int = 8, tflops: fl
     return rec("micro", "gemm", {"device": "cuda", "device_name": GPU}, {}, {"rows": rows, "times_s": times})
 
 
-def memory(n: int = 8, d2d: float = 2969.0, h2d: float = 54.5, slow_gpu: int | None = None, slow: float = 0.0) -> RunRecord:
-    """Device and pinned host copies on every GPU (default: the healthy H100 SXM figures)."""
+def memory(n: int = 8, d2d: float = 2969.0, h2d: float = 54.5, slow_gpu: int | None = None, slow: float = 0.0,
+           d2h: float | None = None) -> RunRecord:
+    """Device and pinned host copies on every GPU (default: the healthy H100 SXM figures; d2h: h2d's)."""
     rows, times = [], []
     nbytes = 256 * 2**20
     for i in range(n):
-        for op, rate, nb in (("d2d", d2d, 2 * nbytes), ("h2d_pinned", h2d, nbytes), ("d2h_pinned", h2d, nbytes)):
+        for op, rate, nb in (("d2d", d2d, 2 * nbytes), ("h2d_pinned", h2d, nbytes),
+                             ("d2h_pinned", h2d if d2h is None else d2h, nbytes)):
             r = rate * (1 - slow if i == slow_gpu else 1)
             t = spread(nb / (r * 1e9), 10)
             rows.append({"op": op, "where": f"cuda:{i}", "array_mib": 256, "bytes": nb,

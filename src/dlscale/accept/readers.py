@@ -107,10 +107,11 @@ def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
         value, ci = geometric_mean_ci95(vals)
         sizes, top = sorted({r["size"] for r in flat}), max(r["size"] for r in mine)
         span = {"from_bytes": sizes[0], "to_bytes": sizes[-1], "levelled": len(sizes) > 1 or sizes[-1] < top}
+        cells = {r["size"]: [r[m]["busbw"] for m in MODES if r.get(m)] for r in mine}  # every size: a row's sizes
         out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, ci95=ci,
                           context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
                                    "link_bandwidth": rec.config.get("link_bandwidth"), "max_size": top,
-                                   "plateau": span}))
+                                   "plateau": span, "cells": cells}))
     return out
 
 

@@ -265,7 +265,7 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
     for r in rows:
         t.add_row(r.model, r.check, r.figure, f"{r.value:g} {r.unit}", r.basis,
                   "" if r.tolerance is None else f"{r.tolerance:g}",
-                  ", ".join(f"{k}={v}" for k, v in r.when.items()), r.source + (f" <{r.url}>" if r.url else ""))
+                  r.when_text, r.source + (f" <{r.url}>" if r.url else ""))
     out.print(t)
     if not rows:
         out.print(f"(no healthy figure of a model matching {model!r})", markup=False)
