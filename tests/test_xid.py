@@ -119,6 +119,16 @@ def test_the_health_check_reads_the_kernels_xids_since_the_mark(monkeypatch, ker
     assert "since this boot (the last sound read was another boot's)" in again["kernel_xids"]["window"]
 
 
+def test_a_flood_of_another_programs_xids_keeps_every_other_xid(kernel_log):
+    lines = [f"[  {10 + k}.000000] NVRM: Xid (PCI:0000:18:00): 13, pid={k}, Graphics Exception" for k in range(205)]
+    kernel_log.write_text("\n".join(lines[:3] + ["[  12.500000] NVRM: Xid (PCI:0000:18:00): 79, pid=1, off the bus"]
+                                    + lines[3:]) + "\n")
+    hist = kernlog.read(None)
+    codes = [e["xid"] for e in hist["events"]]
+    assert hist["dropped"] == 5 and codes.count(13) == kernlog.MAX_APPLICATION and 79 in codes
+    assert hist["events"][-1]["line"].endswith("pid=204, Graphics Exception")  # the newest are kept
+
+
 def test_an_unreadable_kernel_log_is_a_warning_on_every_gpu(monkeypatch):
     monkeypatch.delenv(kernlog.KERNEL_LOG_ENV, raising=False)
 

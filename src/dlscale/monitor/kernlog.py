@@ -24,7 +24,8 @@ from dlscale.monitor import xid
 KERNEL_LOG_ENV = "DLSCALE_KERNEL_LOG"
 KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-TIMEOUT_S = 10.0
+TIMEOUT_S = 5.0  # per command: level 1's health check has 30 s in all
+MAX_APPLICATION = 200  # application Xids kept in a record (a flood of another program's 13s); every other Xid is kept
 KMSG_RECORD = re.compile(r"^\d+,(\d+),(\d+),[^;]*;(.*)$")
 DMESG_LINE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 
@@ -126,8 +127,12 @@ def read(since: dict[str, Any] | None = None) -> dict[str, Any]:
         last = max((t for t, _ in lines), default=start or 0.0)
         events = [{**ev, "t_s": round(t, 6), "line": text.strip()[:300]} for t, text in lines
                   if (start is None or t > start) and (ev := xid.parse(text)) is not None]
+        apps = [id(e) for e in events if xid.classify(e["xid"]) == xid.APPLICATION]
+        drop = set(apps[:-MAX_APPLICATION]) if len(apps) > MAX_APPLICATION else set()
+        kept = [e for e in events if id(e) not in drop]  # the newest application Xids, and every other
         return {"source": name, "since": since, "until": {"boot_id": boot, "t_s": round(last, 6)},
-                "window": window(since, boot, start), "events": events, "unread": None}
+                "window": window(since, boot, start), "events": kept, "dropped": len(events) - len(kept),
+                "unread": None}
     return {"source": None, "since": since, "until": None, "window": window(since, boot, start), "events": [],
             "unread": "; ".join(why)}
 
