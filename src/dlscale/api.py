@@ -266,17 +266,18 @@ def _infer_how(cfg: Any) -> str:
 __all__ += ["infer"]
 
 
-def health(*, tag: str | None = None, db: str | None = None) -> Any:
+def health(*, tag: str | None = None, db: str | None = None, xids_since: dict[str, Any] | None = None) -> Any:
     """Every GPU's health as NVML reports it now (``dlscale sysinfo --health``), recorded as a run of
     kind ``health``: per GPU its clock-throttle reasons, ECC counts, retired pages and remapped rows,
-    and the warnings they raise (``raw.gpus[i].warnings``). A GPU that reports a problem is not a
-    failed run: the acceptance suite judges it (``dlscale accept``)."""
+    links, the kernel's Xids since ``xids_since`` (a previous read's mark, ``raw.kernel_xids.until``;
+    None: this boot's whole log), and the warnings they raise (``raw.gpus[i].warnings``). A GPU that
+    reports a problem is not a failed run: the acceptance suite judges it (``dlscale accept``)."""
     from dlscale.harness.runner import Outcome, execute
     from dlscale.monitor.health import check_host
     from dlscale.store import Store
 
     def body(_rec: Any) -> Any:
-        report = check_host()
+        report = check_host(kernel=True, since=xids_since)
         found = [w for g in report["gpus"] for w in g["warnings"]]
         return Outcome(metrics={"gpus": len(report["gpus"]), "health_warnings": len(found)},
                        units={"gpus": "GPUs", "health_warnings": "warnings"}, raw=report, warnings=found)

@@ -291,7 +291,9 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
     from dlscale import api
 
     if p.check == "health":
-        return [api.health(tag=tag, db=db)]
+        from dlscale.accept import xidhistory
+
+        return [api.health(tag=tag, db=db, xids_since=xidhistory.since(db))]
     if p.check == "inventory":
         return [api.inventory(tag=tag, db=db)]
     command, kind, _ = specs.CHECKS[p.check]

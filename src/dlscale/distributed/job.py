@@ -112,7 +112,7 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir,
                     price=asdict(price) if price is not None else None)
     try:
-        res = _launch(spec, layout, placement.mode(layout, config))
+        res = _launch(spec, layout, placement.launch_env(layout, config))
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
         faults.take_over_spooled(job_dir)  # rank 0's spooled records: this process reports them
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
@@ -154,13 +154,11 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
     return rank_function(family)(spec, env)
 
 
-def _launch(spec: RankSpec, layout: Layout, binding: str) -> Any:
-    """torchrun over the ranks, each told how it is bound to CPUs (``placement.mode``)."""
-    from dlscale.distributed.env import BINDING_ENV
+def _launch(spec: RankSpec, layout: Layout, placed: dict[str, str]) -> Any:
+    """torchrun over the ranks, each told how it is bound to CPUs and the job's CPUs (``placement.launch_env``)."""
     from dlscale.distributed.launch import launch
 
-    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None, extra_env={BINDING_ENV: binding},
-                  numa_binding=binding == "torchrun")
+    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None, extra_env=placed)
 
 
 def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, run_id: str | None,
