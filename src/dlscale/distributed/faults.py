@@ -41,13 +41,18 @@ def classify(message: str) -> str:
     return "error"
 
 
+def kind_of(cause: str, usage: bool = False, finding: bool = False) -> str:
+    """A failure's kind: 'usage' (bad input found before the run), 'finding', else ``classify``'s."""
+    return "usage" if usage else "finding" if finding else classify(cause)
+
+
 def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: bool = False,
                   finding: bool = False) -> None:
     """Report this rank's failure; ``usage`` marks bad input found before the run started,
     ``finding`` a ``Finding``."""
     if not job_dir:
         return
-    kind = "usage" if usage else "finding" if finding else classify(cause)
+    kind = kind_of(cause, usage, finding)
     entry = {"rank": rank, "node": node, "cause": cause, "kind": kind,
              "time": time.time()}
     _write(Path(job_dir) / f"failure-{rank}.json", json.dumps(entry))

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from dlscale.distributed import faults
+from dlscale.distributed import faults, peers
 from dlscale.errors import RunFailure, UsageError
 
 
@@ -41,8 +41,10 @@ def _fail(spec: Any, env: Any, e: BaseException) -> None:
     inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
     finding = isinstance(inner, faults.Finding)
     cause = str(inner) if finding or inner is e else describe_failure(inner)
-    faults.write_failure(spec.job_dir, env.rank, env.node_rank, " ".join((cause or type(e).__name__).split()),
-                         usage=isinstance(e, UsageError), finding=finding)
+    cause = " ".join((cause or type(e).__name__).split())
+    usage = isinstance(e, UsageError)
+    faults.write_failure(spec.job_dir, env.rank, env.node_rank, cause, usage=usage, finding=finding)
+    peers.publish_failure(env, cause, faults.kind_of(cause, usage, finding))  # the other nodes' ranks end too
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
     faults.hand_over_spooled(spec.job_dir)
