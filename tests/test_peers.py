@@ -208,3 +208,83 @@ def test_in_place_a_rank_that_fails_before_any_record_tells_the_others_and_rank_
     with Store.open(db_path) as s:
         rec = s.get(e.value.run_id)
     assert rec.status == "failed" and rec.error == "RuntimeError: Gloo connectFullMesh failed"
+
+
+def published(store, rank, node, cause, kind, t):
+    store.append("dlscale/j7/failed", json.dumps({"rank": rank, "node": node, "host": f"n{node}", "cause": cause,
+                                                  "kind": kind, "time": t}) + "\n")
+
+
+def test_a_lost_connection_is_explained_by_the_failure_published_on_another_node(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from dlscale.distributed import faults
+
+    store = dist.HashStore()
+    peers._state["store"] = store
+    published(store, 2, 1, "RuntimeError: Connection reset by peer", "peer", 3.0)
+    published(store, 1, 1, "out of memory: CUDA out of memory; lower --batch-size or --image-size", "error", 2.0)
+    published(store, 0, 0, "mine", "peer", 4.0)
+    elsewhere = peers.failures_elsewhere(0)
+    assert [f["rank"] for f in elsewhere] == [1, 2] and store.timeout.total_seconds() == 300  # its own timeout back
+    # node 0's job directory: rank 0's own report, then what node 1's ranks published
+    faults.write_failure(str(tmp_path), 0, 0, "RuntimeError: Connection closed by peer [10.0.0.2]:4242")
+    faults.note_elsewhere(str(tmp_path), elsewhere + [{"rank": 0, "node": 0, "cause": "x", "kind": "error", "time": 0}])
+    failures = faults.read_failures(str(tmp_path))
+    assert [f["rank"] for f in failures] == [1, 2, 0] and failures[-1]["cause"].startswith("RuntimeError: Connection closed")
+    assert faults.diagnose(failures, 4) == ("rank 1 (node 1) failed: out of memory: CUDA out of memory; lower "
+                                            "--batch-size or --image-size")
+
+
+def test_in_place_rank_0s_record_names_the_other_nodes_cause_not_its_lost_connection(monkeypatch, db_path):
+    import torch.distributed as dist
+
+    from dlscale.distributed import job
+    from dlscale.layout import Layout
+    from dlscale.record import RunRecord
+    from dlscale.store import Store
+
+    store = dist.HashStore()
+    peers._state["store"] = store
+    published(store, 1, 1, "ValueError: bad shard on n1", "error", 1.0)
+    with Store.open(db_path) as s:  # what execute recorded on rank 0: its own symptom
+        rec = RunRecord(kind="train", workload="tinycnn", config={}, system={})
+        rec.fail("RuntimeError: Connection closed by peer [10.77.0.2]:4242")
+        s.insert(rec)
+
+    def fails(spec, env):
+        raise RunFailure(f"run {rec.run_id} failed", run_id=rec.run_id) from RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(job, "rank_function", lambda family: fails)
+    with pytest.raises(RunFailure, match=r"failed: rank 1 \(node 1\) failed: ValueError: bad shard on n1$"):
+        job.run_in_place("train", {"model": "tinycnn"}, Layout(), str(db_path), dist_env(0))
+    with Store.open(db_path) as s:
+        assert s.get(rec.run_id).error == "rank 1 (node 1) failed: ValueError: bad shard on n1"
+
+
+def test_a_ranks_failure_handler_tells_the_store_and_keeps_the_other_nodes_cause(tmp_path, monkeypatch):
+    import os
+
+    import torch.distributed as dist
+
+    from dlscale.distributed import faults, rank
+    from dlscale.distributed.job import RankSpec
+
+    store = dist.HashStore()
+    peers._state["store"] = store
+    published(store, 1, 1, "ValueError: bad shard on n1", "error", 1.0)
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    spec = RankSpec(family="train", config={}, job_dir=str(tmp_path))
+    with pytest.raises(SystemExit):
+        rank._fail(spec, dist_env(0), RuntimeError("Connection closed by peer [10.77.0.2]:4242"))
+    assert [(f["rank"], f["kind"]) for f in peers.failures_elsewhere(1)] == [(0, "peer")]  # told the others
+    assert faults.diagnose(faults.read_failures(str(tmp_path)), 2) == "rank 1 (node 1) failed: ValueError: bad shard on n1"
+
+
+def test_a_silent_address_is_no_answer_within_the_probe_time(monkeypatch):
+    def silent(address, timeout):
+        assert timeout == peers.PROBE_S
+        raise socket.timeout("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", silent)
+    assert peers._try(entry(1, 1, "10.77.0.9", port=4242)) == f"no answer within {peers.PROBE_S:g} s"

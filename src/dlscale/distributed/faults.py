@@ -58,6 +58,16 @@ def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: 
     _write(Path(job_dir) / f"failure-{rank}.json", json.dumps(entry))
 
 
+def note_elsewhere(job_dir: str | None, entries: list[dict[str, Any]]) -> None:
+    """The failures of ranks on other nodes (``peers.failures_elsewhere``: their rank, node, cause, kind
+    and time, as they published them), kept beside this node's reports, so that ``diagnose`` here names
+    the rank that caused a lost connection and not the one that lost it."""
+    for f in entries if job_dir else []:
+        path = Path(job_dir) / f"failure-{f['rank']}.json"
+        if not path.exists():
+            _write(path, json.dumps({k: f[k] for k in ("rank", "node", "cause", "kind", "time")}))
+
+
 def write_run_id(job_dir: str | None, run_id: str) -> None:
     if job_dir:
         _write(Path(job_dir) / "run_id", run_id)

@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -170,14 +171,21 @@ def _in_place_failure(family: str, config: dict[str, Any], layout: Layout, db: s
     inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
     finding = isinstance(inner, faults.Finding)
     cause = " ".join((str(inner) if finding or isinstance(inner, UsageError) else describe_failure(inner)).split())
-    usage = isinstance(e, UsageError)
-    peers.publish_failure(env, cause, faults.kind_of(cause, usage, finding))
-    if isinstance(e, (RunFailure, UsageError, KeyboardInterrupt)):
+    kind = faults.kind_of(cause, isinstance(e, UsageError), finding)
+    peers.publish_failure(env, cause, kind)
+    if isinstance(e, (UsageError, KeyboardInterrupt)):
+        return
+    line = cause
+    elsewhere = peers.failures_elsewhere(env.rank) if kind in faults.SECONDARY else []
+    if elsewhere:  # a lost peer or a timeout caused by a rank on another node: name that rank and its cause
+        mine = {"rank": env.rank, "node": env.node_rank, "cause": cause, "kind": kind, "time": time.time()}
+        line = faults.diagnose([*elsewhere, mine], env.world_size)
+    if isinstance(e, RunFailure) and not elsewhere:  # recorded already, with its cause
         return
     if env.rank != 0:
-        raise RunFailure(f"rank {env.rank} (node {env.node_rank}): {cause}") from e
-    rec = _record_failure(family, config, layout, db, None, cause)
-    raise RunFailure(f"run {rec.run_id} failed: {cause}", run_id=rec.run_id) from e
+        raise RunFailure(f"rank {env.rank} (node {env.node_rank}): {line}") from e
+    rec = _record_failure(family, config, layout, db, e.run_id if isinstance(e, RunFailure) else None, line)
+    raise RunFailure(f"run {rec.run_id} failed: {line}", run_id=rec.run_id) from e
 
 
 def _launch(spec: RankSpec, layout: Layout, binding: str) -> Any:

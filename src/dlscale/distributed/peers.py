@@ -23,12 +23,13 @@ record. Keys live under ``dlscale/j<N>/``, N counting this process's joins.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -38,6 +39,7 @@ from dlscale.errors import UsageError
 
 PROBE_S = 10.0  # a connection between two nodes' addresses is made within this long, or they cannot reach
 POLL_S = 0.2  # the longest pause between two looks at the store while waiting
+FAILURE_IO_S = 5.0  # a failing rank's exchanges with the store: it waits no longer for them
 SHOWN_NODES = 8  # nodes named in a line; the rest counted
 JOINED: list[dict[str, Any]] = []  # every rank's interface and address, as the ranks joined (the record's)
 _state: dict[str, Any] = {"store": None, "gen": 0}
@@ -100,9 +102,27 @@ def publish_failure(env: Any, cause: str, kind: str) -> None:
     entry = {"rank": env.rank, "node": env.node_rank, "host": socket.gethostname(), "cause": cause, "kind": kind,
              "time": time.time()}
     try:
-        store.append(_key(gen, "failed"), json.dumps(entry) + "\n")
+        with _briefly(store):
+            store.append(_key(gen, "failed"), json.dumps(entry) + "\n")
+            store.add(_key(gen, "failed#"), 1)  # answered: the entry is in before this rank's sockets close
     except Exception:  # noqa: BLE001 - the store is gone: the others see that instead
         pass
+
+
+def failures_elsewhere(rank: int) -> list[dict[str, Any]]:
+    """What the job's other ranks published of their failures in this process's join (rank, node, host,
+    cause, kind, time), earliest first: the cause behind a lost connection, on another node. [] where
+    none was, or the store is gone."""
+    store = _state["store"]
+    if store is None:
+        return []
+    key = _key(_state["gen"], "failed")
+    try:
+        with _briefly(store):
+            text = store.get(key).decode() if store.check([key]) else ""
+    except Exception:  # noqa: BLE001 - the store is gone with its host
+        return []
+    return sorted((f for f in _lines(text) if f["rank"] != rank), key=lambda f: f["time"])
 
 
 def addresses(entries: Iterable[dict[str, Any]]) -> str:
@@ -167,15 +187,13 @@ class _Room:
         return self._read(phase)
 
     def _read(self, phase: str) -> dict[int, dict[str, Any]]:
-        text = self._op(self.store.get, _key(self.gen, phase)).decode()
-        return {e["rank"]: e for e in (json.loads(line) for line in text.splitlines() if line.strip())}
+        return {e["rank"]: e for e in _lines(self._op(self.store.get, _key(self.gen, phase)).decode())}
 
     def _check_failed(self) -> None:
         key = _key(self.gen, "failed")
         if not self._op(self.store.check, [key]):
             return
-        text = self._op(self.store.get, key).decode()
-        others = [f for f in (json.loads(x) for x in text.splitlines() if x.strip()) if f["rank"] != self.env.rank]
+        others = [f for f in _lines(self._op(self.store.get, key).decode()) if f["rank"] != self.env.rank]
         if others:
             f = min(others, key=lambda f: f["time"])
             if f["kind"] == "usage":
@@ -316,6 +334,22 @@ def _at(e: dict[str, Any]) -> str:
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:16])) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
+@contextlib.contextmanager
+def _briefly(store: Any) -> Iterator[None]:
+    """The store's waits bounded by ``FAILURE_IO_S`` for the block (a failing rank does not wait out the
+    job's timeout for a store whose host is gone), its own timeout back after."""
+    before = store.timeout
+    store.set_timeout(timedelta(seconds=FAILURE_IO_S))
+    try:
+        yield
+    finally:
+        store.set_timeout(before)
+
+
+def _lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _key(gen: int, name: str) -> str:

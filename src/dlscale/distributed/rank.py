@@ -43,8 +43,11 @@ def _fail(spec: Any, env: Any, e: BaseException) -> None:
     cause = str(inner) if finding or inner is e else describe_failure(inner)
     cause = " ".join((cause or type(e).__name__).split())
     usage = isinstance(e, UsageError)
+    kind = faults.kind_of(cause, usage, finding)
     faults.write_failure(spec.job_dir, env.rank, env.node_rank, cause, usage=usage, finding=finding)
-    peers.publish_failure(env, cause, faults.kind_of(cause, usage, finding))  # the other nodes' ranks end too
+    peers.publish_failure(env, cause, kind)  # the other nodes' ranks end too
+    if kind in faults.SECONDARY:  # a lost peer or a timeout: the cause may be a rank on another node
+        faults.note_elsewhere(spec.job_dir, peers.failures_elsewhere(env.rank))
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
     faults.hand_over_spooled(spec.job_dir)
