@@ -91,6 +91,10 @@ def test_apply_sets_both_variables_only_where_the_user_set_none():
     environ = {"NCCL_SOCKET_IFNAME": "ib0"}
     netif.apply(netif.Choice("eth0", "10.0.0.7", "dlscale", "route"), environ)
     assert environ == {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "eth0"}
+    environ = {"GLOO_SOCKET_IFNAME": "eth1"}
+    netif.apply(netif.Choice("eth1", "10.0.0.7", "dlscale", "route"), environ)
+    assert environ["NCCL_SOCKET_IFNAME"] == "=eth1"  # NCCL's exact match: a bare eth1 would take eth10 too
+    assert netif.user_interface("NCCL_SOCKET_IFNAME", environ["NCCL_SOCKET_IFNAME"], {"eth10": [], "eth1": []}) == "eth1"
     environ = {}
     netif.apply(netif.Choice("ib0", "192.168.10.7", "user", "GLOO_SOCKET_IFNAME=ib0"), environ)
     netif.apply(netif.Choice(None, None, "dlscale", "no route"), environ)

@@ -46,6 +46,19 @@ def kind_of(cause: str, usage: bool = False, finding: bool = False) -> str:
     return "usage" if usage else "finding" if finding else classify(cause)
 
 
+def cause_of(e: BaseException) -> tuple[str, str]:
+    """A failed rank's one-line cause and its kind: the error under a ``RunFailure`` as the harness
+    describes it, else the exception's own words (a ``Finding``'s names the ranks at fault)."""
+    from dlscale.errors import RunFailure, UsageError
+    from dlscale.harness.runner import describe_failure
+
+    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
+    finding = isinstance(inner, Finding)
+    cause = str(inner) if finding or inner is e else describe_failure(inner)
+    cause = " ".join((cause or type(e).__name__).split())
+    return cause, kind_of(cause, isinstance(e, UsageError), finding)
+
+
 def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: bool = False,
                   finding: bool = False) -> None:
     """Report this rank's failure; ``usage`` marks bad input found before the run started,

@@ -166,12 +166,8 @@ def _in_place_failure(family: str, config: dict[str, Any], layout: Layout, db: s
     they end at once where they wait for this one); an error that no record holds yet (the ranks did
     not meet, say) is recorded by rank 0 and raised as a ``RunFailure``, in one line, on every rank."""
     from dlscale.distributed import peers
-    from dlscale.harness.runner import describe_failure
 
-    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
-    finding = isinstance(inner, faults.Finding)
-    cause = " ".join((str(inner) if finding or isinstance(inner, UsageError) else describe_failure(inner)).split())
-    kind = faults.kind_of(cause, isinstance(e, UsageError), finding)
+    cause, kind = faults.cause_of(e)
     peers.publish_failure(env, cause, kind)
     if isinstance(e, (UsageError, KeyboardInterrupt)):
         return

@@ -159,10 +159,11 @@ def choose(backend: str, master_addr: str, environ: Mapping[str, str] | None = N
 
 def apply(choice: Choice, environ: MutableMapping[str, str] | None = None) -> None:
     """Set gloo's and NCCL's interface variables to the derived interface where the user set none
-    (before the process group is made: gloo reads its variable then, NCCL at its first communicator)."""
+    (before the process group is made: gloo reads its variable then, NCCL at its first communicator).
+    NCCL's gets ``=name``, NCCL's exact match (a bare name is a prefix there: eth1 would take eth10 too)."""
     e = os.environ if environ is None else environ
     if choice.set_by != "dlscale" or choice.interface is None:
         return
-    for variable in VARIABLES.values():
+    for backend, variable in VARIABLES.items():
         if not e.get(variable):
-            e[variable] = choice.interface
+            e[variable] = f"={choice.interface}" if backend == "nccl" else choice.interface

@@ -36,15 +36,9 @@ def run(spec: Any, env: Any) -> int:
 
 
 def _fail(spec: Any, env: Any, e: BaseException) -> None:
-    from dlscale.harness.runner import describe_failure
-
-    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
-    finding = isinstance(inner, faults.Finding)
-    cause = str(inner) if finding or inner is e else describe_failure(inner)
-    cause = " ".join((cause or type(e).__name__).split())
-    usage = isinstance(e, UsageError)
-    kind = faults.kind_of(cause, usage, finding)
-    faults.write_failure(spec.job_dir, env.rank, env.node_rank, cause, usage=usage, finding=finding)
+    cause, kind = faults.cause_of(e)
+    finding = kind == "finding"
+    faults.write_failure(spec.job_dir, env.rank, env.node_rank, cause, usage=kind == "usage", finding=finding)
     peers.publish_failure(env, cause, kind)  # the other nodes' ranks end too
     if kind in faults.SECONDARY:  # a lost peer or a timeout: the cause may be a rank on another node
         faults.note_elsewhere(spec.job_dir, peers.failures_elsewhere(env.rank))
