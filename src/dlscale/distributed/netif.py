@@ -121,9 +121,10 @@ def derive(master_addr: str, ifs: Mapping[str, list[tuple[str, str | None]]] | N
 
 
 def user_interface(variable: str, value: str, ifs: Mapping[str, list[tuple[str, str | None]]]) -> str:
-    """The interface the user's ``variable`` names here: gloo takes the first of a comma list; NCCL
-    reads prefixes, ``=name`` for an exact name and ``^`` to exclude, and takes the first match.
-    A value that names no interface with an address here is a UsageError."""
+    """The interface the user's ``variable`` names here: for gloo the first of a comma list (gloo uses
+    every one, in turn; the first is the one tried and recorded); NCCL reads prefixes, ``=name`` for an
+    exact name and ``^`` to exclude, and takes the first match. A value that names no interface with an
+    address here is a UsageError."""
     names = [n.strip() for n in value.split(",") if n.strip()]
     if variable == VARIABLES["gloo"]:
         found = names[0] if names and names[0] in ifs else None
