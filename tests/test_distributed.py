@@ -35,6 +35,9 @@ def test_two_rank_gloo_end_to_end(cli_subprocess, db_path):
     m, c = rec["metrics"], rec["config"]
     assert (c["world_size"], c["nodes"], c["devices_per_node"], c["backend"]) == (2, 1, 2, "gloo")
     assert c["cpu_binding"] == "cpu" and len(c["rank_cpus"]) == 2  # CPU ranks: unbound, each rank's CPUs said
+    # one node on loopback: gloo's interface from the route to the master, as dlscale chose it
+    assert [(n["interface"], n["address"], n["set_by"], n["how"]) for n in c["rank_network"]] == \
+        [("lo", "127.0.0.1", "dlscale", "route to MASTER_ADDR 127.0.0.1")] * 2
     assert m["world_size"] == 2 and len(m["rank_throughputs"]) == 2
     # Global throughput: 2 ranks x 8 samples x 6 steps over the slower rank's window.
     windows = [sum(r[0]) for r in rec["raw"]["rank_step_times_s"]]
