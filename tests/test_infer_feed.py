@@ -115,6 +115,10 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.log.add("event.synchronize", self.id)
 
+    def query(self) -> bool:
+        self.log.add("event.query", self.id)
+        return False  # not yet: the device is still computing
+
 
 class FakeStream:
     def __init__(self, log: Log, name: str) -> None:
@@ -135,7 +139,8 @@ def fake_streams(monkeypatch: Any) -> Log:
     log = Log()
     for name in ("Stream", "Event", "current_stream", "stream", "synchronize"):
         assert hasattr(torch.cuda, name), f"torch.cuda.{name} is gone: the fake would test an API that does not exist"
-    for cls, name in ((torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "wait_event")):
+    for cls, name in ((torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "query"),
+                      (torch.cuda.Stream, "wait_event")):
         assert hasattr(cls, name)
 
     @contextlib.contextmanager
@@ -243,6 +248,36 @@ def test_the_completer_waits_on_each_batchs_event_on_its_own_thread_then_complet
     waits = [x for x in log.calls if x[0] == "event.synchronize"]
     assert [w[1] for w in waits] == [t.done.id for t, _ in tickets] and {w[2] for w in waits} == {"dlscale-loadgen-complete"}
     assert c.batches == 2 and c.ran == 3 and c.error is None
+
+
+def test_inline_completion_finishes_the_oldest_batch_when_its_slot_is_needed_then_drains(monkeypatch):
+    log, feed = fed(monkeypatch, "device")
+    completed: list[tuple] = []
+    c = Completer(feed, lambda ids: completed.append((tuple(ids), threading.current_thread().name)), inline=True)
+    tickets = []
+    for k in range(GPU_SLOTS - 1):  # the device still computing (the fake events never fire): all in flight
+        tickets.append(feed.launch([k]))
+        c.submit(tickets[-1], [100 + k])
+    assert not completed and "event.synchronize" not in log.names()
+    tickets.append(feed.launch([5]))
+    c.submit(tickets[-1], [105])  # every slot taken: the oldest is waited for, so the next launch has one
+    me = threading.current_thread().name
+    assert completed == [((100,), me)] and feed.free.qsize() == 1
+    c.drain()
+    assert completed == [((100 + k,), me) for k in (0, 1, 2, 5)] and feed.free.qsize() == GPU_SLOTS
+    waits = [x[1] for x in log.calls if x[0] == "event.synchronize"]
+    assert waits == [t.done.id for t in tickets] and c.batches == 4 and c._thread is None
+
+
+def test_inline_completion_on_a_cpu_completes_each_batch_at_once():
+    s = session_of()
+    store = SampleStore(s, 4)
+    store.load(range(4))
+    feed = Feed(s, store, 2)
+    completed: list = []
+    c = Completer(feed, completed.append, inline=True)
+    c.submit(feed.launch([0, 1]), [7, 8])
+    assert completed == [[7, 8]] and feed.free.qsize() == 2  # no event: done when launched
 
 
 def test_a_failed_batch_still_completes_and_frees_its_slot(monkeypatch):

@@ -511,6 +511,7 @@ def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
     import torch
 
     from dlscale.infer.config import InferConfig
+    from dlscale.infer.feed import GPU_SLOTS
     from dlscale.infer.run import time_batch
     from dlscale.infer.session import open_session
 
@@ -522,9 +523,11 @@ def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
         r = run_scenario(s, ScenarioSettings("offline", max_batch=32, duration_s=1.0, log_dir=str(tmp_path / where)))
         assert r.metrics["samples_on"] == where and r.metrics["sut_mean_batch"] > 30
         assert r.metrics["scenario_metric"] > 0.5 * raw, (where, r.metrics["scenario_metric"], raw)
+        assert r.metrics["sut_slots"] == GPU_SLOTS and r.metrics["sut_shapes"] == [32]  # the last batch padded
+        assert r.metrics["raw_wall_ratio"] > 0.5, (where, r.metrics["raw_wall_ratio"])
 
 
-def test_single_stream_completes_inline_everywhere_multi_stream_on_a_cpu_only():
+def test_single_and_multi_stream_complete_on_the_issuing_thread_and_offline_too_on_a_gpu():
     import types
 
     import torch
@@ -533,7 +536,7 @@ def test_single_stream_completes_inline_everywhere_multi_stream_on_a_cpu_only():
 
     cpu, gpu = SleepSession(0.0), types.SimpleNamespace(runtime="torch", device=torch.device("cuda", 0))
     assert [completes_inline(cpu, s) for s in SCENARIOS] == [True, True, False, False]
-    assert [completes_inline(gpu, s) for s in SCENARIOS] == [True, False, False, False]
+    assert [completes_inline(gpu, s) for s in SCENARIOS] == [True, True, False, True]
 
 
 def test_gpu_batch_shapes_per_scenario_and_none_on_a_cpu():

@@ -11,12 +11,12 @@ SUT (LoadGen's "fast" interface: query ids and sample indices as lists of intege
 - single-stream, multi-stream, offline: ``issue`` runs the query's samples in batches of up to
   ``max_batch`` on LoadGen's issuing thread, the thread that also loads the samples (``Feed.launch``:
   on a GPU it returns once the batch is queued, so the next batches are gathered and queued while
-  one computes) and hands each batch to the completer, which waits on that batch's event and reports
-  it complete (QuerySamplesComplete) from its own thread (single-stream, and a CPU's multi-stream,
-  complete on the issuing thread: nothing overlaps a one-query-at-a-time scenario);
+  one computes), and completes them there too (``Completer`` inline: a batch when the next launch
+  needs its slot or its event has fired, the query's last ones before ``issue`` returns);
 - server: ``issue`` queues each query and returns; a batcher thread takes the oldest waiting query
   and waits up to the batch-fill timeout after that query arrived for the batch to fill to
-  ``max_batch``, then launches it, with ``feed.GPU_SLOTS`` batches in flight on a GPU.
+  ``max_batch``, then launches it, with ``feed.GPU_SLOTS`` batches in flight on a GPU; a completion
+  thread waits on each batch's event and reports it complete.
 
 On a GPU every batch runs at one of the scenario's shapes (``shapes_for``: offline ``max_batch``, its
 last batch padded; single-stream 1; multi-stream a query's part; server powers of two up to
@@ -164,6 +164,8 @@ class Sut:
             return
         for start in range(0, len(ids), self.max_batch):
             self._launch(ids[start:start + self.max_batch], indices[start:start + self.max_batch])
+        if self.qsl.completer is not None:
+            self.qsl.completer.drain()  # the query's last batches, before LoadGen issues the next query
 
     def flush(self) -> None:
         """LoadGen's FlushQueries: nothing is held back past the batch-fill timeout."""
@@ -236,14 +238,17 @@ class _WarmJob:
 
 
 def completes_inline(session: Any, scenario: str) -> bool:
-    """Whether batches are completed on the thread that ran them: single-stream always (LoadGen issues
-    the next query when this one completes, so nothing overlaps; a hand-over to the completion thread
-    would only add to each query's latency, on a GPU too), multi-stream on a CPU (no event to wait on;
-    on a GPU a query's batches overlap). CPU offline and server batches go to the completion thread:
-    against completing them inline it measured a median 0.86 - 0.96 inline / thread on a busy machine
-    and 1.02 on a quiet one (docs/PERFORMANCE.md)."""
-    gpu = gpu_session(session)
-    return scenario == "single-stream" or (not gpu and scenario == "multi-stream")
+    """Whether batches are completed on LoadGen's issuing thread (``Completer`` inline), else on a
+    completion thread. Single- and multi-stream: inline (LoadGen issues the next query when this one
+    completes; a hand-over only adds a thread wake-up to each query's latency). Offline: inline on a
+    GPU, where the issuing thread completes a batch while three more are queued on the device, so the
+    completion costs the device nothing and no GIL changes hands per batch; on a CPU the completion
+    thread, which overlaps LoadGen's completion work with the next forward (the forward holds the
+    issuing thread; inline / thread measured 0.93 at 1 ms a batch, docs/PERFORMANCE.md). Server: the
+    thread, as the batcher waits for queries."""
+    if scenario in ("single-stream", "multi-stream"):
+        return True
+    return scenario == "offline" and gpu_session(session)
 
 
 def gpu_session(session: Any) -> bool:
