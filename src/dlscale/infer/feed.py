@@ -39,7 +39,8 @@ LoadGen's issuing thread only issues (single-stream, multi-stream, offline) it d
 anyway) or, sooner, when its event has already fired, and a query's last batches when they are all
 launched; nothing is handed to another thread, so no completion waits for a thread to be scheduled
 and to take the GIL (a hand-over cost 0.1 - 1.4 ms a batch on a busy 2-core machine). The server's
-batcher waits for queries, so there a thread of its own waits on each batch's event instead.
+batcher waits for queries, so there a thread of its own waits on each batch's event instead, as it
+does for a CPU's offline batches (``loadgen_sut.completes_inline``).
 """
 
 from __future__ import annotations

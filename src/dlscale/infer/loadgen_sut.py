@@ -244,8 +244,9 @@ def completes_inline(session: Any, scenario: str) -> bool:
     GPU, where the issuing thread completes a batch while three more are queued on the device, so the
     completion costs the device nothing and no GIL changes hands per batch; on a CPU the completion
     thread, which overlaps LoadGen's completion work with the next forward (the forward holds the
-    issuing thread; inline / thread measured 0.93 at 1 ms a batch, docs/PERFORMANCE.md). Server: the
-    thread, as the batcher waits for queries."""
+    issuing thread; LoadGen offline inline / thread measured a median 0.81 at 1 ms a batch and 0.97 at
+    5 ms on a busy 2-core machine, docs/PERFORMANCE.md). Server: the thread, as the batcher waits for
+    queries."""
     if scenario in ("single-stream", "multi-stream"):
         return True
     return scenario == "offline" and gpu_session(session)

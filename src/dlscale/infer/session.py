@@ -15,10 +15,11 @@ Precision (torch runtime): bf16 and fp16 cast the model once, before the run (``
 ``infer.llm`` does and as inference engines do, instead of autocast re-casting every fp32 weight on
 every forward: eval-mode BatchNorm is first folded into the convolution or linear layer that feeds
 it, in fp32 (TensorRT and onnxruntime's graph optimiser fold it too), so no BatchNorm statistic is
-held in 16 bits; then every weight is held in bf16/fp16. What changes against autocast: the
-convolutions and matmuls are the same (autocast rounds the same fp32 weights to the same 16-bit
-values, per forward); the ops autocast runs in fp32 (softmax, layer_norm, reductions) take 16-bit
-inputs and give 16-bit outputs instead, each still accumulating in fp32 inside its kernel; a
+held in 16 bits; then every weight is held in bf16/fp16. What changes against autocast: matmuls and
+unfolded convolutions see the same 16-bit weights (autocast rounds the same fp32 values, per forward),
+a folded convolution's are W x gamma / sqrt(var + eps) rounded once, with no BatchNorm op after it;
+all accumulate in fp32 in both; the ops autocast runs in fp32 (softmax, layer_norm, reductions) take
+16-bit inputs and give 16-bit outputs instead, each still computing in fp32 inside its kernel; a
 BatchNorm torch.fx cannot fold (a model it cannot trace) runs in 16 bits with 16-bit statistics.
 Detection keeps autocast: torchvision's box ops (NMS, RoIAlign) need fp32 boxes. fp32 and tf32 run
 the model as built (tf32: TF32 matmuls and convolutions, ``harness.device.run_flags``).
