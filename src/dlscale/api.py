@@ -248,6 +248,7 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
     store = Store.open(db)  # an unwritable database is a usage error before any work
     device = dev.select_device(cfg.device)
     resolved = cfg.resolve(device.type)
+    dev.check_precision(resolved.precision, device)
     system = collect_cached()
     info(f"dlscale infer {resolved.model}: batch {','.join(map(str, resolved.batch_sizes))}, "
          f"{shape_words(resolved.train_config())}, {resolved.precision}, {resolved.runtime}"

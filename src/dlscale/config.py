@@ -39,6 +39,7 @@ class TrainConfig:
     channels_last: bool | None = None  # None: the fast default for the device
     compile: bool = False
     compile_mode: str | None = None  # a torch.compile mode (COMPILE_MODES); giving one implies compile
+    cudnn_benchmark: bool = True  # cuDNN's autotuner: a step's shapes are fixed (harness.device.run_flags)
     warmup_steps: int = 10
     steps: int = 100
     optimizer: str = "sgd"

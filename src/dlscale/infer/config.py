@@ -18,7 +18,7 @@ from typing import Any
 from dlscale.errors import UsageError
 from dlscale.memsize import memory_spec
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
 RUNTIMES = ("torch", "onnxruntime")
 DEVICES = ("auto", "cpu", "cuda")
 SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # as dlscale.infer.loadgen_settings.SCENARIOS
@@ -58,6 +58,7 @@ class InferConfig:
     seed: int = 0
     tag: str | None = None
     channels_last: bool | None = None  # None: the train default (NHWC on CPU); image classifiers only
+    cudnn_benchmark: bool = True  # cuDNN's autotuner (harness.device.run_flags): the run's batch shapes are fixed
     # the shape of one sample (TrainConfig's fields; batch size is the sweep's)
     image_size: int | None = None
     seq_len: int | None = None
