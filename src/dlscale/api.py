@@ -212,19 +212,21 @@ __all__ += ["failed", "RunFailure", "UsageError"]
 
 def tune(model: str, *, budget_s: float | None = None, resume: bool = False, fix: Sequence[str] | dict[str, Any] = (),
          max_memory: str | None = None, steps: int = 10, warmup_steps: int = 3, max_batch: int = 1024,
-         output: str | None = None, tag: str | None = None, device: str = "auto", db: str | None = None,
-         **options: Any) -> Any:
+         output: str | None = None, force: bool = False, tag: str | None = None, device: str = "auto",
+         db: str | None = None, **options: Any) -> Any:
     """Search the short test's knobs (precision, batch size, memory format, torch.compile, threads,
     workers with ``data``) for the fastest configuration that fits; the ``tune`` record, whose raw
     holds the ablation table, the trials (each a recorded ``train`` run under ``tag``) and the best
-    configuration, also written as YAML to ``output`` for ``dlscale train --config``. ``fix`` holds
+    configuration, also written as YAML to ``output`` for ``dlscale train --config`` (an existing file
+    only with ``force``; never a database, checked before the first trial). ``fix`` holds
     knobs left alone ("precision=fp32" or a dict); ``options`` are the model's TrainConfig shape fields."""
     from dlscale.tune.run import parse_fix
     from dlscale.tune.run import tune as run_tune
 
     fixed = dict(fix) if isinstance(fix, dict) else parse_fix(list(fix))
     return run_tune(model, db=db, budget_s=budget_s, resume=resume, fix=fixed, max_memory=max_memory, steps=steps,
-                    warmup_steps=warmup_steps, max_batch=max_batch, output=output, tag=tag, device=device, **options)
+                    warmup_steps=warmup_steps, max_batch=max_batch, output=output, force=force, tag=tag, device=device,
+                    **options)
 
 
 __all__ += ["tune"]

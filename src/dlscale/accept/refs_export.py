@@ -97,23 +97,20 @@ def document(selector: str, values: dict[tuple, list[float]], units: dict[tuple,
     return {"models": list(models.values())}
 
 
-def export(selector: str, out: str, db: str | None = None) -> dict[str, Any]:
-    """Write the lab's healthy-figures file (the module doc); returns its document."""
+def export(selector: str, out: str, db: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Write the lab's healthy-figures file (the module doc) whole or not at all; returns its document."""
     import yaml
 
+    from dlscale.paths import check_output, write_atomic
     from dlscale.store import Store
 
+    path = check_output(out, "--out", db=db, force=force)
     with Store.open(db, create=False) as store:
         doc = document(selector, *gather(store, selector))
     if not doc["models"]:
         raise UsageError(f"the acceptances of {selector!r} settled no figure of a known device model: nothing to export")
-    path = Path(out)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        head = (f"# Healthy figures of a lab's fleet, exported by `dlscale accept refs export --from {selector}`.\n"
-                "# Judge against it with `dlscale accept --refs THIS_FILE` (its rows come before the shipped ones).\n")
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
-    except OSError as e:
-        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    head = (f"# Healthy figures of a lab's fleet, exported by `dlscale accept refs export --from {selector}`.\n"
+            "# Judge against it with `dlscale accept --refs THIS_FILE` (its rows come before the shipped ones).\n")
+    write_atomic(path, head + yaml.safe_dump(doc, sort_keys=False, width=120), "--out")
     refs.load(path)  # what was written reads back as a table
     return doc
