@@ -39,6 +39,9 @@ def parse_batch_sizes(value: Any) -> tuple[int, ...]:
             raise UsageError(f"--batch-sizes {value!r}: expected comma-separated integers such as 1,2,4") from None
         if b < 1:
             raise UsageError(f"--batch-sizes {b}: every batch size must be >= 1")
+        from dlscale import limits
+
+        limits.limit("--batch-sizes", b)
         sizes.append(b)
     if not sizes:
         raise UsageError("--batch-sizes: give at least one batch size, such as 1,2,4")
@@ -89,6 +92,9 @@ class InferConfig:
 
         w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
         object.__setattr__(self, "batch_sizes", parse_batch_sizes(self.batch_sizes))
+        from dlscale import limits
+
+        limits.fields(self)
         check_choice("--precision", self.precision, PRECISIONS)
         check_choice("--runtime", self.runtime, RUNTIMES)
         check_choice("--device", self.device, DEVICES)

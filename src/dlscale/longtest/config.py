@@ -71,7 +71,9 @@ class TTAConfig:
 
         if self.force and not self.mlperf_log:
             raise UsageError("--force replaces an existing --mlperf-log: give --mlperf-log FILE, or drop --force")
+        limits.fields(self)
         limits.at_most("--max-epochs", self.max_epochs, limits.EPOCHS, "epochs of one run")
+        limits.limit("--batch-size", self.batch_size)
         limits.at_most("--runs", self.runs, limits.REPEAT, "runs of the test")
         limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
         defaults = _classification_checks(self) if w.family == "classification" else _task_checks(self, w.family)

@@ -188,6 +188,10 @@ class ServeConfig:
             raise UsageError(f"--api {self.api!r}: choose completions or chat")
         object.__setattr__(self, "rates", _numbers(self.rates, "--rates", _rate))
         object.__setattr__(self, "concurrencies", _numbers(self.concurrencies, "--concurrencies", int))
+        from dlscale import limits
+
+        limits.fields(self, skip=("rates",))  # an infinite rate is one: every request at once
+        limits.limit("--requests", self.requests)
         if self.rates and self.concurrencies:
             raise UsageError("give --rates (arrivals per second) or --concurrencies (requests in flight), not both")
         if not self.rates and not self.concurrencies:

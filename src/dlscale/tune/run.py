@@ -266,8 +266,12 @@ def tune(model: str, *, db: str | None = None, budget_s: float | None = None, re
     from dlscale.store import Store
     from dlscale.system import collect_cached
 
+    from dlscale import limits
+
+    limits.number("--budget", budget_s)  # a NaN or infinite budget never runs out
     if budget_s is not None and budget_s <= 0:
         raise UsageError(f"--budget must be > 0 seconds, got {budget_s}")
+    limits.limit("--max-batch", max_batch)
     if steps < 2:
         raise UsageError(f"--steps must be >= 2 (a trial needs a confidence interval), got {steps}")
     device_type = _device_type(device)
