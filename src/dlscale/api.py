@@ -330,7 +330,8 @@ def serve_bench(url: str | None = None, model: str | None = None, *, config: Any
     record (kind ``serving``). ``options`` are ``ServeConfig`` fields: api, stream, rates or concurrencies,
     burstiness, requests, duration, warmup, timeout, prompt_len, output_len, shared_prefix, prefixes, dataset,
     tokenizer, slo (a preset or "ttft=S,tpot=S"), slo_ttft, slo_tpot, find_max, ... The API key is read from the
-    environment variable ``api_key_env`` (default OPENAI_API_KEY) and never recorded."""
+    environment variable ``api_key_env`` (default OPENAI_API_KEY where set; a variable named must be set) and
+    never recorded."""
     from dlscale.harness.runner import execute
     from dlscale.serve.config import ServeConfig
     from dlscale.serve.run import run_serving
@@ -340,7 +341,8 @@ def serve_bench(url: str | None = None, model: str | None = None, *, config: Any
     store = Store.open(db)  # an unwritable database is a usage error before any work
     loads = ",".join(f"{x:g}" for x in cfg.loads)
     info(f"dlscale serve-bench {cfg.model} at {cfg.base_url}: /v1/{'chat/' if cfg.api == 'chat' else ''}completions"
-         f"{', streamed' if cfg.stream else ''}, {cfg.mode} {loads}{' (search)' if cfg.find_max else ''}, "
+         f"{', streamed' if cfg.stream else ''}, {cfg.mode} {loads}{' (search)' if cfg.find_max else ''}"
+         f"{f', at most {cfg.cap} in flight' if cfg.cap else ''}, "
          f"{cfg.requests} requests per point, prompts {cfg.prompt_len}, outputs {cfg.output_len} tokens")
     with store:
         return execute(kind="serving", workload=cfg.model, config=cfg.to_dict(), tag=cfg.tag, store=store,
