@@ -115,13 +115,17 @@ class InferConfig:
                 _positive(opt, v)
         if (self.prompt_len is not None or self.output_len is not None) and w.family != "llm":
             raise UsageError(f"--prompt-len/--output-len apply to llm models; {self.model} is a {w.family} model")
+        if (self.prompt_len is None) != (self.output_len is None):
+            raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
+        if self.prompt_len is not None and self.seq_len is None:  # the sequence is the prompt: its options are named
+            from dlscale.infer.llm import llm_config
+
+            llm_config(self.model, self.model_config, self.prompt_len, self.output_len, "fp32")
         self.train_config()  # the workload checks the shape fields (family, minimum sizes)
         self._check_scenario()
         if self.output_len is not None and self.output_len < 2:
             raise UsageError(f"--output-len must be >= 2 (the first token comes from the prefill, then "
                              f"--output-len - 1 decode steps), got {self.output_len}")
-        if (self.prompt_len is None) != (self.output_len is None):
-            raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
         self._check_runtime(w)
         self._check_llm()
 
