@@ -249,14 +249,14 @@ def test_each_figure_is_classed_by_the_part_it_speaks_for():
     assert identity.class_of("gemm", "fp32 best rate", False) == "host"
 
 
-def accepted(db, recs, tag, created):
+def accepted(db, recs, tag, created, outcome="PASS"):
     """Judge recs as one acceptance and store its record (with raw.devices) into db."""
     from dlscale.store import Store
 
     for r in recs:
         r.tag = tag
     vs = judge(recs)
-    acc = ar.rec("accept", "full", {"system": "gpu-node-07", "suite_hash": "h"}, {"outcome": "PASS"},
+    acc = ar.rec("accept", "full", {"system": "gpu-node-07", "suite_hash": "h"}, {"outcome": outcome},
                  {"verdicts": [v.to_dict() for v in vs], "devices": identity.identities(recs)}, tag=tag)
     acc.created_at = created
     with Store.open(str(db)) as s:
@@ -349,6 +349,34 @@ def test_a_lab_exports_its_fleet_and_judges_against_it(cli, db_path, tmp_path):
     lab_v = by(vs, "gemm", "GPU 1")[("bf16 best rate", "healthy")]
     assert lab_v.status == FAIL and f"lab file {lab}" in lab_v.source, (lab_v.reason, lab_v.test, gemm)
     assert by(vs, "gemm", "GPU 0")[("bf16 best rate", "healthy")].status == PASS
+
+
+def test_an_acceptance_that_ended_in_error_is_never_exported_as_healthy(cli, db_path, tmp_path):
+    """Two accepted acceptances at 700 TFLOP/s and one that ended in ERROR at 300 (before: exported with the
+    others, its figures in the lab's "healthy" mean)."""
+    from dlscale.store import Store
+
+    for k, (tflops, outcome) in enumerate(((700.0, "PASS"), (700.0 * 1.004, "PASS"), (300.0, "ERROR"))):
+        recs = [with_ids(ar.gemm(tflops=tflops))]
+        with Store.open(str(db_path)) as s:
+            for r in recs:
+                r.tag = f"lab{k}"
+                s.insert(r)
+        accepted(db_path, recs, f"lab{k}", f"2026-11-2{k}T00:00:00", outcome=outcome)
+    lab = tmp_path / "lab.yaml"
+    assert cli("accept", "refs", "export", "--from", "kind:accept", "--out", str(lab)).code == 0
+    (gemm,) = [x for x in refs.load(lab) if x.origin == str(lab) and x.check == "gemm"]
+    assert gemm.value == pytest.approx(701.4, rel=2e-3) and "from 2 accepted acceptance(s)" in gemm.source
+    r = cli("accept", "refs", "export", "--from", "tag:lab2", "--out", str(tmp_path / "none.yaml"))
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.code == 2 and "all ended in ERROR" in line and not (tmp_path / "none.yaml").exists()
+    from types import SimpleNamespace
+
+    from dlscale.accept.refs_export import settled
+
+    rows = [{"key": "a", "status": "PASS", "expectation": "peers"}, {"key": "b", "status": "ERROR", "expectation": "healthy"},
+            {"key": "c", "status": "FAIL", "expectation": "healthy"}]
+    assert settled(SimpleNamespace(raw={"verdicts": rows})) == {"a", "c"}  # an ERROR figure of any acceptance: out
 
 
 def test_results_history_follows_one_device(cli, db_path):

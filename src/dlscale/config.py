@@ -72,6 +72,9 @@ class TrainConfig:
         from dlscale import workloads
 
         w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
+        from dlscale import limits
+
+        limits.fields(self)  # NaN/inf floats, whole numbers past any option (--lr inf would fail at step 1)
         _positive("--batch-size", self.batch_size)
         _positive("--steps", self.steps)
         _positive("--repeat", self.repeat)
@@ -103,6 +106,7 @@ class TrainConfig:
                        ("--breakdown-steps", self.breakdown_steps), ("--profile-steps", self.profile_steps)):
             limits.at_most(opt, v, limits.STEPS, "steps of one short test")
         limits.at_most("--repeat", self.repeat, limits.REPEAT, "repeats of the short test")
+        limits.limit("--batch-size", self.batch_size)
         limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
 
     def _check_knobs(self) -> None:

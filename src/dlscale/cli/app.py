@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     importguard.install()  # a Ctrl-C during torch's first import is delivered after it, not lost
     debug = bool(os.environ.get("DLSCALE_DEBUG"))
     command = typer.main.get_command(app)
+    from dlscale.cli.badinput import guard_numbers
+
+    guard_numbers(command)  # every int/float option: finite, within limits.INTEGER (limits.number)
     code = 0
     try:
         rv = command.main(args=argv, prog_name="dlscale", standalone_mode=False)

@@ -260,9 +260,10 @@ class LauncherFilter:
     """Which launcher output lines reach stderr: the ranks' own output, not torchrun's failure banner.
 
     A failed job makes torchrun print its log lines, a Python traceback ending in
-    ``ChildFailedError`` and a summary framed by '=' rules. dlscale names the failed rank in one
-    line of its own, and the launcher's output is kept in the failed record (``raw.launcher_log``),
-    so the banner is held back unless ``DLSCALE_DEBUG`` is set. Any other traceback is shown whole.
+    ``ChildFailedError`` and a summary framed by '=' rules; a job ended by Ctrl-C or SIGTERM (which
+    dlscale passes on to torchrun) makes it print a traceback ending in ``SignalException``. dlscale
+    names the failed rank, or the interruption, in one line of its own, and the launcher's output is
+    kept in the failed record (``raw.launcher_log``), so the banner is held back unless ``DLSCALE_DEBUG`` is set. Any other traceback is shown whole.
     Calling the filter with a line returns the lines to show now (possibly held-back ones).
     """
 
@@ -292,6 +293,9 @@ class LauncherFilter:
     def _traceback_line(self, line: str, text: str) -> list[str]:
         if "ChildFailedError" in text:  # torchrun's own: drop it, and its summary that follows
             self.held, self.rules = None, 0
+            return []
+        if "SignalException:" in text and not text.startswith((" ", "\t")):
+            self.held = None  # torchrun ended by the signal dlscale passed on: the interruption is one line
             return []
         if text.startswith((" ", "\t")) or not text:
             self.held.append(line)
