@@ -43,6 +43,7 @@ from dlscale.errors import UsageError
 
 SUBNET_BASE = "10.78"  # node k of a cluster at 10.78.X.(k+1), X free in the root namespace
 NAME_PREFIX = "dlsn"
+NODE_SLOT = "@NODE@"  # where a node's name goes in a path its health check builds in the shell
 
 
 class SlurmCluster:
@@ -246,8 +247,8 @@ class SlurmCluster:
 
     def health_check_command(self, *accept_args: str, db: str | Path | None = None) -> str:
         """A health check that runs ``dlscale accept ACCEPT_ARGS --out <folder>/health/<node>`` (the
-        node from slurmd's environment), into ``db`` (default: the cluster's health.db), one at a
-        time per node, appending to ``<folder>/log/health-<node>.log``: what a site's
+        node from slurmd's environment) into ``db`` (default: the cluster's health.db), one at a time
+        per node (``health_lock``), appending to ``health_log``: what a site's
         /etc/slurm/dlscale-health.sh runs (docs/CLUSTER.md)."""
         r = self._root
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(self.conf),
@@ -255,10 +256,19 @@ class SlurmCluster:
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         node = '"${SLURMD_NODENAME:-$(hostname -s)}"'
+        lock, log = ("'" + str(p).replace("'", "'\\''").replace(NODE_SLOT, "'" + node + "'") + "'"
+                     for p in (self.health_lock(NODE_SLOT), self.health_log(NODE_SLOT)))
         cmd = [sys.executable, "-m", "dlscale.cli.app", "accept", *accept_args]
         return (f"cd {shlex.quote(str(r))} && exec env -i {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())}"
-                f" flock -n {shlex.quote(str(r / 'run'))}/health-{node}.lock {shlex.join(cmd)} --out"
-                f" {shlex.quote(str(r / 'health'))}/{node} >> {shlex.quote(str(r / 'log'))}/health-{node}.log 2>&1")
+                f" flock -n {lock} {shlex.join(cmd)} --out {shlex.quote(str(r / 'health'))}/{node} >> {log} 2>&1")
+
+    def health_lock(self, node: str) -> Path:
+        """The lock a node's health check holds while it runs."""
+        return self._root / "run" / f"health-{node}.lock"
+
+    def health_log(self, node: str) -> Path:
+        """Where a node's health check (``health_check_command``) writes."""
+        return self._root / "log" / f"health-{node}.log"
 
     # -- the controller -----------------------------------------------------------------------------------
 
