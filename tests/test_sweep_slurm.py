@@ -48,13 +48,14 @@ def test_the_slurm_block_becomes_the_job_parameters_and_sbatch_script(tmp_path):
     params = slurm.job_parameters(p4, sw.slurm)
     assert params == {"job_name": f"dlscale-{p4.hash}", "nodes": 2, "ntasks_per_node": 1, "time": 91,  # 20 s round up
                       "partition": "gpu", "cpus_per_task": 16, "account": "proj42", "constraint": "h100",
-                      "mem": "500G", "gpus_per_node": 4, "setup": ["module load cuda"], "srun_args": ["--whole"]}
+                      "mem": "500G", "gpus_per_node": 4, "setup": ["module load cuda"], "srun_args": ["--whole"],
+                      "additional_parameters": {"no_requeue": True}}
     assert slurm.job_parameters(sw.points[1], sw.slurm)["gpus_per_node"] == 8  # auto: one GPU per rank
     script = _make_sbatch_string(command="python -m submitit.core._submit X", folder=tmp_path / "%j", **params)
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4", "#SBATCH --time=91",
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj42", "#SBATCH --constraint=h100",
                  "#SBATCH --cpus-per-task=16", "#SBATCH --mem=500G", f"#SBATCH --job-name=dlscale-{p4.hash}",
-                 "module load cuda"):
+                 "#SBATCH --no-requeue", "module load cuda"):
         assert line in script.splitlines(), (line, script)
     assert "srun --unbuffered" in script  # one task per node: torchrun on every node
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
@@ -63,7 +64,7 @@ def test_the_slurm_block_becomes_the_job_parameters_and_sbatch_script(tmp_path):
     plain = spec.load(_write(tmp_path, "name: p\n" + TINY + "slurm: {partition: cpu}\nmatrix:\n  batch_size: [4]\n", "p.yaml"))
     assert slurm.job_parameters(plain.points[0], plain.slurm) == {
         "job_name": f"dlscale-{plain.points[0].hash}", "nodes": 1, "ntasks_per_node": 1, "time": 31, "partition": "cpu",
-        "srun_args": ["--whole"]}
+        "srun_args": ["--whole"], "additional_parameters": {"no_requeue": True}}
 
 
 def test_a_multi_node_point_starts_torchrun_with_c10d_on_the_first_node(tmp_path):

@@ -73,9 +73,11 @@ def resources(name: str, nodes: int, time_min: int, opts: SlurmOptions, gpus: in
     task's job step asks for every resource the job has on its node (``srun --whole``, Slurm >= 20.11):
     the ranks it starts share what the job was given, not the one CPU a step's task gets by default.
     ``whole_node``: the job asks for whole nodes, every CPU and all memory (``--exclusive --mem=0``),
-    whatever their count, which the submitting host cannot know."""
+    whatever their count, which the submitting host cannot know. The job is never requeued
+    (``--no-requeue``, whatever the cluster's ``JobRequeue``): one that lost a node ends NODE_FAIL and
+    is recorded so, instead of running again behind the submitter's back (``--resume`` runs it again)."""
     params: dict[str, Any] = {"job_name": name, "nodes": nodes, "ntasks_per_node": 1, "time": time_min,
-                              "srun_args": ["--whole"]}
+                              "srun_args": ["--whole"], "additional_parameters": {"no_requeue": True}}
     for key in ("partition", "cpus_per_task", "account", "constraint", "qos", "mem"):
         if getattr(opts, key) is not None:
             params[key] = getattr(opts, key)
