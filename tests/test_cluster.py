@@ -69,13 +69,16 @@ def test_hosts_lines_are_owned_removed_and_cleaned_after_a_dead_owner(tmp_path):
     f.write_text("127.0.0.1 localhost\n10.0.0.9 other  # a line of the administrator's")  # no final newline
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    hosts.add([("a-0", "10.78.1.1"), ("a-1", "10.78.1.2")], path=f)
-    hosts.add([("b-0", "10.78.2.1")], owner=dead.pid, path=f)
-    assert hosts.owned(path=f) == [("a-0", "10.78.1.1"), ("a-1", "10.78.1.2")]
-    assert hosts.owned(owner=dead.pid, path=f) == [("b-0", "10.78.2.1")]
+    me = os.getpid()
+    hosts.add([("a-0", "10.78.1.1"), ("a-1", "10.78.1.2")], owner=f"{me}-a", path=f)
+    hosts.add([("c-0", "10.78.3.1")], owner=f"{me}-c", path=f)  # a second cluster of the same process
+    hosts.add([("b-0", "10.78.2.1")], owner=f"{dead.pid}-b", path=f)
+    assert hosts.owned(f"{me}-a", path=f) == [("a-0", "10.78.1.1"), ("a-1", "10.78.1.2")]
+    assert hosts.owned(dead.pid, path=f) == [("b-0", "10.78.2.1")]
     assert hosts.cleanup_stale(path=f) == [dead.pid]  # this process runs on: its lines stay
-    assert hosts.owned(owner=dead.pid, path=f) == [] and len(hosts.owned(path=f)) == 2
-    assert hosts.remove(path=f) == 2
+    assert hosts.owned(dead.pid, path=f) == [] and len(hosts.owned(me, path=f)) == 3
+    assert hosts.remove(f"{me}-a", path=f) == 2 and hosts.owned(me, path=f) == [("c-0", "10.78.3.1")]
+    assert hosts.remove(f"{me}-c", path=f) == 1
     assert f.read_text() == "127.0.0.1 localhost\n10.0.0.9 other  # a line of the administrator's\n"
 
 
@@ -119,7 +122,7 @@ def _left_of(pid: int, doc: dict) -> list[str]:
     from dlscale.distributed import netns
 
     left = [f"namespace {ns}" for ns in netns.list_namespaces() if ns.startswith(f"{netns.PREFIX}{pid}-")]
-    left += [f"/etc/hosts {name}" for name, _ in hosts.owned(owner=pid)]
+    left += [f"/etc/hosts {name}" for name, _ in hosts.owned(pid)]
     left += [f"folder {doc['folder']}"] if Path(doc["folder"]).exists() else []
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     left += [f"process {line.strip()}" for line in ps.splitlines() if doc["folder"] in line]
@@ -184,3 +187,18 @@ def test_down_stops_it_and_a_killed_ones_leftovers_go_with_the_next_start():
     removed = cleanup_stale()
     assert doc["folder"] in removed["folders"] and killed.pid in removed["hosts_of"], removed
     assert _left_of(killed.pid, doc) == []
+
+
+@pytest.mark.slow
+def test_debian_hosts_give_each_node_its_own_name_on_127_0_1_1(make_slurm_nodes):
+    cluster = make_slurm_nodes(2, debian_hosts=True)
+    env = {**os.environ, **cluster.env()}
+    r = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "sh", "-c",
+                        f"echo $(hostname) $(getent hosts {' '.join(cluster.names)} | tr '\\n' ' ')"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()}
+    for name in cluster.names:  # its own name on loopback, the other at its address
+        assert seen[name] == [x for n, a in zip(cluster.names, cluster.addresses)
+                              for x in ("127.0.1.1" if n == name else a, n)], seen
+    assert hosts.owned(cluster.id) == list(zip(cluster.names, cluster.addresses))  # this machine resolves them all

@@ -118,6 +118,17 @@ def cleanup_stale_folders() -> list[str]:
     return removed
 
 
+def cleanup_stale_links(prefix: str) -> list[str]:
+    """Delete this namespace's links ``<prefix><pid>-*`` whose process is gone; their names."""
+    p = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+    removed = []
+    for name in re.findall(rf"^\d+: ({re.escape(prefix)}(\d+)-[0-9a-f]+)[@:]", p.stdout, re.M):
+        if not psutil.pid_exists(int(name[1])):
+            subprocess.run(["ip", "link", "del", name[0]], capture_output=True)
+            removed.append(name[0])
+    return removed
+
+
 def log_tails(root: Path, lines: int = 15) -> str:
     out = []
     for f in sorted((root / "log").glob("*")) + sorted((root / "munge").glob("*.log")):

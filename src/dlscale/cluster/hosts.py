@@ -1,8 +1,9 @@
 """The rehearsal cluster's node names in /etc/hosts, as a real cluster's DNS gives them.
 
-Every line dlscale adds ends with a marker naming the process that owns it (``# dlscale-cluster
-PID``), so that ``remove(pid)`` takes exactly its own lines and ``cleanup_stale()`` those of a
-process that is gone (killed outright), and no other line of the file is touched. Edits hold an
+Every line dlscale adds ends with a marker naming the cluster that owns it, by its process first
+(``# dlscale-cluster PID-ID``), so that ``remove(owner)`` takes exactly that cluster's lines (a
+process may run several) and ``cleanup_stale()`` those of a process that is gone (killed outright),
+and no other line of the file is touched. Edits hold an
 exclusive ``flock`` (several clusters, of several users or test sessions, may start and stop at
 once) and rewrite the file in place: in a container /etc/hosts is often a bind mount, which cannot
 be replaced by a rename.
@@ -45,9 +46,13 @@ def locked() -> Iterator[None]:
         os.close(fd)
 
 
-def _owner(line: str) -> int | None:
-    m = re.search(rf"{MARK} (\d+)\s*$", line)
-    return int(m.group(1)) if m else None
+def _owner(line: str) -> str | None:
+    m = re.search(rf"{MARK} (\d+(?:-\w+)?)\s*$", line)
+    return m.group(1) if m else None
+
+
+def _pid(owner: str) -> int:
+    return int(owner.split("-")[0])
 
 
 def _rewrite(path: Path, keep) -> list[str]:
@@ -62,9 +67,10 @@ def _rewrite(path: Path, keep) -> list[str]:
     return [ln for ln in lines if not keep(ln)]
 
 
-def add(entries: Sequence[tuple[str, str]], owner: int | None = None, path: Path = HOSTS) -> None:
-    """Append ``address name`` lines for (name, address) ``entries``, owned by ``owner`` (this process)."""
-    owner = os.getpid() if owner is None else owner
+def add(entries: Sequence[tuple[str, str]], owner: str | None = None, path: Path = HOSTS) -> None:
+    """Append ``address name`` lines for (name, address) ``entries``, owned by ``owner`` ("PID-ID";
+    default: this process)."""
+    owner = str(os.getpid()) if owner is None else owner
     with locked():
         text = path.read_text()
         sep = "" if not text or text.endswith("\n") else "\n"
@@ -72,22 +78,22 @@ def add(entries: Sequence[tuple[str, str]], owner: int | None = None, path: Path
             f.write(sep + "".join(f"{addr}\t{name}\t{MARK} {owner}\n" for name, addr in entries))
 
 
-def remove(owner: int | None = None, path: Path = HOSTS) -> int:
-    """Remove the lines ``owner`` (this process) added; how many."""
-    owner = os.getpid() if owner is None else owner
+def remove(owner: str | None = None, path: Path = HOSTS) -> int:
+    """Remove the lines ``owner`` (default: this process) added; how many."""
+    owner = str(os.getpid()) if owner is None else owner
     with locked():
         return len(_rewrite(path, lambda ln: _owner(ln) != owner))
 
 
 def cleanup_stale(path: Path = HOSTS) -> list[int]:
-    """Remove the lines of owners that are no longer running; those owners."""
+    """Remove the lines of owners whose process is no longer running; those processes."""
     gone: set[int] = set()
 
     def keep(line: str) -> bool:
         who = _owner(line)
-        if who is None or psutil.pid_exists(who):
+        if who is None or psutil.pid_exists(_pid(who)):
             return True
-        gone.add(who)
+        gone.add(_pid(who))
         return False
 
     if not path.exists():
@@ -97,10 +103,12 @@ def cleanup_stale(path: Path = HOSTS) -> list[int]:
     return sorted(gone)
 
 
-def owned(owner: int | None = None, path: Path = HOSTS) -> list[tuple[str, str]]:
-    """(name, address) of the lines ``owner`` (this process) added."""
-    owner = os.getpid() if owner is None else owner
-    return [(ln.split()[1], ln.split()[0]) for ln in path.read_text().splitlines() if _owner(ln) == owner]
+def owned(owner: str | int | None = None, path: Path = HOSTS) -> list[tuple[str, str]]:
+    """(name, address) of the lines ``owner`` added ("PID-ID"; a pid: every cluster of that process;
+    default: this process's)."""
+    owner = str(os.getpid() if owner is None else owner)
+    return [(ln.split()[1], ln.split()[0]) for ln in path.read_text().splitlines()
+            if (who := _owner(ln)) is not None and (who == owner or who.split("-")[0] == owner)]
 
 
 def debian_hosts(node: str, nodes: Sequence[tuple[str, str]]) -> str:

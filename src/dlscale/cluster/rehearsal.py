@@ -43,6 +43,7 @@ from dlscale.errors import UsageError
 
 SUBNET_BASE = "10.78"  # node k of a cluster at 10.78.X.(k+1), X free in the root namespace
 NAME_PREFIX = "dlsn"
+UPLINK_PREFIX = "dlc"  # the root namespace's veth to a cluster's bridge: dlc<pid>-<id>
 NODE_SLOT = "@NODE@"  # where a node's name goes in a path its health check builds in the shell
 
 
@@ -51,7 +52,8 @@ class SlurmCluster:
 
     def __init__(self, options: ClusterOptions | None = None, **fields: Any):
         self.options = options or ClusterOptions(**fields)
-        self.id = f"{os.getpid()}{uuid.uuid4().hex[:3]}"
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:3]}"  # its /etc/hosts lines' owner; a process may run several
+        self.short = short = self.id.replace("-", "")  # in names: nodes, cluster, root veth
         self.root: Path | None = None
         self.net: Any = None  # the EmulatedNodes of the nodes' namespaces
         self.daemons = daemons.Daemons()
@@ -59,7 +61,7 @@ class SlurmCluster:
             self.names = [daemons.short_hostname()]
             self.addresses = ["127.0.0.1"]
         else:
-            self.names = [f"{NAME_PREFIX}{self.id}-{k}" for k in range(self.options.nodes)]
+            self.names = [f"{NAME_PREFIX}{short}-{k}" for k in range(self.options.nodes)]
             self.addresses = []
 
     # -- what a client needs ------------------------------------------------------------------------
@@ -142,10 +144,10 @@ class SlurmCluster:
         with hosts.locked():  # the subnet is chosen and taken in one step: clusters may start at once
             subnet = f"{SUBNET_BASE}.{daemons.free_subnet(SUBNET_BASE)}"
             self.net = EmulatedNodes(o.nodes, o.link_bandwidth, node_bandwidth=o.node_rates,
-                                     subnet=subnet, uplink=f"dlc{self.id}"[:15])
+                                     subnet=subnet, uplink=f"{UPLINK_PREFIX}{self.id}"[:15])
             self.net.__enter__()
         self.addresses = [self.net.address(k) for k in range(o.nodes)]
-        hosts.add(list(zip(self.names, self.addresses)))
+        hosts.add(list(zip(self.names, self.addresses)), owner=self.id)
         if o.debian_hosts:
             for name in self.names:
                 (self._root / "hosts" / name).write_text(hosts.debian_hosts(name, list(zip(self.names, self.addresses))))
@@ -162,7 +164,7 @@ class SlurmCluster:
         controller = daemons.short_hostname()
         ctl_addr = "127.0.0.1" if o.on_host else self.net.root_address
         self.conf.write_text(slurm_conf(ConfSpec(
-            root=r, name=f"dlscale{self.id}", controller=controller, controller_addr=ctl_addr,
+            root=r, name=f"dlscale{self.short}", controller=controller, controller_addr=ctl_addr,
             nodes=tuple(zip(self.names, self.addresses)), cpus=o.cpus_per_node, memory_mib=daemons.memory_mib(),
             ctld_port=daemons.free_port(), slurmd_port=daemons.free_port(), partition=o.partition,
             health_program=program, health_interval_s=o.health_check_interval_s,
@@ -178,7 +180,7 @@ class SlurmCluster:
             self.net.close()
             self.net = None
         if not self.options.on_host:
-            hosts.remove()
+            hosts.remove(owner=self.id)
         if self.root is not None:
             daemons.remove_folder(self.root)
             self.root = None
@@ -310,9 +312,10 @@ class SlurmCluster:
 
 
 def cleanup_stale() -> dict[str, list]:
-    """Remove what clusters of processes that are gone left: their daemons and folders, namespaces
-    and /etc/hosts lines; what was removed."""
+    """Remove what clusters of processes that are gone left: their daemons and folders, the root
+    namespace's veths to their bridges, their namespaces and /etc/hosts lines; what was removed."""
     from dlscale.distributed.netns import cleanup_stale as stale_namespaces
 
     folders = daemons.cleanup_stale_folders()
-    return {"folders": folders, "namespaces": stale_namespaces(), "hosts_of": hosts.cleanup_stale()}
+    links = daemons.cleanup_stale_links(UPLINK_PREFIX)
+    return {"folders": folders, "links": links, "namespaces": stale_namespaces(), "hosts_of": hosts.cleanup_stale()}

@@ -154,7 +154,10 @@ class EmulatedNodes:
         self.close()
 
     def close(self) -> None:
-        """Kill what still runs inside the namespaces, then delete them (veths and bridge go too)."""
+        """Kill what still runs inside the namespaces, then delete them (veths and bridge go too; the
+        uplink's end in the root namespace is deleted first: a namespace goes once nothing holds it)."""
+        if self.uplink and self.hub:
+            subprocess.run(["ip", "link", "del", self.uplink], capture_output=True)
         for ns in [*self.names, *([self.hub] if self.hub else [])]:
             remove_namespace(ns)
         self.names, self.hub = [], None
