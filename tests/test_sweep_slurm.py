@@ -115,6 +115,28 @@ def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
     assert recs[p_own.hash].raw["slurm_state"] == "TIMEOUT" and recs[p_none.hash].raw["slurm_job_id"] == "41"
 
 
+def test_resume_runs_again_a_point_whose_job_lost_its_node_and_no_other_failed_one(tmp_path, monkeypatch):
+    from dlscale.sweep.run import finished_points, lost_points, record_failure
+
+    sw = spec.load(_write(tmp_path, "name: lost\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    p_lost, p_own = sw.points
+    st = open_state(sw, tmp_path / "state")
+    st.points[p_lost.hash].update(job_id="41")
+    st.points[p_own.hash].update(job_id="42")
+    with Store.open(tmp_path / "r.db") as store:
+        record_failure(p_lost, store, sw.name, "crashed: killed by SIGTERM", "")
+        slurm.settle(p_lost, squeue.JobState("41", "NODE_FAIL", "None"), store, sw.name, st)
+        slurm.settle(p_own, squeue.JobState("42", "TIMEOUT", "TimeLimit", "00:01:00"), store, sw.name, st)
+        assert set(finished_points(store, sw)) == {p_own.hash}  # a timeout is the point's own: it stays done
+        assert lost_points(store, sw) == {p_lost.hash: "41"}
+        (rec,) = [r for r in store.query() if r.raw["sweep_point"] == p_lost.hash]
+    assert rec.error == "Slurm job 41 NODE_FAIL: lost a node (crashed: killed by SIGTERM)"
+    # the lost job (which the controller still knows) is not waited for again: its point is submitted anew
+    monkeypatch.setattr(squeue, "active_jobs_by_name", lambda: {})
+    monkeypatch.setattr(squeue, "job_states", lambda ids: {j: squeue.JobState(j, "NODE_FAIL") for j in ids})
+    assert slurm._reattach(sw, st, {}, {p_lost.hash: "41"}) == {p_own.hash: "42"}
+
+
 def _shim(bin_dir: Path, name: str, stderr: str, stdout: str = "", code: int = 1) -> None:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / name).write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\necho '{stderr}' >&2\nexit {code}\n")
