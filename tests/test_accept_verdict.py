@@ -104,6 +104,14 @@ def test_the_weak_link_names_its_node():
     assert [v.status for v in vs if v.subject in ("node 0's link", "node 1's link")] == [PASS, PASS]
 
 
+def test_the_weak_link_of_real_nodes_names_its_host():
+    # on real nodes (a Slurm job) a node's index in the job says nothing: the link is its host's
+    vs = judge([ar.links(slow_node=1, nodes=3, hosts=["gpu07", "gpu08", "gpu09"])])
+    slow = [v for v in vs if v.status == FAIL]
+    assert [(v.subject, v.subject_key) for v in slow] == [("gpu08's link", "link gpu08")]
+    assert slow[0].related[0] == "gpu08's link is below expectation, the other nodes' links are not"
+
+
 def test_the_slow_emulated_node_is_named():
     # two emulated nodes, a rank each on its node's CPU: node 1's steps take twice as long
     vs = judge([ar.alone(slow_gpu=1, slow=0.5, n=2, nodes=2, devices=["cpu", "cpu"])])

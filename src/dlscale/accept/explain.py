@@ -167,15 +167,17 @@ def _same_part(v: Verdict, w: Verdict, culprit: int | None) -> bool:
 
 
 def link_culprits(bad: Sequence[Verdict]) -> tuple[list[str], int | None]:
-    """("node 2's link is below expectation, the other nodes' links are not", 2) where one node's link
+    """("node 2's link is below expectation, the other nodes' links are not", 2; on real nodes "gpu07's
+    link ...") where one node's link
     is the slow one (a link verdict is about one node's link: ``readers.links_figures``), judged by
     the worst verdicts: one node's link FAILing names that node, whatever WARNs beside it; else the
     slow links by name and None."""
     slow = [v for v in bad if v.check == "links" and v.nodes]
     worst = [v for v in slow if v.status == FAIL] or slow
-    nodes = sorted({n for v in worst for n in v.nodes})
+    names = {n: (v.subject or f"node {n}'s link").removesuffix("'s link") for v in worst for n in v.nodes}
+    nodes = sorted(names)
     if not nodes:
         return [], None
     if len(nodes) > 1:
-        return [f"slow links: {', '.join(f'node {n}' for n in nodes)}"], None
-    return [f"node {nodes[0]}'s link is below expectation, the other nodes' links are not"], nodes[0]
+        return [f"slow links: {', '.join(names[n] for n in nodes)}"], None
+    return [f"{names[nodes[0]]}'s link is below expectation, the other nodes' links are not"], nodes[0]

@@ -91,6 +91,10 @@ def _register() -> None:
     from dlscale.cli import serve
 
     app.command("serve-bench", help=serve.HELP, epilog=serve.EPILOG)(serve.serve_bench)
+    from dlscale.cli import cluster
+
+    app.add_typer(cluster.app, name="cluster", help="A Slurm cluster of K nodes on this machine, to rehearse a "
+                                                   "cluster run: `dlscale cluster up`, `dlscale cluster down`.")
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 
