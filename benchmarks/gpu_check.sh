@@ -6,7 +6,8 @@
 #   short test ResNet-50 bf16 channels_last b256   vs  a plain training loop
 #   micro gemm, best bf16                           vs  torch.matmul 8192^3
 #   micro memory, device copy                       vs  copy_ of 1 GiB
-#   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
+#   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate: device-timed, and as LoadGen times it
+#   infer LoadGen offline ResNet-18 bf16 b64        vs  the same (about 1 ms a batch: the harness's cost per batch)
 #   infer llama_small b1 decode eager / compiled    vs  transformers generate eager (DynamicCache, compile off)
 #     / graph-eager, each against its memory limit      / compiled (static cache, torch.compile + CUDA graphs)
 #   accept --quick, twice                           (the second judged against the first)
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --out) DEST=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --llm) LLM_CALL=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -71,11 +72,13 @@ if [ "$DEVICE" = cuda ]; then  # the sizes the GPU check is about
   STEPS=(--warmup-steps 10 --steps 60); PSTEPS=(--warmup 10 --steps 60)
   GEMM=(-p bf16); MATMUL=(--n 8192 --precision bf16); COPY=(--bytes 1073741824)
   INF=(resnet50 --precision bf16 --batch-sizes 64); LLM=llama_small; LLMP=bf16; PROMPT=128; OUTPUT=64
+  INF_SHORT=(resnet18 --precision bf16 --batch-sizes 64)
 else  # the dry run: every step at a size a CPU finishes in seconds
   RN=(resnet18 --image-size 32 --batch-size 8 --precision fp32); PRN=(--model resnet18 --batch 8 --image-size 32 --precision fp32)
   STEPS=(--warmup-steps 2 --steps 5); PSTEPS=(--warmup 2 --steps 5)
   GEMM=(-p fp32 --max-gflop 0.05); MATMUL=(--n 512 --precision fp32); COPY=(--bytes 67108864)
   INF=(tinycnn --image-size 32 --precision fp32 --batch-sizes 64); LLM=llama_tiny; LLMP=fp32; PROMPT=16; OUTPUT=16
+  INF_SHORT=(tinycnn --image-size 32 --precision fp32 --batch-sizes 8)
 fi
 LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
 
@@ -90,6 +93,7 @@ step peer_matmul 45 $PEER matmul "${MATMUL[@]}"
 step memory 60 $DL micro memory --device "$DEVICE" --tag gpu-check --format json
 step peer_copy 30 $PEER copy "${COPY[@]}"
 step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
+step loadgen_short 60 $DL infer "${INF_SHORT[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
 step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json
 step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode compiled --device "$DEVICE" --tag gpu-check --format json
 [ "$DEVICE" = cuda ] && step decode_graph_eager 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph-eager --device "$DEVICE" --tag gpu-check --format json

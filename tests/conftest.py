@@ -114,19 +114,47 @@ def need_system(what: str, missing: str | None, env_var: str) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A real single-node Slurm (munged, slurmctld, slurmd on this machine; tests/slurmcluster.py) for the
-    session, shared by the Slurm executor's tests; every process ended after."""
-    from slurmcluster import REQUIRE_ENV, SlurmCluster, missing
+    """A real single-node Slurm (munged, slurmctld, slurmd on this machine, the node this host itself;
+    tests/slurmcluster.py) for the session, shared by the Slurm executor's tests; every process ended after."""
+    import slurmcluster
 
-    need_system("a single-node Slurm (slurm-wlm, munge)", missing(), REQUIRE_ENV)
-    cluster = SlurmCluster(cpus=2)
+    cluster = slurmcluster.single_node(cpus=2)
     try:
-        cluster.start()
-    except RuntimeError as e:
+        yield slurmcluster.start(cluster)
+    finally:
         cluster.stop()
-        need_system("a single-node Slurm (slurm-wlm, munge)", f"Slurm would not start here: {e}", REQUIRE_ENV)
-    yield cluster
-    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes():
+    """A real Slurm of three nodes on this machine (each in its own network namespace, with its own address
+    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after."""
+    import slurmcluster
+
+    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit")
+    try:
+        yield slurmcluster.start(cluster)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_slurm_nodes():
+    """Start a Slurm of K nodes of the test's own (``make_slurm_nodes(k, **options)``), for a test that
+    takes a node down or sets one apart; every one removed after the test."""
+    import slurmcluster
+
+    made = []
+
+    def make(k: int = 3, **options):
+        made.append(slurmcluster.multi_node(k, **options))
+        return slurmcluster.start(made[-1])
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
 
 
 class FakeNodes:

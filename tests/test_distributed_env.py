@@ -92,4 +92,6 @@ def test_run_started_by_a_simulated_mpirun(db_path):
     assert outs[1][0].strip() == ""  # only rank 0 prints
     rec = json.loads(outs[0][0])
     assert rec["config"]["launcher"] == "openmpi" and rec["metrics"]["world_size"] == 2
+    assert [(n["interface"], n["set_by"], n["how"]) for n in rec["config"]["rank_network"]] == \
+        [("lo", "user", "GLOO_SOCKET_IFNAME=lo")] * 2  # the user's own setting stands, and is recorded as theirs
     assert len(rec["metrics"]["rank_throughputs"]) == 2

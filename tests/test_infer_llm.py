@@ -260,6 +260,19 @@ def test_bad_llm_options_exit_2_with_one_line(cli, db_path, args, words):
     assert len(lines) == 1 and words in lines[0] and r.stdout == ""
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--prompt-len", "100000", "--output-len", "8"],  # before: "--seq-len 100000 is longer than ...": not given
+     "--prompt-len 100000 + --output-len 8 = 100008 tokens exceeds llama_tiny's max_position_embeddings 1024"),
+    (["--prompt-len", "100000"], "--prompt-len and --output-len go together"),
+    (["--seq-len", "100000"], "--seq-len 100000 is longer than llama_tiny's max_position_embeddings 1024"),
+])
+def test_a_length_past_the_models_positions_names_the_option_given(cli, db_path, args, words):
+    r = cli("infer", "llama_tiny", "--batch-sizes", "1", "--device", "cpu", *args)
+    lines = r.stderr.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and words in lines[0], r.stderr
+    assert "--seq-len" not in lines[0] or "--seq-len" in args
+
+
 def test_decode_needs_an_llm_prefill_run():
     from dlscale.infer.config import InferConfig
 

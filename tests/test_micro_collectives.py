@@ -101,6 +101,33 @@ def test_reset_leaves_no_stale_result_that_could_pass(name, n, monkeypatch):
             assert (b.wrong() == 0) == no_op_is_right, (mode, rank)
 
 
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_the_check_in_pieces_finds_what_the_whole_check_finds(name, monkeypatch):
+    """The fill and the check build the expected result a piece at a time (a 16G sweep holds its buffers and a
+    few pieces, not a full copy per rank): with pieces of 5 elements, straddling the ranks' blocks, the
+    result is the whole one's, a correct result has no wrong element and a planted one is found."""
+    import torch
+
+    from dlscale.micro import collectives
+
+    cpu, n = torch.device("cpu"), 3
+    for mode in COLLECTIVES[name].modes:
+        for rank in range(n):
+            whole = Buffers(COLLECTIVES[name], 12 * n, mode, rank, n, cpu)
+            if whole.result() is None:
+                continue
+            want, sent = whole.expected().tolist(), whole.send.tolist()
+            monkeypatch.setattr(collectives, "PIECE", 5)
+            b = Buffers(COLLECTIVES[name], 12 * n, mode, rank, n, cpu)
+            assert b.send.tolist() == sent and b.expected().tolist() == want
+            assert torch.cat([b.expected(lo, hi) for lo, hi in collectives.pieces(len(want))]).tolist() == want
+            b.result().copy_(torch.tensor(want))
+            assert b.wrong() == 0
+            b.result().view(-1)[len(want) - 1] += 1
+            assert b.wrong() == 1, (mode, rank)
+            monkeypatch.undo()
+
+
 def test_in_place_all_gather_rank0_poisons_the_other_slots():
     import torch
 

@@ -83,10 +83,12 @@ def test_shaped_rate_is_the_slower_of_the_two_links():
 
 
 def test_each_node_is_measured_by_its_lowest_rank():
-    from dlscale.micro.link_worker import leaders
+    from dlscale.micro.link_worker import leaders, node_hosts
 
-    assert leaders([(0, 0), (1, 0), (2, 1), (3, 1)]) == {0: 0, 1: 2}
-    assert leaders([(3, 0), (1, 1), (0, 1), (2, 0)]) == {0: 2, 1: 0}  # any rank order (srun, mpirun)
+    assert leaders([(0, 0, "a"), (1, 0, "a"), (2, 1, "b"), (3, 1, "b")]) == {0: 0, 1: 2}
+    assert leaders([(3, 0, "a"), (1, 1, "b"), (0, 1, "b"), (2, 0, "a")]) == {0: 2, 1: 0}  # any rank order (srun, mpirun)
+    assert node_hosts([(3, 0, "gpu07"), (1, 1, "gpu08"), (0, 1, "gpu08"), (2, 0, "gpu07")]) == {"0": "gpu07", "1": "gpu08"}
+    assert node_hosts([(0, 0, "vm"), (1, 1, "vm")]) == {}  # emulated nodes share the host: named by their index
 
 
 def test_gloo_exchanges_cpu_tensors():

@@ -111,6 +111,9 @@ def test_emulated_two_node_run(cli_subprocess, db_path):
     assert (c["nodes"], c["devices_per_node"], c["world_size"], c["emulated_nodes"], c["link_bandwidth"]) == \
         (2, 1, 2, True, "1gbit")
     assert rec["metrics"]["nodes"] == 2 and rec["metrics"]["comm_fraction"] > 0
+    # each node's gloo on dls0, from the route to the master (node 0's own address there)
+    assert [(n["node"], n["interface"], n["address"], n["set_by"]) for n in c["rank_network"]] == \
+        [(0, netns.IFNAME, "10.77.0.1", "dlscale"), (1, netns.IFNAME, "10.77.0.2", "dlscale")]
     left = [n for n in set(netns.list_namespaces()) - before
             if not psutil.pid_exists(int(re.match(rf"{netns.PREFIX}(\d+)-", n).group(1)))]
     assert not left, f"namespaces left behind: {left}"

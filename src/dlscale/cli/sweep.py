@@ -22,7 +22,7 @@ nothing that finished. Exits 1 if a point failed.
 --executor slurm submits each point as a Slurm job (submitit) with the file's slurm: resources
 and waits for them all, recording a job Slurm ended (time limit, scancel) as failed with Slurm's
 reason; a controller that does not answer is waited for, not taken for lost jobs. --resume then
-also re-attaches to jobs still queued or running. `dlscale sweep status FILE|TAG` shows each
+also re-attaches to jobs still queued or running, and runs again a point whose job lost its node. `dlscale sweep status FILE|TAG` shows each
 point's Slurm job id and state (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n

@@ -108,9 +108,10 @@ def row_energy(reading: dict[str, Any], flops: float | None, calls: int, update_
 
 def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any) -> Outcome:
     """The body of a microbenchmark run: plan, time every case, rows, summary, warnings."""
+    from dlscale.harness.device import flags_kept
     from dlscale.harness.energy import EnergyMeter
 
-    with EnergyMeter(device) as meter:
+    with flags_kept(), EnergyMeter(device) as meter:  # each case sets its precision's flags; restored after the run
         return _measure(bench, opts, device, system, record, meter)
 
 
@@ -127,12 +128,13 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     rows: list[dict[str, Any]] = []
     record.raw["rows"] = rows  # kept on the record if a case fails part-way
     times_all: list[list[float]] = []
+    flags: dict[str, Any] = {}  # each precision's TF32 and cuDNN flags, for the run's config
     for case in plan.cases:
         prec = case.precision or "fp32"
         where = case.device or device
         if case.flops is not None and (where, prec) not in peaks:
             peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
-        set_matmul_precision(prec, where)
+        flags[prec] = set_matmul_precision(prec, where)
         metered = meter if where == device else None
         times, gpu, calls = _time_case(case, opts, where, metered, clocks)
         peak = peaks.get((where, prec), (None, ""))[0]
@@ -152,7 +154,8 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
               "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
     row_units = {**ROW_UNITS, **{k: u for k, u in GPU_ROW_UNITS.items() if any(k in r for r in rows)}}
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in row_units.items()}},
-                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=_warnings(plan, rows))
+                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=_warnings(plan, rows),
+                   config={"backend_flags": flags})
 
 
 def _time_case(case: Any, opts: MicroOptions, where: Any, meter: Any, clocks: dict[Any, Any]
