@@ -58,15 +58,35 @@ def _free_phases(rec: Any) -> float | None:
 
 
 def contention(store: Any, base: Any, per_host: int) -> tuple[float | None, str]:
-    """Compute slowdown of ``per_host`` ranks sharing this host from a measured run's phases; (None, why)
-    where no such run is in the store."""
+    """Compute slowdown of ``per_host`` ranks sharing this host from a measured run's phases, else, on a
+    CPU host, from its cores (``oversubscription``); (None, why) where neither is known."""
     if per_host <= 1:
         return 1.0, "one rank per host"
     f0 = _free_phases(base)
     for rec in one_node_runs(store, base):
         if rec.config.get("devices_per_node") == per_host and _free_phases(rec) and f0:
             return _free_phases(rec) / f0, f"forward+optimizer of {rec.run_id} over {base.run_id}"
-    return None, f"not measured for {per_host} ranks per host (no {per_host}-rank run of this test with a breakdown)"
+    missing = f"not measured for {per_host} ranks per host (no {per_host}-rank run of this test with a breakdown)"
+    factor, why = oversubscription(base, per_host)
+    return (None, missing) if factor is None else (factor, f"{why}; {missing}")
+
+
+def oversubscription(base: Any, per_host: int) -> tuple[float | None, str]:
+    """A CPU host's cores taken in turn: ``per_host`` ranks of ``t`` threads (the source run's
+    ``threads_per_rank``) on its ``C`` usable cores (the source run's CPU affinity) run
+    ``max(1, per_host t / C) / max(1, t / C)`` times slower than its one rank. Below ``C`` threads
+    nothing is charged (memory-bandwidth contention is not modelled). (None, why) for accelerator
+    runs and where threads or cores are not recorded."""
+    if base.config.get("device") != "cpu":
+        return None, "not a CPU run"
+    threads = base.config.get("threads_per_rank")
+    cpu = (base.system or {}).get("cpu") or {}
+    cores = len(cpu["affinity"]) if cpu.get("affinity") else cpu.get("logical_cpus")
+    if not threads or not cores:
+        return None, "threads per rank or usable cores not recorded"
+    factor = max(1.0, per_host * threads / cores) / max(1.0, threads / cores)
+    return factor, (f"{per_host} ranks x {threads} thread(s) on the {cores} usable cores of {base.run_id}'s host"
+                    + (f": they take the cores in turn, {factor:.3f}x" if factor > 1 else ": a core each, no contention"))
 
 
 def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tuple[float | None, str]:
