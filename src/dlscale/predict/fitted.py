@@ -71,12 +71,29 @@ def contention(store: Any, base: Any, per_host: int) -> tuple[float | None, str]
     return (None, missing) if factor is None else (factor, f"{why}; {missing}")
 
 
+SATURATED_PCT = 95.0  # the host's CPUs this busy (monitor_cpu_total_pct_mean) are all taken
+
+
+def others_on_host(base: Any, threads: int, cores: int) -> float:
+    """Threads' worth of other work the source run's host carried while it ran, from its monitor: where
+    the host was saturated, what its rank's share says, ``t C / own - t`` (every runnable thread a
+    fair share); else the busy cores that were not its own, ``total C - own``; 0 where not recorded."""
+    m = base.metrics or {}
+    own, total = m.get("monitor_proc_cpu_cores_mean"), m.get("monitor_cpu_total_pct_mean")
+    if not own or total is None:
+        return 0.0
+    if total >= SATURATED_PCT:
+        return max(0.0, threads * cores / own - threads)
+    return max(0.0, total / 100 * cores - own)
+
+
 def oversubscription(base: Any, per_host: int) -> tuple[float | None, str]:
     """A CPU host's cores taken in turn: ``per_host`` ranks of ``t`` threads (the source run's
-    ``threads_per_rank``) on its ``C`` usable cores (the source run's CPU affinity) run
-    ``max(1, per_host t / C) / max(1, t / C)`` times slower than its one rank. Below ``C`` threads
-    nothing is charged (memory-bandwidth contention is not modelled). (None, why) for accelerator
-    runs and where threads or cores are not recorded."""
+    ``threads_per_rank``) on its ``C`` usable cores (the source run's CPU affinity), beside ``D``
+    threads' worth of other work (``others_on_host``), each get ``min(1, C / (D + per_host t))`` of a
+    core, and run that much slower than the source run's one rank did (``min(1, C / (D + t))``). On an
+    otherwise idle host nothing is charged below ``C`` threads (memory-bandwidth contention is not
+    modelled). (None, why) for accelerator runs and where threads or cores are not recorded."""
     if base.config.get("device") != "cpu":
         return None, "not a CPU run"
     threads = base.config.get("threads_per_rank")
@@ -84,9 +101,12 @@ def oversubscription(base: Any, per_host: int) -> tuple[float | None, str]:
     cores = len(cpu["affinity"]) if cpu.get("affinity") else cpu.get("logical_cpus")
     if not threads or not cores:
         return None, "threads per rank or usable cores not recorded"
-    factor = max(1.0, per_host * threads / cores) / max(1.0, threads / cores)
-    return factor, (f"{per_host} ranks x {threads} thread(s) on the {cores} usable cores of {base.run_id}'s host"
-                    + (f": they take the cores in turn, {factor:.3f}x" if factor > 1 else ": a core each, no contention"))
+    others = others_on_host(base, threads, cores)
+    factor = min(1.0, cores / (others + threads)) / min(1.0, cores / (others + per_host * threads))
+    what = f"{per_host} ranks x {threads} thread(s) on the {cores} usable cores of {base.run_id}'s host"
+    if others > 0:
+        what += f" beside {others:.2f} threads' worth of other work (its monitor)"
+    return factor, what + (f": they take the cores in turn, {factor:.3f}x" if factor > 1 else ": a core each")
 
 
 def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tuple[float | None, str]:
