@@ -68,7 +68,8 @@ def main() -> int:
     if a.cluster:
         return cluster(a)
     if a.seed001 or a.seed002:
-        rows = [row for key, on in (("001", a.seed001), ("002", a.seed002)) if on for row in seed_cases(key)]
+        keys = (("001", a.seed001), ("001-one-gpu", a.seed001), ("002", a.seed002))
+        rows = [row for key, on in keys if on for row in seed_cases(key)]
         print(f"{sum(r['within'] for r in rows)} of {len(rows)} published cases within their tolerance")
         return 0
     os.environ["DLSCALE_QUIET"] = "1"
@@ -128,7 +129,7 @@ def seed_cases(key: str) -> list[dict]:
     import json
     import subprocess
 
-    from dlscale.predict.seeds import SEEDS, V100_ONE_GPU_CSV, judge
+    from dlscale.predict.seeds import SEEDS, judge
 
     seed = SEEDS[key]
     tmp = tempfile.mkdtemp(prefix=f"dlscale-seed{key}-")
@@ -139,12 +140,12 @@ def seed_cases(key: str) -> list[dict]:
                            capture_output=True, text=True, check=True)
         return json.loads(p.stdout)
 
-    if key == "001":
+    if seed.csv is None:
         imported = dlscale("import", "--ref", "seed001-scaling")
     else:
-        csv = os.path.join(tmp, "v100.csv")
+        csv = os.path.join(tmp, "one-gpu.csv")
         with open(csv, "w") as f:
-            f.write(V100_ONE_GPU_CSV)
+            f.write(seed.csv)
         imported = dlscale("import", csv)
     one = next(r for r in imported if r["config"]["system"] == seed.system and r["config"]["world_size"] == 1)
     layouts = ",".join(f"{n}x{g}" for n, g in seed.layouts)
