@@ -109,3 +109,48 @@ def test_nodes_of_a_cluster_on_one_machine_are_said_to_share_it(db_path, cli):
     assert own["metrics"]["contention"] == pytest.approx(1.0) and own["config"]["shared_host"] is False
     assert shared["metrics"]["contention"] == pytest.approx(1.5) and shared["config"]["shared_host"] is True
     assert shared["metrics"]["efficiency"] < own["metrics"]["efficiency"]
+
+
+def test_the_host_s_own_all_reduce_work_takes_the_cores_from_backward_by_hand():
+    from dlscale.predict.links import Link
+    from dlscale.predict.model import Compute, predict_step
+
+    # F = 1, Bw = 2, O = 0.5, E = 0.25 s; buckets 1e6, 2e6, 1e6 B ready at 1/4, 3/4, 1 of backward;
+    # 1x2 over a 2e6 B/s link (wire W = S / 2e6: 0.5, 1, 0.5 s) and a host of 2e6 B/s (H the same):
+    # each bucket flies W + H = 1, 2, 1 s, and backward runs at W / (W + H) = 1/2 meanwhile.
+    compute = Compute(1.0, 2.0, 0.5, 0.25)
+    lk = Link("l", 0.0, 2e6, "hand")
+    got = predict_step(compute, [1_000_000, 2_000_000, 1_000_000], 1, 2, lk, None, host_bandwidth=2e6)
+    # bucket 1 ready at 1.5 s, flies to 2.5 (backward does 0.5 s of work meanwhile), bucket 2 ready at
+    # 3.0, flies to 5.0; backward's last 0.5 s at half speed ends at 4.0; bucket 3 flies 5.0 -> 6.0
+    assert [b["start_s"] for b in got.schedule] == pytest.approx([1.5, 3.0, 5.0])
+    assert [b["end_s"] for b in got.schedule] == pytest.approx([2.5, 5.0, 6.0])
+    assert got.overlap_loss_s == pytest.approx(1.0) and got.exposed_s == pytest.approx(2.0)
+    assert got.step_s == pytest.approx(4.0 + 2.0 + 0.75)
+    # the transfer alone (no host cost) leaves backward its speed: buckets fly 1.5-2.0, 2.5-3.5, 3.5-4.0
+    free = predict_step(compute, [1_000_000, 2_000_000, 1_000_000], 1, 2, lk, None)
+    assert free.overlap_loss_s == 0.0 and free.step_s == pytest.approx(3.0 + 1.0 + 0.75)
+
+
+def test_the_host_cost_comes_from_a_loopback_collectives_run_of_this_host(db_path):
+    from dlscale import api
+
+    base = one_rank()
+    loop = coll_record(0.0, 0.25e9)  # 2 ranks on one node: 0.25 GB/s with no wire at all
+    loop.system = {"hostname": "box"}  # the source run's host
+    link = coll_record(20e-6, 0.12e9, nodes=2, emulated=True, rate="1gbit")
+    with Store.open(db_path) as s:
+        for r in (base, loop, link):
+            s.insert(r)
+    (rec,) = api.predict(base.run_id, [(2, 1)], inter=f"run:{link.run_id}", db=str(db_path))
+    assert rec.config["host_bandwidth"] == pytest.approx(0.25e9, rel=1e-6)
+    assert any(n.startswith(f"host cost: 0.250 GB/s, the loopback all-reduce rate of {loop.run_id}")
+               for n in rec.raw["notes"])
+    # another host's loopback says nothing of this one's
+    other = coll_record(0.0, 0.25e9)
+    other.system = {"hostname": "elsewhere"}
+    with Store.open(db_path) as s:
+        s.insert(other)
+    (rec,) = api.predict(base.run_id, [(2, 1)], inter=f"run:{link.run_id}", intra=f"run:{other.run_id}",
+                         db=str(db_path))
+    assert rec.config["host_bandwidth"] is None

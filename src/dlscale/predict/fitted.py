@@ -110,8 +110,10 @@ def oversubscription(base: Any, per_host: int) -> tuple[float | None, str]:
 
 
 def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tuple[float | None, str]:
-    """The loaded CPU host's own all-reduce rate (``model.fit_host_bandwidth``) from a measured one-node
-    multi-rank run of the same test on the same host; (None, why) where there is none or not a CPU."""
+    """The loaded CPU host's own all-reduce rate: fitted (``model.fit_host_bandwidth``) from a measured
+    one-node multi-rank run of the same test on the same host, else the rate of the host's own
+    one-node (loopback) all-reduce, measured by ``micro collectives`` on it (``loopback_rate``);
+    (None, why) where neither is in the store, or not a CPU run."""
     from dlscale.predict.links import find_measured
 
     if base.config.get("device") != "cpu":
@@ -125,7 +127,23 @@ def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tup
                 return None, f"host cost: none visible in {rec.run_id} (its link explains its all-reduce time)"
             return bw, (f"host cost: {bw / 1e9:.3f} GB/s fitted from {rec.run_id}'s in-training all-reduce time "
                         f"({m['allreduce_seconds_per_step'] * 1e3:.1f} ms per step) over {intra.name}")
-    return None, "host cost: not measured (no one-node multi-rank run of this test on this host)"
+    return loopback_rate(store, base, intra)
+
+
+def loopback_rate(store: Any, base: Any, intra: Any) -> tuple[float | None, str]:
+    """The host's own per-byte cost of an all-reduce, where no training run of several ranks shows it: a
+    ``micro collectives`` run of several ranks on one node of this host (its loopback: no wire at all, so
+    its fitted rate is the copies, reductions and TCP stack of the cores alone). Its fitted bandwidth
+    is ``beta_host``: under backward the cores that do that work are busy, so it adds to a bucket's
+    transfer instead of hiding behind it."""
+    fit = (intra.fit or {}) if intra is not None else {}
+    run = store.get(fit["run_id"]) if fit.get("run_id") else None
+    if run is None or fit.get("emulated_link") or run.hostname != base.hostname:
+        return None, ("host cost: not measured (no one-node multi-rank run of this test, nor a `micro collectives` "
+                      "run of several ranks on one node of this host)")
+    return intra.bandwidth, (f"host cost: {intra.bandwidth / 1e9:.3f} GB/s, the loopback all-reduce rate of "
+                             f"{run.run_id} on this host (the cores' own per-byte work, in series with every "
+                             "bucket's transfer while backward keeps them busy)")
 
 
 def _step_of(rec: Any) -> float | None:
