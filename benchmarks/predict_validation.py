@@ -182,6 +182,14 @@ def cluster(a) -> int:
         print("--executor slurm: give the one --links rate the cluster's nodes were started with", file=sys.stderr)
         return 2
     layouts = parse_layouts(a.layouts)
+    if a.repredict:
+        import shutil
+
+        shutil.copy(a.repredict, db)
+        rows = [row for r, (measured, links, intra) in enumerate(_stored_rounds(a.repredict, rates, layouts))
+                for row in _predicted_round(r, measured, links, intra, layouts, rates, db, not a.own_hosts)]
+        _cluster_report(rows, db, a)
+        return 0
     runner = Local(db, a) if a.executor == "local" else Slurm(db, a)
     test = dict(model=a.models.split(",")[0].strip(), image_size=a.image_size, batch_size=a.batch_size,
                 warmup_steps=3, steps=a.steps, device="cpu")
@@ -196,10 +204,45 @@ def cluster(a) -> int:
             n, g = (int(x) for x in name.split("x"))
             load = os.getloadavg()[0]
             measured[(name, rate)] = (runner.train(n, g, rate, test, f"measured-r{r}"), load)
+            _note_load(db, measured[(name, rate)][0].run_id, load)
             print(f"round {r + 1}: {name} {rate or ''} done (load average {load:.1f})", file=sys.stderr, flush=True)
         rows += _predicted_round(r, measured, links, intra, layouts, rates, db, not a.own_hosts)
     _cluster_report(rows, db, a)
     return 0
+
+
+def _note_load(db: str, run_id: str, load: float) -> None:
+    """The 1-minute load average as each run started, beside the database (the records do not hold it)."""
+    import json
+
+    path = f"{db}.load.json"
+    loads = json.load(open(path)) if os.path.exists(path) else {}
+    loads[run_id] = load
+    with open(path, "w") as f:
+        json.dump(loads, f)
+
+
+def _stored_rounds(db: str, rates: list[str], layouts: list[tuple[int, int]]):
+    """--repredict: each round's measured runs and links as `cluster` recorded them (tags measured-rN, links-rN)."""
+    import json
+
+    from dlscale.store import Store
+
+    loads = json.load(open(f"{db}.load.json")) if os.path.exists(f"{db}.load.json") else {}
+    with Store.open(db) as s:
+        for r in range(1000):
+            runs = s.query(kind="train", tag=f"measured-r{r}")
+            if not runs:
+                return
+            colls = s.query(kind="micro", workload="collectives", status="ok", tag=f"links-r{r}")
+            def rate(x):  # Slurm's nodes record no emulated rate: theirs is the one --links names
+                return (x.config.get("link_bandwidth") or rates[0]) if (x.config.get("nodes") or 1) > 1 else None
+
+            measured = {(f"{x.config['nodes']}x{x.config['devices_per_node']}", rate(x)): (x, loads.get(x.run_id, 0.0))
+                        for x in runs}
+            links = {rate(x): x for x in colls if (x.config.get("nodes") or 1) > 1}
+            intra = next((x for x in colls if (x.config.get("nodes") or 1) == 1), None)
+            yield measured, links, intra
 
 
 def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> list[dict]:
@@ -207,10 +250,15 @@ def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> l
     from dlscale.predict.links import from_collectives
 
     base, _ = measured[("1x1", None)]
+    if base.status != "ok":
+        print(f"round {r + 1}: its 1x1 run {base.run_id} failed ({base.error}); nothing predicted", file=sys.stderr)
+        return []
     x1 = base.metrics["throughput"]
     rows = []
     for rate in rates:
         for n, g in layouts:
+            if (f"{n}x{g}", rate) not in measured:  # a round cut short
+                continue
             rec, load = measured[(f"{n}x{g}", rate)]
             (pred,) = api.predict(base.run_id, [(n, g)], inter=f"run:{links[rate].run_id}", shared_host=shared,
                                   intra=f"run:{intra.run_id}" if g > 1 else None, tag=f"predicted-r{r}", db=db)
