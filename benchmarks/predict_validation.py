@@ -21,8 +21,8 @@ case against its published target and tolerance, with what the prediction assume
 ``--cluster`` checks the predictor on layouts it did not see: per round (rotated order, so the
 machine's load drifts across every layout alike) a one-rank run (1x1, threads 1), the links
 (`micro collectives` all_reduce over two nodes at each rate, and over two ranks of one node for the
-layouts with several ranks per node) and every --layouts layout at every --links rate; then
-`dlscale predict` from that round's 1x1 and that round's links alone, and the error in points of
+host's own all-reduce cost and the layouts with several ranks per node) and every --layouts layout at
+every --links rate; then `dlscale predict` from that round's 1x1 and that round's links alone, and the error in points of
 scaling efficiency (measured efficiency = the layout's throughput / (ranks x the round's 1x1)).
 ``--executor local`` runs the nodes as emulated nodes here (`--emulate-nodes`, tc-shaped links);
 ``--executor slurm`` runs every point as a one-point `dlscale sweep --executor slurm` job on a
@@ -197,7 +197,7 @@ def cluster(a) -> int:
     rows = []
     for r in range(a.rounds):
         links = {rate: runner.links(2, 1, rate, a.sizes, f"links-r{r}") for rate in rates}
-        intra = runner.links(1, 2, None, a.sizes, f"links-r{r}") if any(g > 1 for _, g in layouts) else None
+        intra = runner.links(1, 2, None, a.sizes, f"links-r{r}")  # 2x2's hop in a node; the host's own cost
         k = r % len(jobs)
         measured = {}
         for name, rate in jobs[k:] + jobs[:k]:
@@ -249,6 +249,8 @@ def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> l
     from dlscale import api
     from dlscale.predict.links import from_collectives
 
+    if ("1x1", None) not in measured:  # a round cut short before its 1x1
+        return []
     base, _ = measured[("1x1", None)]
     if base.status != "ok":
         print(f"round {r + 1}: its 1x1 run {base.run_id} failed ({base.error}); nothing predicted", file=sys.stderr)
@@ -261,7 +263,8 @@ def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> l
                 continue
             rec, load = measured[(f"{n}x{g}", rate)]
             (pred,) = api.predict(base.run_id, [(n, g)], inter=f"run:{links[rate].run_id}", shared_host=shared,
-                                  intra=f"run:{intra.run_id}" if g > 1 else None, tag=f"predicted-r{r}", db=db)
+                                  intra=f"run:{intra.run_id}" if intra is not None else None, tag=f"predicted-r{r}",
+                                  db=db)
             got = rec.metrics["throughput"] / (n * g * x1) if rec.status == "ok" else None
             rows.append({"round": r + 1, "layout": f"{n}x{g}", "link": rate, "x1": x1, "load": load,
                          "measured": got, "predicted": pred.metrics["efficiency"],
