@@ -262,9 +262,12 @@ def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> l
             if (f"{n}x{g}", rate) not in measured:  # a round cut short
                 continue
             rec, load = measured[(f"{n}x{g}", rate)]
-            (pred,) = api.predict(base.run_id, [(n, g)], inter=f"run:{links[rate].run_id}", shared_host=shared,
-                                  intra=f"run:{intra.run_id}" if intra is not None else None, tag=f"predicted-r{r}",
-                                  db=db)
+            kw = dict(inter=f"run:{links[rate].run_id}", intra=f"run:{intra.run_id}" if intra is not None else None,
+                      tag=f"predicted-r{r}", db=db)
+            try:
+                (pred,) = api.predict(base.run_id, [(n, g)], shared_host=shared, **kw)
+            except TypeError:  # --repredict with a dlscale from before shared_host (emulated links: shared anyway)
+                (pred,) = api.predict(base.run_id, [(n, g)], **kw)
             got = rec.metrics["throughput"] / (n * g * x1) if rec.status == "ok" else None
             rows.append({"round": r + 1, "layout": f"{n}x{g}", "link": rate, "x1": x1, "load": load,
                          "measured": got, "predicted": pred.metrics["efficiency"],
