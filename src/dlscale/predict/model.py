@@ -223,9 +223,11 @@ class _Backward:
         while self.done < to:
             rate, until = self._rate()
             wall = (to - self.done) / rate if rate > 0 else math.inf
-            if self.t + wall > until:
+            cut = self.t + wall > until  # the rate changes first
+            if cut:
                 wall = until - self.t
-            self.t, self.done, self.lost = self.t + wall, min(to, self.done + wall * rate), self.lost + wall * (1 - rate)
+            self.t, self.lost = self.t + wall, self.lost + wall * (1 - rate)
+            self.done = min(to, self.done + wall * rate) if cut else to
         return self.t
 
 
