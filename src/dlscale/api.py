@@ -185,7 +185,7 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
 def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
             inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, nics: int = 1,
             overlap_cost: float | None = None, find_unused_parameters: bool | None = None, tag: str | None = None,
-            db: str | None = None) -> list[Any]:
+            shared_host: bool | None = None, db: str | None = None) -> list[Any]:
     """Predict the data-parallel scaling of ``layouts`` ((nodes, devices per node) each) from the
     one-device run ``run`` (a ``train`` run, or a published figure brought in by ``dlscale import``)
     and link parameters (``intra``/``inter``: a datasheet link name such as "nvlink4", "ib-ndr",
@@ -193,13 +193,14 @@ def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None =
     run of that level in the store). ``nics``: NICs per node (each at the inter link's rate);
     ``overlap_cost``: the share of backward lost while an all-reduce is in flight (default: fitted
     from a one-node multi-device run of the same test in the store, else 0.5 on accelerators, 0 on
-    CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run). One
+    CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run); ``shared_host``:
+    the nodes share the source run's machine and its cores (default: when the inter link is emulated). One
     ``prediction`` record per distinct layout."""
     from dlscale.predict.run import predict as run_predict
 
     return run_predict(run, list(layouts), model=model, intra=intra, inter=inter, algorithm=algorithm,
                        host_cost=host_cost, nics=nics, overlap_cost=overlap_cost,
-                       find_unused_parameters=find_unused_parameters, tag=tag, db=db)
+                       find_unused_parameters=find_unused_parameters, tag=tag, shared_host=shared_host, db=db)
 
 
 def failed(records: Sequence[Any]) -> list[Any]:
