@@ -239,6 +239,27 @@ def end_marked(marker: str) -> list[int]:
     return left
 
 
+def namespaces_left(before: set[str]) -> list[str]:
+    """dlscale's network namespaces made since ``before`` (a set of ``netns.list_namespaces()``) by this
+    process, one of its children, or a process that has ended: what a run of the test left behind.
+    Names carry their creator's pid (``dls-PID-...``), so the namespaces that other live processes
+    on the machine make meanwhile (another test session's) are not counted, nor those they remove."""
+    import re
+
+    import psutil
+
+    from dlscale.distributed import netns
+
+    me = psutil.Process()
+    ours = {me.pid, *(c.pid for c in me.children(recursive=True))}
+    left = []
+    for ns in set(netns.list_namespaces()) - before:
+        m = re.match(rf"{re.escape(netns.PREFIX)}(\d+)-", ns)
+        if m and (int(m.group(1)) in ours or not psutil.pid_exists(int(m.group(1)))):
+            left.append(ns)
+    return sorted(left)
+
+
 def wait_until(ok, timeout_s: float, every_s: float = 0.2) -> bool:
     """Poll ``ok()`` until it is true or ``timeout_s`` passes; its last value."""
     import time
