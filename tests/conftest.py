@@ -128,10 +128,12 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def slurm_nodes():
     """A real Slurm of three nodes on this machine (each in its own network namespace, with its own address
-    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after."""
+    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after. Each
+    node's /etc/hosts is as Debian writes it (its own name on 127.0.1.1, the other nodes at their
+    addresses): the names a multi-node job must not be misled by."""
     import slurmcluster
 
-    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit")
+    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit", debian_hosts=True)
     try:
         yield slurmcluster.start(cluster)
     finally:
