@@ -128,10 +128,12 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def slurm_nodes():
     """A real Slurm of three nodes on this machine (each in its own network namespace, with its own address
-    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after."""
+    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after. Each
+    node's /etc/hosts is as Debian writes it (its own name on 127.0.1.1, the other nodes at their
+    addresses): the names a multi-node job must not be misled by."""
     import slurmcluster
 
-    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit")
+    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit", debian_hosts=True)
     try:
         yield slurmcluster.start(cluster)
     finally:
@@ -237,6 +239,27 @@ def end_marked(marker: str) -> list[int]:
         except ProcessLookupError:
             pass
     return left
+
+
+def namespaces_left(before: set[str]) -> list[str]:
+    """dlscale's network namespaces made since ``before`` (a set of ``netns.list_namespaces()``) by this
+    process, one of its children, or a process that has ended: what a run of the test left behind.
+    Names carry their creator's pid (``dls-PID-...``), so the namespaces that other live processes
+    on the machine make meanwhile (another test session's) are not counted, nor those they remove."""
+    import re
+
+    import psutil
+
+    from dlscale.distributed import netns
+
+    me = psutil.Process()
+    ours = {me.pid, *(c.pid for c in me.children(recursive=True))}
+    left = []
+    for ns in set(netns.list_namespaces()) - before:
+        m = re.match(rf"{re.escape(netns.PREFIX)}(\d+)-", ns)
+        if m and (int(m.group(1)) in ours or not psutil.pid_exists(int(m.group(1)))):
+            left.append(ns)
+    return sorted(left)
 
 
 def wait_until(ok, timeout_s: float, every_s: float = 0.2) -> bool:

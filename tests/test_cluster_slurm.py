@@ -3,20 +3,24 @@
 The cluster is dlscale.cluster's (tests/slurmcluster.py): every node in its own network namespace with
 its own address and host name, joined by shaped links, one slurmd per node; skipped with the reason
 where slurm-wlm, munge, iproute2 or root are missing (failed under DLSCALE_REQUIRE_SLURM=1). The
-suite runs one sweep with points of two and three nodes on a session-wide cluster; the rest are
-`long` (tens of seconds each), each fault on a cluster of its own: an acceptance across the nodes
-naming the node whose link is ten times slower, the scale ladder's four layouts, a node lost
-mid-job, a node the health check drains, a job past its time limit on several nodes. After each,
-no process of a job is left on any node.
+suite runs one sweep with points of two and three nodes on a session-wide cluster whose every node's
+/etc/hosts is as Debian writes it (its own name on 127.0.1.1), each rank's interface and address
+checked. The rest are `long` (tens of seconds each): on that cluster, ranks forced onto loopback
+(they end at once on every node, the sweep's other point ok), the scale ladder's four layouts and a
+job past its time limit on several nodes; each on a cluster of its own (names in the shared
+/etc/hosts): an acceptance across the nodes naming the node whose link is ten times slower, a node
+lost mid-job, a node the health check drains. After each, no process of a job is left on any node.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -54,8 +58,45 @@ def hosts_of(rec) -> list[str]:
     return [d["host"] for d in rec.raw["rank_devices"]]
 
 
+def job_of(db: Path, sweep: str, rec) -> dict:
+    """The sweep's state file's entry for the point of ``rec``: its Slurm job id, its folder."""
+    return json.loads((db.parent / "sweeps" / f"{sweep}.json").read_text())["points"][rec.raw["sweep_point"]]
+
+
+def task_logs(db: Path, sweep: str, rec) -> list[str]:
+    """Each node's log of the point's job (submitit's ``<job>_<task>_log.err``; task k on the job's node k)."""
+    entry = job_of(db, sweep, rec)
+    folder = Path(entry["folder"].replace("%j", entry["job_id"]))
+    return [p.read_text() for p in sorted(folder.glob(f"{entry['job_id']}_*_log.err"),
+                                          key=lambda p: int(p.name.split("_")[1]))]
+
+
+def ended_at(cluster, job_id: str) -> datetime:
+    """When Slurm saw the job's last task end (its EndTime, this machine's local time)."""
+    p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                       env={**os.environ, **cluster.env()})
+    return datetime.fromisoformat(re.search(r"\bEndTime=(\S+)", p.stdout).group(1)).astimezone()
+
+
+def check_network(rec, cluster) -> None:
+    """Every rank took its node's own interface and address from the route to the master, where its
+    node's /etc/hosts puts its own name on 127.0.1.1: the master's node took the route to another node's rank."""
+    net = rec.config["rank_network"]
+    address = dict(zip(cluster.names, cluster.addresses))
+    assert [(n["rank"], n["interface"], n["address"], n["set_by"]) for n in net] == \
+        [(r, "dls0", address[d["host"]], "dlscale") for r, d in enumerate(rec.raw["rank_devices"])], net
+    master = net[0]["host"]  # torchrun's MASTER_ADDR: rank 0's node, by its name
+    peer = next(n for n in net if n["host"] != master)
+    for n in net:
+        assert n["how"] == (f"route to rank {peer['rank']} ({peer['host']}, {peer['address']}); the route to MASTER_ADDR "
+                            f"{master} (127.0.1.1) is loopback here" if n["host"] == master else
+                            f"route to MASTER_ADDR {master} ({address[master]})"), net
+
+
 @pytest.mark.slow
 def test_points_of_two_and_three_nodes_run_one_rank_on_each_node(slurm_nodes, tmp_path):
+    """On nodes whose /etc/hosts is as Debian writes it, each rank's interface and address recorded; the
+    point's time is its job's; each node other than rank 0's says which rank and node it was."""
     f = write(tmp_path, "name: nodes\n" + TINY + "slurm: {time: 10}\nmatrix:\n  nnodes: [2, 3]\n")
     db = tmp_path / "runs.db"
     r = dlscale(slurm_nodes, "sweep", str(f), "--executor", "slurm", "--db", str(db), "--format", "json")
@@ -65,7 +106,47 @@ def test_points_of_two_and_three_nodes_run_one_rank_on_each_node(slurm_nodes, tm
     for n, rec in by_nodes.items():  # one rank per node, each on a node of its own, named as Slurm names it
         assert rec.metrics["world_size"] == n and rec.config["launcher"] == "torchrun"
         assert len(set(hosts_of(rec))) == n and set(hosts_of(rec)) <= set(slurm_nodes.names), hosts_of(rec)
+        check_network(rec, slurm_nodes)
     assert set(hosts_of(by_nodes[3])) == set(slurm_nodes.names)
+    for point in json.loads(r.stdout):  # Slurm's run time of the job, at least the run's own
+        rec = by_nodes[point["options"]["nnodes"]]
+        assert point["seconds"] >= rec.seconds > 0, (point, rec.seconds)
+    net = by_nodes[3].config["rank_network"]
+    logs = task_logs(db, "nodes", by_nodes[3])
+    assert len(logs) == 3
+    for k in (1, 2):  # off the job's first node (task k on node k): its rank and node as c10d numbered them
+        rank = next(n for n in net if n["host"] == slurm_nodes.names[k])
+        assert rank["rank"] == 0 or f"rank {rank['rank']} (node {rank['node']}): done (rank 0 records" in logs[k], logs[k]
+    assert nothing_left(slurm_nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_ranks_that_cannot_reach_each_other_end_at_once_on_every_node_and_the_sweep_goes_on(slurm_nodes, tmp_path):
+    """GLOO_SOCKET_IFNAME=lo forced in the jobs' environment: the three-node point's ranks advertise
+    loopback. Every node's rank ends with one line naming the pair, the cause and every rank's address,
+    the job well before the point's timeout_per_run; the one-node point, which loopback serves, is ok."""
+    timeout_s = 600
+    f = write(tmp_path, f"name: wrong-if\ntimeout_per_run: {timeout_s}\n" + TINY + "slurm: {time: 10, setup: "
+                        "['export GLOO_SOCKET_IFNAME=lo']}\ninclude:\n  - {nnodes: 3}\n  - {nnodes: 1, nproc_per_node: 2}\n")
+    unreachable, local = spec.load(f).points
+    db = tmp_path / "runs.db"
+    r = dlscale(slurm_nodes, "sweep", str(f), "--executor", "slurm", "--db", str(db), "--format", "json")
+    assert r.returncode == 1 and "1 of 2 points failed" in r.stderr, r.stderr[-3000:]
+    points = {p["hash"]: p for p in json.loads(r.stdout)}
+    assert points[local.hash]["status"] == "ok" and points[unreachable.hash]["status"] == "failed"
+    assert 0 < points[unreachable.hash]["seconds"] < timeout_s / 3, points  # the job, every node's task in it
+    rec = {rec.raw["sweep_point"]: rec for rec in records(db)}[unreachable.hash]
+    failed_at = datetime.fromisoformat(rec.finished_at)  # rank 0 recorded the line as the ranks met
+    assert (ended_at(slurm_nodes, job_of(db, "wrong-if", rec)["job_id"]) - failed_at).total_seconds() < timeout_s / 10
+    hosts = r"\(node \d, (?:" + "|".join(map(re.escape, slurm_nodes.names)) + r")\)"
+    assert rec.status == "failed" and re.match(rf"ranks cannot reach each other: rank \d {hosts} could not connect to "
+                                               rf"rank \d {hosts} at 127\.0\.0\.1:\d+: Connection refused", rec.error), rec.error
+    assert rec.error.count("127.0.0.1 on lo (set by the user: GLOO_SOCKET_IFNAME=lo)") == 3, rec.error
+    assert [(n["interface"], n["address"], n["set_by"]) for n in rec.config["rank_network"]] == \
+        [("lo", "127.0.0.1", "user")] * 3
+    for log in task_logs(db, "wrong-if", rec)[1:]:  # the other nodes' ranks ended with the same line
+        assert "ranks cannot reach each other: rank" in log and "timed out" not in log, log[-3000:]
     assert nothing_left(slurm_nodes)
 
 

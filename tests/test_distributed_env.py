@@ -25,6 +25,21 @@ def test_torchrun_variables():
     assert (e.master_addr, e.master_port, e.launcher) == ("node0", 1234, "torchrun")
 
 
+def test_a_rank_that_does_not_record_says_its_rank_and_node_as_its_launcher_numbered_them(monkeypatch):
+    from dlscale.distributed.job import done_elsewhere
+    from dlscale.layout import Layout
+
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    assert done_elsewhere(Layout(nnodes=2, node_rank=1)) == "node 1: done (node 0 records and prints the run)"
+    # under c10d torchrun, with --node-rank left at its default 0: GROUP_RANK is the node
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert done_elsewhere(Layout()) == "rank 3 (node 1): done (rank 0 records and prints the run)"
+
+
 def test_slurm_srun_step():
     # srun -N 2 --ntasks-per-node 4: task 6 is the 3rd task on the second node.
     e = detect({"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "2",

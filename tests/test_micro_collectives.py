@@ -280,7 +280,7 @@ def test_min_busbw_gate_and_wrong_count_fail_the_body(monkeypatch):
 
 @pytest.mark.slow
 def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
-    from conftest import need_system
+    from conftest import namespaces_left, need_system
     from dlscale.distributed import netns
 
     need_system("network namespaces (root, iproute2)", netns.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
@@ -298,7 +298,7 @@ def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
         # busbw is the per-link rate: over a 1 gbit link it cannot be much above 0.125 GB/s.
         assert 0 < m[f"avg_busbw_{op}"] < 0.125 * 1.5
         assert m[f"link_utilisation_{op}"] == pytest.approx(m[f"avg_busbw_{op}"] / 0.125)
-    assert set(netns.list_namespaces()) == before  # no namespace left behind
+    assert namespaces_left(before) == []  # no namespace of the run left behind
 
 
 # -- timing: one host-timed window on CPUs, K calls per event pair on GPUs ------------------------------

@@ -130,7 +130,7 @@ def test_report_names_the_slowest_link():
 
 @pytest.mark.slow
 def test_three_emulated_nodes_with_one_link_10x_slower_name_it(cli, db_path):
-    from conftest import need_system
+    from conftest import namespaces_left, need_system
     from dlscale.distributed import netns
 
     need_system("network namespaces (root, iproute2)", netns.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
@@ -150,4 +150,4 @@ def test_three_emulated_nodes_with_one_link_10x_slower_name_it(cli, db_path):
         assert by_node[k]["busbw_gbps"] < 0.125 * 1.5
     assert m["slowest_link_fraction"] < 0.25
     assert len(by_node[2]["samples"]) == by_node[2]["iters"] >= 1
-    assert set(netns.list_namespaces()) == before  # no namespace left behind
+    assert namespaces_left(before) == []  # no namespace of the run left behind

@@ -209,6 +209,28 @@ def test_in_place_a_rank_that_fails_before_any_record_tells_the_others_and_rank_
     assert rec.status == "failed" and rec.error == "Gloo connectFullMesh failed"
 
 
+def test_in_place_rank_0_records_with_a_failure_every_ranks_address_as_the_ranks_met(monkeypatch, db_path):
+    from dlscale.distributed import job
+    from dlscale.layout import Layout
+    from dlscale.store import Store
+
+    met = [{"rank": r, "node": r, "host": f"n{r}", "interface": "lo", "address": "127.0.0.1", "set_by": "user",
+            "how": "GLOO_SOCKET_IFNAME=lo"} for r in range(2)]
+    monkeypatch.setattr(peers, "publish_failure", lambda env, cause, kind: None)
+    monkeypatch.setattr(peers, "JOINED", met)
+
+    def unreachable(spec, env):
+        raise peers.Unreachable("ranks cannot reach each other: rank 0 (node 0, n0) could not connect to ...")
+
+    monkeypatch.setattr(job, "rank_function", lambda family: unreachable)
+    with pytest.raises(RunFailure) as e:
+        job.run_in_place("train", {"model": "tinycnn"}, Layout(), str(db_path), dist_env(0))
+    with Store.open(db_path) as s:
+        rec = s.get(e.value.run_id)
+    assert rec.status == "failed" and rec.error.startswith("ranks cannot reach each other: rank 0")
+    assert rec.config["rank_network"] == met
+
+
 def published(store, rank, node, cause, kind, t):
     store.append("dlscale/j7/failed", json.dumps({"rank": rank, "node": node, "host": f"n{node}", "cause": cause,
                                                   "kind": kind, "time": t}) + "\n")

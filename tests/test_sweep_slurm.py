@@ -156,6 +156,28 @@ def test_a_controller_that_does_not_answer_is_not_a_forgotten_job(tmp_path, monk
     assert squeue.job_states(["41"])["41"].phase == "running"
 
 
+def test_a_points_time_is_its_jobs_run_time_as_slurm_counts_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    _shim(tmp_path / "bin", "scontrol", "", "JobId=41 JobState=COMPLETED Reason=None RunTime=1-00:01:05 "
+                                            "TimeLimit=2-00:00:00", 0)
+    assert squeue.job_states(["41"])["41"].run_s == 86400 + 65
+    _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Invalid job id specified")  # forgotten: accounting's
+    _shim(tmp_path / "bin", "sacct", "", "42|FAILED|NonZeroExitCode|00:10:00|37", 0)
+    assert squeue.job_states(["42"])["42"] == squeue.JobState("42", "FAILED", "NonZeroExitCode", "00:10:00", run_s=37)
+    assert [squeue.run_seconds(t) for t in ("05:07", "3:02:01", "INVALID", "")] == [307, 3 * 3600 + 121, None, None]
+    sw = spec.load(_write(tmp_path, "name: t\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    st = open_state(sw, tmp_path / "state")
+    with Store.open(tmp_path / "r.db") as store:
+        from dlscale.record import RunRecord
+
+        for p in sw.points:  # what each job recorded itself, 12.5 s from its record's creation to its end
+            store.insert(RunRecord(kind="train", workload="tinycnn", config=dict(p.options), raw={"sweep_point": p.hash},
+                                   created_at="2026-11-28T10:00:00.000+00:00", finished_at="2026-11-28T10:00:12.500+00:00"))
+        slurm_s = slurm.settle(sw.points[0], squeue.JobState("41", "COMPLETED", run_s=31), store, sw.name, st)
+        own_s = slurm.settle(sw.points[1], squeue.JobState("43", "COMPLETED"), store, sw.name, st)  # Slurm said none
+    assert (slurm_s.status, slurm_s.seconds) == ("ok", 31) and (own_s.status, own_s.seconds) == ("ok", 12.5)
+
+
 def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monkeypatch):
     from dlscale.record import RunRecord, utc_now
 

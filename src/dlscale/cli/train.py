@@ -108,7 +108,9 @@ def train(
     with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
         rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step, price=price)
     if rec is None:
-        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+        from dlscale.distributed.job import done_elsewhere
+
+        info(done_elsewhere(layout))
     else:
         report(rec, fmt)
         show_hint(rec, db)

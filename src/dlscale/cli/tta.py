@@ -101,7 +101,9 @@ def tta(
     with failed_as_json(fmt, db):
         recs = api.tta(config=cfg, layout=layout, db=db, price=price)
     if not recs:
-        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+        from dlscale.distributed.job import done_elsewhere
+
+        info(done_elsewhere(layout))
         return
     if runs == 1:
         report(recs[0], fmt)

@@ -139,6 +139,18 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     raise RunFailure(f"run {rec.run_id} failed: {msg}", run_id=rec.run_id)
 
 
+def done_elsewhere(layout: Layout) -> str:
+    """What a process whose job's run rank 0 records says at its end: its rank and node as the launcher
+    that started it numbered them (torchrun's GROUP_RANK, which c10d assigns, srun's SLURM_NODEID,
+    mpirun's node rank), else the node of ``layout`` (``--node-rank``, under dlscale's own launcher)."""
+    from dlscale.distributed.env import detect
+
+    env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
+    if env is None:
+        return f"node {layout.node_rank}: done (node 0 records and prints the run)"
+    return f"rank {env.rank} (node {env.node_rank}): done (rank 0 records and prints the run)"
+
+
 def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any,
                  price: Any = None) -> Any:
     """This process is one rank of a job an external launcher started: run it here."""
@@ -180,7 +192,8 @@ def _in_place_failure(family: str, config: dict[str, Any], layout: Layout, db: s
         return
     if env.rank != 0:
         raise RunFailure(f"rank {env.rank} (node {env.node_rank}): {line}") from e
-    rec = _record_failure(family, config, layout, db, e.run_id if isinstance(e, RunFailure) else None, line)
+    rec = _record_failure(family, config, layout, db, e.run_id if isinstance(e, RunFailure) else None, line,
+                          network=peers.JOINED)
     raise RunFailure(f"run {rec.run_id} failed: {line}", run_id=rec.run_id) from e
 
 
@@ -192,8 +205,9 @@ def _launch(spec: RankSpec, layout: Layout, placed: dict[str, str]) -> Any:
 
 
 def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, run_id: str | None,
-                    msg: str, log_tail: list[str] | None = None) -> Any:
-    """Write the failure into rank 0's record, or a new one when rank 0 never recorded."""
+                    msg: str, log_tail: list[str] | None = None, network: list[dict[str, Any]] | None = None) -> Any:
+    """Write the failure into rank 0's record, or a new one when rank 0 never recorded (with ``network``,
+    every rank's interface and address as the ranks met, where they did: ``peers.JOINED``)."""
     from dlscale.harness.runner import SWEEP_POINT_ENV
     from dlscale.record import RunRecord, utc_now
     from dlscale.store import Store
@@ -204,6 +218,8 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
         if rec is None:
             rec = RunRecord(kind=FAMILIES[family][1], workload=workload_of(family, config),
                             config={**config, **layout.config()}, system=collect_cached(), tag=config.get("tag"))
+            if network:
+                rec.config["rank_network"] = [dict(e) for e in network]
             if os.environ.get(SWEEP_POINT_ENV):  # a sweep's point: found by its hash, as execute's records are
                 rec.raw["sweep_point"] = os.environ[SWEEP_POINT_ENV]
         rec.fail(msg)

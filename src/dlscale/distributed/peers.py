@@ -58,6 +58,7 @@ def join(env: Any, backend: str, timeout_s: float) -> Any:
     import torch.distributed as dist
 
     _state["gen"] += 1
+    JOINED.clear()  # this join's, not an earlier one's, in a record of its failure
     timeout = timedelta(seconds=timeout_s)
     store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
     store.set_timeout(timeout)

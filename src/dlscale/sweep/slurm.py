@@ -183,7 +183,7 @@ def settle(point: Point, js: JobState, store: Store, sweep_name: str, st: SweepS
     entry = st.points.get(point.hash) or {}
     rec = newest_record(store, point, entry.get("submitted_at"))
     if rec is not None and (rec.status == "ok" or js.state not in ENDED_BY_SLURM):
-        return _result(point, rec)
+        return _result(point, rec, js)
     error = slurm_reason(js) if js.state in ENDED_BY_SLURM else f"Slurm job {js.job_id} {js.state} without recording a run"
     if rec is not None:  # the point's own record of the same end (e.g. killed by SIGTERM): Slurm says why
         rec.fail(f"{error} ({rec.error})" if rec.error else error)
@@ -194,11 +194,14 @@ def settle(point: Point, js: JobState, store: Store, sweep_name: str, st: SweepS
         rec = record_failure(point, store, sweep_name, error, _log_tail(entry, js.job_id))
         rec.raw.update(slurm_job_id=js.job_id, slurm_state=js.state)
         store.insert(rec)
-    return _result(point, rec)
+    return _result(point, rec, js)
 
 
-def _result(point: Point, rec: RunRecord) -> PointResult:
+def _result(point: Point, rec: RunRecord, js: JobState) -> PointResult:
+    """The point's result: its record's outcome, and its time as Slurm counted the job's (start to end,
+    every node's task; the queue's wait not counted), else the record's own (created to finished)."""
     return PointResult(point, rec.status, run_id=rec.run_id, error=rec.error, record=rec,
+                       seconds=js.run_s if js.run_s is not None else max(0.0, rec.seconds or 0.0),
                        throughput=rec.metrics.get("throughput"), unit=rec.units.get("throughput"))
 
 
