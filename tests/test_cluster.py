@@ -104,10 +104,14 @@ def need_cluster() -> None:
     need_system("a 2-node Slurm (slurm-wlm, munge, iproute2)", slurmcluster.missing(2), slurmcluster.REQUIRE_ENV)
 
 
-def _up(*args: str) -> tuple[subprocess.Popen, dict]:
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a script's background job
+
+
+def _up(*args: str, preexec=sigint_default) -> tuple[subprocess.Popen, dict]:
     """`dlscale cluster up ARGS --format json` in the background; the process and what it printed."""
     p = subprocess.Popen([sys.executable, "-m", "dlscale.cli.app", "cluster", "up", *args, "--format", "json"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
     lines = []
     for line in p.stdout:  # one JSON document, then nothing until it stops
         lines.append(line)
@@ -135,7 +139,8 @@ def _left_of(pid: int, doc: dict) -> list[str]:
 @pytest.mark.slow
 def test_up_runs_nodes_under_their_names_on_shaped_links_and_ctrl_c_removes_everything():
     need_cluster()
-    p, doc = _up("--nodes", "2", "--node-link-bandwidth", "1=100mbit", "--no-health-check")
+    # started with SIGINT ignored, as `dlscale cluster up &` in a script is: Ctrl-C must still stop it
+    p, doc = _up("--nodes", "2", "--node-link-bandwidth", "1=100mbit", "--no-health-check", preexec=_sigint_ignored)
     try:
         env = {**os.environ, "SLURM_CONF": doc["slurm_conf"]}
         names = [n["name"] for n in doc["nodes"]]
@@ -156,7 +161,12 @@ def test_up_runs_nodes_under_their_names_on_shaped_links_and_ctrl_c_removes_ever
         assert re.search(r"tbf .*rate 100Mbit", slow), slow
     finally:
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=120)
+        try:
+            _, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.terminate()  # SIGTERM removes it all the same, so nothing is left behind when SIGINT failed
+            _, err = p.communicate(timeout=120)
+            pytest.fail(f"dlscale cluster up did not stop on SIGINT: {err[-2000:]}")
     assert p.returncode == 0, err[-2000:]
     assert "stopped; every daemon, namespace, address, /etc/hosts line and file removed" in " ".join(err.split())
     assert _left_of(p.pid, doc) == []

@@ -42,7 +42,9 @@ def hold(options: ClusterOptions, on_up: Callable[[Any], None], until: Callable[
     def stop(signum: int, frame: Any) -> None:
         raise _Stop(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a cluster started as a script's background job inherits SIGINT ignored, and a
+    # Ctrl-C (or `kill -INT`) must still remove it
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     cluster = SlurmCluster(options)
     try:
         cluster.start()
@@ -55,12 +57,13 @@ def hold(options: ClusterOptions, on_up: Callable[[Any], None], until: Callable[
         pass
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            if s != signal.SIGINT:
+                signal.signal(s, h)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         try:
             cluster.stop()
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, old[signal.SIGINT])
 
 
 def running() -> list[dict[str, Any]]:
