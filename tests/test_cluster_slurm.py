@@ -111,6 +111,7 @@ def test_points_of_two_and_three_nodes_run_one_rank_on_each_node(slurm_nodes, tm
     for point in json.loads(r.stdout):  # Slurm's run time of the job, at least the run's own
         rec = by_nodes[point["options"]["nnodes"]]
         assert point["seconds"] >= rec.seconds > 0, (point, rec.seconds)
+        assert rec.system["slurm"]["job_id"] == job_of(db, "nodes", rec)["job_id"]  # the record names its job
     net = by_nodes[3].config["rank_network"]
     logs = task_logs(db, "nodes", by_nodes[3])
     assert len(logs) == 3

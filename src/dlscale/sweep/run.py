@@ -239,8 +239,8 @@ def record_failure(point: Point, store: Store, sweep_name: str, error: str, stde
         system=collect(with_torch=False), tag=point.options.get("tag"),
         raw={"sweep_point": point.hash, "stderr_tail": (stderr or "").splitlines()[-20:]},
     )
-    if os.environ.get("SLURM_JOB_ID"):  # written inside a Slurm job (the Slurm executor): which one
-        rec.raw["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    if rec.system.get("slurm"):  # written inside a Slurm job (the Slurm executor): which one
+        rec.raw["slurm_job_id"] = rec.system["slurm"]["job_id"]
     rec.fail(error)
     rec.finished_at = utc_now()
     store.insert(rec)
