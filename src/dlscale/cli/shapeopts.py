@@ -25,3 +25,19 @@ ParallelOpt = Annotated[str, typer.Option(
                  "none (every rank trains its own model alone, all at once: each device's own throughput).")]
 CheckpointOpt = Annotated[bool, typer.Option(
     "--activation-checkpointing", help="Recompute each block's activations in backward instead of keeping them.")]
+DdpBucketOpt = Annotated[Optional[float], typer.Option(
+    "--ddp-bucket-mb", help="DDP: MiB of gradients per all-reduce bucket (default: torch's 25).", show_default=False)]
+DdpViewOpt = Annotated[Optional[bool], typer.Option(
+    "--ddp-grad-as-bucket-view/--no-ddp-grad-as-bucket-view",
+    help="DDP: gradients are views into the all-reduce buckets, no copy back out of them (default: on).",
+    show_default=False)]
+DdpStaticOpt = Annotated[bool, typer.Option(
+    "--ddp-static-graph", help="DDP: declare the graph static (same parameters used every step).")]
+DdpBuffersOpt = Annotated[Optional[bool], typer.Option(
+    "--ddp-broadcast-buffers/--no-ddp-broadcast-buffers",
+    help="DDP: re-broadcast rank 0's buffers (BatchNorm statistics) at every forward (default: off; they are "
+         "synced when DDP wraps the model).", show_default=False)]
+DpReferenceOpt = Annotated[Optional[str], typer.Option(
+    "--dp-reference", help="Data-parallel efficiency against this run of the same training alone (a run id); none: "
+                           "no efficiency. Default: the newest such run on this host in the store.",
+    show_default=False)]
