@@ -14,10 +14,11 @@ round's figures, then per rank count the medians of the per-round ratios:
     .venv/bin/python benchmarks/ddp_overhead.py --model resnet18 --image-size 32 --batch-size 16 --steps 30 --rounds 8
 
 ``--one-rank`` looks inside one rank instead (this process, gloo, one thread): per DDP variant (no DDP,
-torch's DDP defaults, dlscale's, and DDP's batched gradient copy where the installed torch has it) the operators
-one training step dispatches (top-level aten ops, each a kernel launch on a GPU) and what DDP adds to them, and
-images per CPU-second of this process over ``--steps`` steps, the variants rotated over ``--rounds`` rounds (CPU
-time, not wall time: on a shared machine the other tenants' load leaves it alone):
+torch's DDP defaults, dlscale's, dlscale's own training step under them, and DDP's batched gradient copy where
+the installed torch has it) the operators one training step dispatches (top-level aten ops, each a kernel
+launch on a GPU) and what DDP adds to them, and images per CPU-second of this process over ``--steps`` steps,
+the variants rotated over ``--rounds`` rounds (CPU time, not wall time: other tenants' load on a shared
+machine moves it much less):
 
     .venv/bin/python benchmarks/ddp_overhead.py --one-rank --model resnet18 --image-size 32 --batch-size 16 --steps 15 --rounds 6
 """
@@ -53,18 +54,57 @@ def job(a: argparse.Namespace, ranks: int) -> list[dict]:
     return rows
 
 
+def variants(a: argparse.Namespace) -> dict:
+    """Each one-rank variant: a function that builds a fresh model and returns its training step. The plain
+    ones are written as a user would (torchvision's model, SGD, channels_last); ``dlscale's step`` is the step
+    `dlscale train --nproc-per-node 1` times (``train.shorttest.build_setup`` under DDP with
+    ``worker.ddp_options``: its defaults)."""
+    import inspect
+
+    import torch
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dlscale.config import TrainConfig
+    from dlscale.distributed.worker import ddp_options
+    from dlscale.train.shorttest import build_setup
+
+    x = torch.randn(a.batch_size, 3, a.image_size, a.image_size).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (a.batch_size,))
+    ours = {"broadcast_buffers": False, "gradient_as_bucket_view": True}
+
+    def plain(opts: dict | None):
+        def make():
+            torch.manual_seed(0)
+            m = torchvision.models.get_model(a.model, weights=None).to(memory_format=torch.channels_last)
+            m = m if opts is None else DDP(m, **opts)
+            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+
+            def step() -> None:
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                opt.step()
+            return step
+        return make
+
+    cfg = TrainConfig(model=a.model, image_size=a.image_size, batch_size=a.batch_size, device="cpu").resolve("cpu")
+    out = {"no DDP": plain(None), "torch's DDP defaults": plain({}), "dlscale's DDP defaults": plain(ours),
+           "dlscale's step": lambda: build_setup(cfg, torch.device("cpu"), 0,
+                                                 wrap_model=lambda m: DDP(m, **ddp_options(cfg))).step}
+    if "batched_grad_copy" in inspect.signature(DDP.__init__).parameters:
+        out["dlscale's + batched_grad_copy"] = plain({**ours, "batched_grad_copy": True})
+    return out
+
+
 def one_rank(a: argparse.Namespace) -> None:
     """Operators per step and images per CPU-second by DDP variant, in this process (see the module doc)."""
     import collections
-    import inspect
     import socket
     import time
     import warnings
 
     import torch
     import torch.distributed as dist
-    import torchvision
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.profiler import ProfilerActivity, profile
 
     warnings.simplefilter("ignore", FutureWarning)  # broadcast_buffers= is deprecated from torch 2.13
@@ -73,27 +113,13 @@ def one_rank(a: argparse.Namespace) -> None:
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     torch.set_num_threads(1)
-    variants = {"no DDP": None, "torch's DDP defaults": {}, "dlscale's DDP defaults": {
-        "broadcast_buffers": False, "gradient_as_bucket_view": True}}
-    if "batched_grad_copy" in inspect.signature(DDP.__init__).parameters:
-        variants["dlscale's + batched_grad_copy"] = {**variants["dlscale's DDP defaults"], "batched_grad_copy": True}
-    x = torch.randn(a.batch_size, 3, a.image_size, a.image_size).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (a.batch_size,))
-    rates: dict[str, list[float]] = {k: [] for k in variants}
+    makers = variants(a)
+    names = list(makers)
+    rates: dict[str, list[float]] = {k: [] for k in names}
     ops: dict[str, collections.Counter] = {}
-    names = list(variants)
     for r in range(a.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            torch.manual_seed(0)
-            m = torchvision.models.get_model(a.model, weights=None).to(memory_format=torch.channels_last)
-            m = m if variants[name] is None else DDP(m, **variants[name])
-            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-
-            def step() -> None:
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(m(x), y).backward()
-                opt.step()
-
+            step = makers[name]()
             for _ in range(a.warmup_steps):  # past DDP's bucket rebuild
                 step()
             if r == 0:
@@ -106,13 +132,16 @@ def one_rank(a: argparse.Namespace) -> None:
                 step()
             rates[name].append(a.batch_size * a.steps / (time.process_time() - t0))
     dist.destroy_process_group()
-    base = ops["no DDP"]
     for name in names:
-        added = {k: ops[name][k] - base.get(k, 0) for k in sorted(ops[name]) if ops[name][k] != base.get(k, 0)}
+        added = {k: ops[name][k] - ops["no DDP"].get(k, 0) for k in sorted(ops[name])
+                 if ops[name][k] != ops["no DDP"].get(k, 0)}
         ratio = statistics.median(x / y for x, y in zip(rates[name], rates["no DDP"]))
         print(f"{a.model}, {name}: {sum(ops[name].values())} operators per step, {statistics.median(rates[name]):.1f} "
               f"images per CPU-second (median over {a.rounds} rounds; {ratio:.3f} of no DDP, median of the rounds' "
               f"ratios); added by DDP: {added or 'none'}")
+    ours = [x / y for x, y in zip(rates["dlscale's step"], rates["dlscale's DDP defaults"])]
+    print(f"{a.model}: dlscale's step / the plain DDP loop's with the same options, per CPU-second: median "
+          f"{statistics.median(ours):.3f} (min {min(ours):.3f}, max {max(ours):.3f}, {len(ours)} rounds)")
 
 
 def main() -> None:
