@@ -1,53 +1,40 @@
-"""Per-rank A/B of dlscale's data-parallel short test against a hand-written DDP loop, alternating in one job.
+"""Per-rank A/B of dlscale's data-parallel short test against a plain DDP loop, alternating in one job.
 
-Started by benchmarks/ddp_overhead.py under torchrun (2 ranks, gloo). Each round runs, in the same
-two processes and in alternating order, A: ``dlscale.distributed.worker.data_parallel_short_test``
-(exactly what every rank of `dlscale train --nproc-per-node 2` runs: the shared short test, DDP with
-dlscale's all-reduce timing hook, the monitor, the gather on rank 0) and B: the loop below, written
-as one would by hand (default DDP hook, same model, batch, optimizer, memory format, steps).
-Rank 0 prints one JSON line per round.
+Started by benchmarks/ddp_overhead.py under torchrun (1 or 2 ranks, gloo). Each round runs, in the same
+processes and in an order rotated round by round:
+
+- ``dlscale``: ``dlscale.distributed.worker.data_parallel_short_test``, exactly what every rank of
+  `dlscale train --nproc-per-node N` runs (the shared short test under DDP with dlscale's DDP defaults:
+  gradients as bucket views, no per-step buffer broadcast; the monitor; the comm-timing window after the
+  measured one; the gather on rank 0);
+- ``plain``: benchmarks/gpu_peers.py's training loop (the one plain peer every benchmark shares: torchvision's
+  model, SGD, channels_last, the same batch and steps) under DDP with the same two options as dlscale's;
+- ``plain-torch``: the same plain loop with torch's DDP defaults (buffers re-broadcast at every forward,
+  gradients copied into and out of the buckets), what those defaults cost;
+- ``alone`` (one rank only): the plain loop with no DDP at all, so ``plain / alone`` is the plain loop's own
+  data-parallel efficiency at one rank.
+
+Rank 0 prints one JSON line per round: each variant's images/s over all ranks in the slowest rank's window.
 """
 
+import argparse
 import json
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dlscale import workloads
+import gpu_peers
 from dlscale.config import TrainConfig
 from dlscale.distributed.env import detect, init_process_group
 from dlscale.distributed.worker import data_parallel_short_test
 from dlscale.system import collect_cached
 
 
-def hand_written(model_name: str, img: int, batch: int, warmup: int, steps: int) -> float:
-    world = dist.get_world_size()
-    w = workloads.get(model_name)
-    torch.manual_seed(0)
-    model = DDP(w.build().to(memory_format=torch.channels_last))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(batch, 3, img, img).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, w.num_classes, (batch,))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    window = torch.tensor([time.perf_counter() - t0])
-    dist.all_reduce(window, op=dist.ReduceOp.MAX)
-    return world * batch * steps / window.item()
+def plain(model: str, img: int, batch: int, warmup: int, steps: int, **how) -> float:
+    a = argparse.Namespace(model=model, batch=batch, image_size=img, precision="fp32", channels_last=True,
+                           warmup=warmup, steps=steps, **how)
+    return gpu_peers.train(a, torch.device("cpu"))["images_per_s"]
 
 
 def main() -> None:
@@ -57,17 +44,23 @@ def main() -> None:
     cfg = TrainConfig(model=model, image_size=img, batch_size=batch, warmup_steps=warmup, steps=steps, device="cpu",
                       breakdown_steps=0).resolve("cpu")
     system = collect_cached()
+    shape = (model, img, batch, warmup, steps)
+    variants = {
+        "dlscale": lambda: data_parallel_short_test(cfg, torch.device("cpu"), env, system).metrics["throughput"],
+        "plain": lambda: plain(*shape, broadcast_buffers=cfg.ddp_broadcast_buffers,
+                               bucket_view=cfg.ddp_grad_as_bucket_view),
+        "plain-torch": lambda: plain(*shape, broadcast_buffers=True, bucket_view=False),
+    }
+    if env.world_size == 1:
+        variants["alone"] = lambda: plain(*shape, broadcast_buffers=True, bucket_view=False, alone=True)
+    names = list(variants)
     for r in range(rounds):
-        order = ("a", "b") if r % 2 == 0 else ("b", "a")
         got = {}
-        for which in order:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             dist.barrier()
-            if which == "a":
-                got["a"] = data_parallel_short_test(cfg, torch.device("cpu"), env, system).metrics["throughput"]
-            else:
-                got["b"] = hand_written(model, img, batch, warmup, steps)
+            got[name] = variants[name]()
         if env.rank == 0:
-            print(json.dumps({"round": r + 1, "dlscale": got["a"], "hand_written": got["b"]}), flush=True)
+            print(json.dumps({"round": r + 1, "ranks": env.world_size, **got}), flush=True)
     dist.destroy_process_group()
 
 

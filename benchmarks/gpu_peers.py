@@ -2,6 +2,7 @@
 to time the same work without dlscale. Each subcommand prints one JSON line on stdout.
 
     python benchmarks/gpu_peers.py train --model resnet50 --batch 256 --precision bf16 --channels-last
+    torchrun --nproc-per-node 8 benchmarks/gpu_peers.py train --model resnet50 --batch 128   (a plain DDP loop)
     python benchmarks/gpu_peers.py matmul --n 8192 --precision bf16
     python benchmarks/gpu_peers.py copy --bytes 1073741824
     python benchmarks/gpu_peers.py generate --config '{"vocab_size": 32000, ...}' --batch 1 --prompt 128 --output 64 --mode eager
@@ -10,17 +11,23 @@ to time the same work without dlscale. Each subcommand prints one JSON line on s
 
 They import torch, torchvision and transformers only (never dlscale), run on `--device cuda` (the
 default where a GPU is visible) or `cpu` (the dry run), and time with CUDA events on a GPU and
-the monotonic clock on a CPU, synchronising once around each timed window.
+the monotonic clock on a CPU, synchronising once around each timed window. Under torchrun (or in a
+process that joined a process group, as benchmarks/ddp_ab_worker.py's ranks do) `train` is a plain DDP
+loop: the model wrapped in DistributedDataParallel with `--broadcast-buffers` and `--bucket-view` as
+given (torch's defaults: on and off), a barrier before the window, and images/s over all ranks in the
+slowest rank's window; rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -51,11 +58,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed_steps(step, device: torch.device, warmup: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps after ``warmup`` uncounted ones (one synchronise at the end)."""
+def timed_steps(step, device: torch.device, warmup: int, steps: int, barrier=None) -> list[float]:
+    """Seconds of each of ``steps`` training steps after ``warmup`` uncounted ones (one synchronise at the end);
+    ``barrier``: called between the warm-up and the window (every rank of a DDP loop starts it together)."""
     for _ in range(warmup):
         step()
     sync(device)
+    if barrier is not None:
+        barrier()
     clock = Clock(device, steps + 1)
     clock.mark(0)
     for i in range(steps):
@@ -70,6 +80,13 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     model = torchvision.models.get_model(a.model, weights=None).to(device).to(memory_format=fmt)
+    ddp = dist.is_initialized() and not getattr(a, "alone", False)  # ``alone``: no DDP in a rank (a caller's A/B)
+    world = dist.get_world_size() if ddp else 1
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    broadcast_buffers=a.broadcast_buffers, gradient_as_bucket_view=a.bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device).to(memory_format=fmt)
     y = torch.randint(0, 1000, (a.batch,), device=device)
@@ -83,8 +100,12 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    dts = timed_steps(step, device, a.warmup, a.steps)
-    return {"peer": "train", "model": a.model, "batch": a.batch, "images_per_s": a.batch * len(dts) / sum(dts),
+    dts = timed_steps(step, device, a.warmup, a.steps, barrier=dist.barrier if ddp else None)
+    window = torch.tensor([sum(dts)], device=device)  # on the GPU where NCCL reduces it
+    if ddp:  # every rank's images over the slowest rank's window
+        dist.all_reduce(window, op=dist.ReduceOp.MAX)
+    return {"peer": "train", "model": a.model, "batch": a.batch, "ranks": world,
+            "images_per_s": world * a.batch * len(dts) / window.item(),
             "images_per_s_median_step": a.batch / statistics.median(dts)}
 
 
@@ -212,6 +233,10 @@ def main() -> None:
     t.add_argument("--channels-last", action="store_true")
     t.add_argument("--warmup", type=int, default=10)
     t.add_argument("--steps", type=int, default=60)
+    t.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
+                   help="DDP: re-broadcast buffers at every forward (torch's default: on)")
+    t.add_argument("--bucket-view", action=argparse.BooleanOptionalAction, default=False,
+                   help="DDP: gradients as views into the buckets (torch's default: off)")
     m = sub.add_parser("matmul")
     m.add_argument("--n", type=int, default=8192)
     m.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
@@ -241,8 +266,17 @@ def main() -> None:
     tl.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     device = torch.device(a.device)
+    if "WORLD_SIZE" in os.environ:  # under torchrun: one rank of a plain DDP loop, on its own GPU
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     run = {"train": train, "matmul": matmul, "copy": copy, "generate": generate, "train-llm": train_llm}[a.what]
-    print(json.dumps(run(a, device)))
+    got = run(a, device)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(json.dumps(got))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -186,3 +186,30 @@ def test_a_checks_price_reaches_its_runs_and_a_bad_one_is_refused_at_its_line(mo
     assert calls["gemm"]["price"] is None  # no price given: none recorded
     with pytest.raises(UsageError, match=r"node.yaml:3:.*finite price per device-hour > 0, got inf"):
         suite.plan(spec.load(write(tmp_path, "checks:\n  train:\n    price_per_hour: .inf\n")), quick=True, m=CPU)
+
+
+def test_a_specs_ddp_options_reach_its_runs_and_train_is_held_to_the_acceptances_train_alone(monkeypatch, tmp_path,
+                                                                                            db_path):
+    from dlscale import api
+    from dlscale.record import RunRecord
+    from dlscale.store import Store
+
+    calls = {}
+    monkeypatch.setattr(api, "train", lambda **kw: calls.setdefault("train", kw) and [])
+    monkeypatch.setattr(api, "scale", lambda model, **kw: calls.setdefault("scale", kw) and [])
+    sp = spec.load(write(tmp_path, "checks:\n  train: {model: tinycnn, ddp_broadcast_buffers: true, "
+                                   "ddp_grad_as_bucket_view: false, ddp_bucket_mb: 5}\n"
+                                   "  scale: {model: tinycnn, ddp_broadcast_buffers: true}\n"))
+    plan = {p.check: p for p in suite.plan(sp, quick=True, m=CPU).checks}
+    suite.run_check(plan["train"], "acc", str(db_path))  # no train_alone recorded: the run finds its own reference
+    cfg = calls.pop("train")["config"]
+    assert (cfg.ddp_broadcast_buffers, cfg.ddp_grad_as_bucket_view, cfg.ddp_bucket_mb) == (True, False, 5.0)
+    assert cfg.dp_reference is None
+    alone = RunRecord(kind="train", workload="tinycnn", config={"parallel": "none"}, metrics={"throughput": 1.0},
+                      tag="acc")
+    with Store.open(db_path) as s:
+        s.insert(alone)
+    suite.run_check(plan["train"], "acc", str(db_path))
+    assert calls["train"]["config"].dp_reference == alone.run_id
+    suite.run_check(plan["scale"], "acc", str(db_path))
+    assert calls["scale"]["ddp_broadcast_buffers"] is True

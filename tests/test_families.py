@@ -135,3 +135,10 @@ def test_a_scale_ladder_of_a_translation_model_counts_target_tokens(tmp_path):
     assert summary.kind == "scale" and summary.config["sample_unit"] == "tokens"
     assert summary.config["tokens_per_batch"] == 128
     assert {u for k, u in summary.units.items() if k.startswith("throughput_")} == {"tokens/s"}
+    # each rung's data-parallel efficiency is against the ladder's 1-device rung, as the summary's
+    one, two = rungs
+    assert two.metrics["dp_efficiency"] == pytest.approx(two.metrics["throughput"] / (2 * one.metrics["throughput"]))
+    assert two.metrics["dp_efficiency"] == pytest.approx(summary.metrics["efficiency_1x2"])
+    assert two.metrics["dp_efficiency_source"].startswith(f"given: run {one.run_id} (DDP over 1 rank")
+    assert two.units["dp_reference_throughput"] == "tokens/s" and two.metrics["dp_reference_run_id"] == one.run_id
+    assert one.metrics["dp_efficiency"] is None and one.metrics["dp_efficiency_source"].startswith("none: no ok run")

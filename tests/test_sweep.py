@@ -323,8 +323,10 @@ def test_new_train_knobs_are_sweep_fields(tmp_path):
     sw = spec.load(_write(tmp_path, text))
     argv = sw.points[1].argv
     assert argv[argv.index("--compile-mode") + 1] == "max-autotune" and argv[argv.index("--optimizer-impl") + 1] == "fused"
-    ddp = "name: d\nfixed: {model: tinycnn, ddp_static_graph: true}\nmatrix:\n  nproc_per_node: [2]\n"
-    assert "--ddp-static-graph" in spec.load(_write(tmp_path, ddp, "d.yaml")).points[0].argv
+    ddp = ("name: d\nfixed: {model: tinycnn, ddp_static_graph: true, ddp_broadcast_buffers: true, "
+           "ddp_grad_as_bucket_view: false}\nmatrix:\n  nproc_per_node: [2]\n")
+    argv = spec.load(_write(tmp_path, ddp, "d.yaml")).points[0].argv
+    assert {"--ddp-static-graph", "--ddp-broadcast-buffers", "--no-ddp-grad-as-bucket-view"} <= set(argv)
     one = "name: d\nfixed: {model: tinycnn}\nmatrix:\n  ddp_bucket_mb: [10]\n"
     with pytest.raises(UsageError, match=r"d1\.yaml:4: matrix\.ddp_bucket_mb\.0: --ddp-bucket-mb applies to"):
         spec.load(_write(tmp_path, one, "d1.yaml"))

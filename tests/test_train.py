@@ -106,10 +106,26 @@ def test_ddp_options_need_ddp_and_several_ranks():
     from dlscale.distributed.worker import ddp_options
     from dlscale.errors import UsageError
 
-    cfg = TrainConfig("tinycnn", ddp_bucket_mb=4.5, ddp_grad_as_bucket_view=True, ddp_static_graph=True)
-    assert ddp_options(cfg) == {"bucket_cap_mb": 4.5, "gradient_as_bucket_view": True, "static_graph": True}
-    assert ddp_options(TrainConfig("tinycnn")) == {"gradient_as_bucket_view": False, "static_graph": False}
+    from dlscale import compat
+
+    sync = "forward_sync_buffers" if compat.available("ddp_forward_sync_buffers") else "broadcast_buffers"
+    cfg = TrainConfig("tinycnn", ddp_bucket_mb=4.5, ddp_grad_as_bucket_view=False, ddp_static_graph=True,
+                      ddp_broadcast_buffers=True)
+    assert ddp_options(cfg.resolve("cpu")) == {"bucket_cap_mb": 4.5, "gradient_as_bucket_view": False,
+                                               "static_graph": True, sync: True}
+    # dlscale's defaults, as the record holds them: gradients as bucket views, no per-step buffer broadcast
+    plain = TrainConfig("tinycnn").resolve("cpu")
+    assert (plain.ddp_grad_as_bucket_view, plain.ddp_broadcast_buffers) == (True, False)
+    assert ddp_options(plain) == {"gradient_as_bucket_view": True, "static_graph": False, sync: False}
+    alone = TrainConfig("tinycnn", parallel="none").resolve("cpu")  # nothing wrapped in DDP: nothing of it on
+    assert (alone.ddp_grad_as_bucket_view, alone.ddp_broadcast_buffers) == (False, False)
     cfg.check_layout(distributed=True)
+    with pytest.raises(UsageError, match=r"^--ddp-broadcast-buffers is a DistributedDataParallel option; --parallel"):
+        TrainConfig("tinycnn", parallel="none", ddp_broadcast_buffers=True)
+    with pytest.raises(UsageError, match=r"^--dp-reference applies to data-parallel runs of several ranks"):
+        TrainConfig("tinycnn", dp_reference="abc").check_layout(distributed=False)
+    with pytest.raises(UsageError, match=r"^--dp-reference is the training alone a data-parallel run is held to"):
+        TrainConfig("tinycnn", parallel="none", dp_reference="abc")
     with pytest.raises(UsageError, match=r"^--ddp-bucket-mb applies to data-parallel runs of several ranks"):
         cfg.check_layout(distributed=False)
     with pytest.raises(UsageError, match=r"^--ddp-static-graph is a DistributedDataParallel option; --parallel fsdp"):
@@ -174,9 +190,16 @@ def test_single_rank_run_refuses_ddp_options(cli, db_path):
 def test_two_rank_ddp_with_bucket_options_and_fused_optimizer(cli_subprocess):
     res = cli_subprocess("train", "tinycnn", "--batch-size", "4", "--warmup-steps", "1", "--steps", "3",
                          "--nproc-per-node", "2", "--threads-per-rank", "1", "--ddp-bucket-mb", "1",
-                         "--ddp-grad-as-bucket-view", "--ddp-static-graph", "--optimizer-impl", "fused",
+                         "--no-ddp-grad-as-bucket-view", "--ddp-static-graph", "--ddp-broadcast-buffers",
+                         "--optimizer-impl", "fused", "--dp-reference", "none",
                          "--breakdown-steps", "0", "--monitor-interval", "0", "--format", "json")
     assert res.code == 0, res.stderr
     rec = json.loads(res.stdout)
     assert rec["metrics"]["world_size"] == 2 and rec["config"]["ddp_bucket_mb"] == 1.0
-    assert rec["config"]["ddp_grad_as_bucket_view"] is True and rec["config"]["ddp_static_graph"] is True
+    assert rec["config"]["ddp_grad_as_bucket_view"] is False and rec["config"]["ddp_static_graph"] is True
+    assert rec["config"]["ddp_broadcast_buffers"] is True
+    # what DDP itself ran with, read back from the wrapped model
+    assert rec["config"]["ddp"] == {"bucket_mb": 1.0, "gradient_as_bucket_view": False,
+                                    "sync_buffers_every_forward": True, "static_graph": True}
+    assert rec["metrics"]["dp_efficiency"] is None
+    assert rec["metrics"]["dp_efficiency_source"] == "none: not asked for (--dp-reference none)"

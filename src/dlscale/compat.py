@@ -89,6 +89,12 @@ def _pg_device_id() -> bool:
     return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
+def _ddp_forward_sync_buffers() -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
 def _dynamic_cache_config() -> bool:
     from transformers import DynamicCache
 
@@ -118,6 +124,9 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("pt2e_quantization", "torch 2.1 or torchao", "--precision int8 (PT2E prepare/convert)", _pt2e),
     Feature("process_group_device_id", "torch 2.3", "init_process_group(device_id=): NCCL communicators made eagerly",
             _pg_device_id),
+    Feature("ddp_forward_sync_buffers", "torch 2.13", "DDP(forward_sync_buffers=): buffers not re-broadcast every "
+            "step, still synced when DDP wraps the model (broadcast_buffers=, deprecated there, before)",
+            _ddp_forward_sync_buffers),
     Feature("dynamic_cache_config", "transformers 4.56", "LLM inference: DynamicCache(config=)", _dynamic_cache_config,
             "transformers"),
     Feature("forward_cache_keyword", "transformers 5.0", "LLM inference: the model's forward takes cache= "

@@ -23,7 +23,11 @@ PARALLELS = ("ddp", "fsdp", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")  # torch.optim's implementations: for-loop choice, multi-tensor, fused
 DDP_FIELDS = (("ddp_bucket_mb", "--ddp-bucket-mb"), ("ddp_grad_as_bucket_view", "--ddp-grad-as-bucket-view"),
-              ("ddp_static_graph", "--ddp-static-graph"))
+              ("ddp_static_graph", "--ddp-static-graph"), ("ddp_broadcast_buffers", "--ddp-broadcast-buffers"))
+# dlscale's DDP defaults where none is given (docs/PERFORMANCE.md, "Data-parallel efficiency"): gradients are
+# views into the all-reduce buckets (no copy back out of them) and buffers are not re-broadcast every step
+# (every rank builds the model from the same seed, and DDP syncs them when it wraps the model)
+DDP_DEFAULTS = {"ddp_grad_as_bucket_view": True, "ddp_broadcast_buffers": False}
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ class TrainConfig:
     parallel: str = "ddp"
     activation_checkpointing: bool = False
     ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (gradients all-reduced per bucket); None: torch's 25
-    ddp_grad_as_bucket_view: bool = False  # DDP gradient_as_bucket_view: gradients alias the buckets (no copy)
+    ddp_grad_as_bucket_view: bool | None = None  # DDP gradient_as_bucket_view; None: dlscale's True (DDP_DEFAULTS)
     ddp_static_graph: bool = False  # DDP static_graph: the same parameters are used every step
+    ddp_broadcast_buffers: bool | None = None  # DDP re-broadcasts buffers every forward; None: dlscale's False
+    # The data-parallel efficiency's reference (distributed/dpref.py): None finds one in the store, "none"
+    # asks for none, else the run id (or a prefix) of the same training alone
+    dp_reference: str | None = None
 
     def __post_init__(self) -> None:
         from dlscale import workloads
@@ -122,6 +130,9 @@ class TrainConfig:
                 if getattr(self, name) not in (None, False):
                     raise UsageError(f"{flag} is a DistributedDataParallel option; --parallel {self.parallel} has no "
                                      "buckets: drop it or use --parallel ddp")
+        if self.parallel == "none" and self.dp_reference not in (None, "none"):
+            raise UsageError("--dp-reference is the training alone a data-parallel run is held to; --parallel none "
+                             "trains alone: drop it")
 
     def _check_pipeline(self) -> None:
         if self.workers is not None and self.workers < 0:
@@ -167,7 +178,13 @@ class TrainConfig:
             channels_last = False  # a memory format of 4-D image tensors; nothing to lay out otherwise
         pin = self.pin_memory if self.pin_memory is not None or self.data is None else device_type == "cuda"
         return replace(self, device=device_type, channels_last=channels_last, pin_memory=pin,
-                       lr=self.lr if self.lr is not None else w.default_lr, **w.resolve(self))
+                       lr=self.lr if self.lr is not None else w.default_lr, **self._ddp_resolved(), **w.resolve(self))
+
+    def _ddp_resolved(self) -> dict[str, Any]:
+        """DDP's switches as the run records them: the given ones, else dlscale's (``DDP_DEFAULTS``) under
+        --parallel ddp; off where nothing is wrapped in DDP."""
+        return {k: (getattr(self, k) if getattr(self, k) is not None else v) if self.parallel == "ddp" else False
+                for k, v in DDP_DEFAULTS.items()}
 
     def _require_features(self) -> None:
         """Options the installed torch cannot serve: one line naming the release they need (compat)."""
@@ -190,11 +207,12 @@ class TrainConfig:
                              "a CPU run has no copy); drop it on CPU")
 
     def check_layout(self, distributed: bool) -> None:
-        """DDP's options apply to runs of several ranks (DDP wraps the model only there)."""
+        """DDP's options and the efficiency's reference apply to runs of several ranks (DDP wraps the model
+        only there)."""
         if distributed:
             return
-        for name, flag in DDP_FIELDS:
-            if getattr(self, name) not in (None, False):
+        for name, flag in (*DDP_FIELDS, ("dp_reference", "--dp-reference")):
+            if getattr(self, name) not in (None, False, "none"):
                 raise UsageError(f"{flag} applies to data-parallel runs of several ranks (DDP wraps the model only "
                                  "there); add --nproc-per-node N or drop it")
 

@@ -39,6 +39,7 @@ class Figure:
     peers: bool = False  # judged against the median of its peers in the same run
     peer_noise: str = "samples"  # "values": the peers' spread is between them, not in their samples (a node's CPU)
     context: dict[str, Any] = field(default_factory=dict)  # match keys, energy/cost, datasheet hints
+    peer_scope: str | None = None  # peers beyond one run ("acceptance": every node's run of the same check)
 
     @property
     def key(self) -> str:
@@ -46,7 +47,7 @@ class Figure:
 
     @property
     def peer_group(self) -> tuple[str, str, str, str | None] | None:
-        return (self.run_id, self.check, self.name, self.model) if self.peers else None
+        return (self.peer_scope or self.run_id, self.check, self.name, self.model) if self.peers else None
 
     @property
     def where(self) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from dlscale.accept import dataparallel
 from dlscale.accept.figure import Figure, Subject, Unreadable, on_host, sound
 from dlscale.accept.readers import READERS
 from dlscale.record import RunRecord
@@ -82,6 +83,7 @@ def read(records: Sequence[RunRecord]) -> tuple[list[Figure], list[Unreadable]]:
             f.samples = [x for x in f.samples if isinstance(x, (int, float)) and math.isfinite(x)]
             out.append(f)
         bad += unmeasured_gpus(rec, check, [f for f in out if f.run_id == rec.run_id])
+    out += dataparallel.figures(records, {r.run_id: check_of(r, rungs) for r in records})
     return out, bad
 
 

@@ -192,12 +192,16 @@ def throughput_figures(rec: RunRecord, check: str) -> list[Figure]:
 
 def scale_figures(rec: RunRecord, check: str) -> list[Figure]:
     """A ladder's summary: scaling efficiency at each layout of several devices (no samples of its own:
-    the rungs' throughputs carry the noise)."""
+    the rungs' throughputs carry the noise). Every node's ladder of one acceptance (several hosts) is a
+    peer of the others at the same layout on the same device model: their spread is between their values."""
     out = []
+    device = str(rec.config.get("device") or "")
     for k, v in (rec.metrics or {}).items():
         if k.startswith("efficiency_") and isinstance(v, (int, float)) and k != "efficiency_1x1":
             layout = k.removeprefix("efficiency_")
             out.append(Figure(check, f"efficiency {layout}", float(v), "fraction", rec.run_id,
+                              model=_device_model(rec, "cuda:0" if device.startswith("cuda") else device),
+                              peers=True, peer_noise="values", peer_scope="acceptance",
                               context={"layout": layout, "model": rec.workload,
                                        "batch_size": rec.config.get("batch_size")}))
     return out

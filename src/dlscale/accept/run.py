@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import burnin, drift, explain, figures, lastinventory
+from dlscale.accept import burnin, dataparallel, drift, explain, figures, lastinventory
 from dlscale.accept.identity import identities
 from dlscale.accept import spec as specs
 from dlscale.accept import suite
@@ -77,6 +77,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
     _spec_expectations(figs, sp, exps)
+    dataparallel.expectations(figs, exps)
     verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
                 for v in _own_verdicts(r, sp, hosts.get(r.run_id), base.inventory.get(hosts.get(r.run_id)))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
@@ -90,6 +91,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     verdicts += explain.figureless_verdicts(records, check_of, figs, unreadable, missing)
     verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
+    dataparallel.annotate(verdicts, figs)
     for v in verdicts:
         if v.status == NO_EXPECTATION and v.key in base.notes:
             v.reason = f"{base.notes[v.key]}; no healthy, datasheet, reference or peer figure either"

@@ -267,6 +267,7 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
     opts.update(SET_BY_SUITE.get(check, {}))
     if check == "scale":
         _scale_fields(spec, options)
+        opts.setdefault("nproc_per_node", 1)  # every rung runs ranks through the launcher: DDP's options apply
     from dlscale.sweep.fields import COMMANDS, type_problem
 
     for k, v in opts.items():

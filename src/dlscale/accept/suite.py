@@ -318,7 +318,23 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
                          threads_per_rank=layout.threads_per_rank, db=db, price=price,
                          **{**_train_fields(cfg, p.options), "tag": tag})
     cfg = replace(cfg, tag=tag, parallel="none" if p.check == "train_alone" else cfg.parallel)
+    if p.check == "train" and cfg.parallel != "none" and cfg.dp_reference is None:
+        cfg = replace(cfg, dp_reference=alone_run(tag, db))
     return [api.train(config=cfg, layout=layout, db=db, price=price)]
+
+
+def alone_run(tag: str, db: str | None) -> str | None:
+    """The run id of this acceptance's train_alone run, recorded ok: the data-parallel efficiency's reference
+    (None where it has none, or this rank cannot read the store: the run finds its own, as it says)."""
+    from dlscale.store import Store
+
+    try:
+        with Store.open(db, create=False) as store:
+            runs = store.query(tag=tag, kind="train", status="ok")
+    except UsageError:
+        return None
+    alone = [r for r in runs if (r.config or {}).get("parallel") == "none"]
+    return alone[0].run_id if alone else None
 
 
 def price_of(options: dict[str, Any]) -> Any:

@@ -67,7 +67,8 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Expectation:
-    kind: str  # "healthy" | "datasheet" | "baseline" | "reference" | "peers" | "spec" (a value the spec gives)
+    kind: str  # "healthy" | "datasheet" | "baseline" | "reference" | "peers" | "spec" (a value the spec gives) |
+    # "rule" (a bound that follows from what is measured: DDP over one rank against training alone)
     value: float
     source: str
     samples: tuple[float, ...] = ()  # peers: their samples (the test's other side)
@@ -87,7 +88,8 @@ class Expectation:
 
 PHRASES = {"peers": "its peers", "baseline": "the baseline", "datasheet": "its datasheet expectation",
            "reference": "the reference", "healthy": "its healthy figure", "healthy floor": "its healthy minimum",
-           "history": "its own history", "spec": "the spec's expectation"}
+           "history": "its own history", "spec": "the spec's expectation",
+           "rule floor": "the one-rank minimum against training alone"}
 
 
 @dataclass
@@ -228,8 +230,9 @@ def peer_expectations(figs: Sequence[Figure]) -> dict[int, Expectation]:
             med = percentile([o.value for o in others], 50)
             model = figs[i].model or "device"
             between = figs[i].peer_noise == "values"
+            scope = f"same {figs[i].peer_scope}" if figs[i].peer_scope else "same run"
             out[i] = Expectation("peers", med, f"median of {len(others)} peer(s) of the same model ({model}) in the "
-                                               f"same run: {', '.join(o.subject.label for o in others if o.subject)}",
+                                               f"{scope}: {', '.join(o.subject.label for o in others if o.subject)}",
                                  () if between else tuple(x for o in others for x in o.samples),
                                  runs=tuple(o.value for o in others) if between else (), run_id=figs[i].run_id)
     return out

@@ -32,7 +32,7 @@ from dlscale.stats import mean
 TEST_KEYS = ("system", "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
              "parallel", "activation_checkpointing", "precision", "channels_last", "compile", "compile_mode",
              "optimizer", "optimizer_impl", "ddp_bucket_mb", "ddp_grad_as_bucket_view", "ddp_static_graph",
-             "pin_memory", "prefetch_factor", "device", "threads_per_rank")
+             "ddp_broadcast_buffers", "pin_memory", "prefetch_factor", "device", "threads_per_rank")
 
 
 @dataclass
@@ -70,7 +70,8 @@ class Ladder:
     def point(self, nodes: int, per_node: int) -> Point | None:
         return next((p for p in self.points if p.nodes == nodes and p.devices_per_node == per_node), None)
 # what a record written before a TrainConfig field existed ran with (so old and new runs still meet)
-OLD_DEFAULTS = {"optimizer_impl": "default", "ddp_grad_as_bucket_view": False, "ddp_static_graph": False}
+OLD_DEFAULTS = {"optimizer_impl": "default", "ddp_grad_as_bucket_view": False, "ddp_static_graph": False,
+                "ddp_broadcast_buffers": True}
 
 
 def layout_of(rec: Any) -> tuple[int, int]:

@@ -36,6 +36,11 @@ def train_summary_table(rec: RunRecord) -> Table:
     if ci and fmt_ci(ci[0], ci[1]).startswith(">="):
         spread += f"; {m.get('measured_steps')} measured steps vary too much to bound it: run more --steps"
     t.add_row("throughput", f"[bold]{fmt_num(m.get('throughput'))} {unit}/s[/bold]  ({spread})")
+    if m.get("dp_efficiency_source"):
+        eff = m.get("dp_efficiency")
+        words = (f"{fmt_pct(eff)} of {m.get('world_size')} x {fmt_num(m.get('dp_reference_throughput'))} {unit}/s "
+                 "training alone" if eff is not None else "none")
+        t.add_row("data-parallel efficiency", f"{words}  ({m['dp_efficiency_source']})")
     t.add_row("step time p50 / p90 / p99",
               " / ".join(fmt_seconds(m.get(k)) for k in ("step_time_p50", "step_time_p90", "step_time_p99")))
     cv = m.get("cv")
@@ -116,5 +121,6 @@ _SHOWN = {
     "step_time_min", "step_time_max", "samples_per_step", "measured_steps", "window_seconds",
     "flops_per_sample_forward", "peak_flops_isa_estimate", "flops_method", "loss_first", "loss_last", "cv_repeats", "peak_kind",
     "energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour", "cost_per_million_units",
-    "cost_to_target", "cost_of_run",
+    "cost_to_target", "cost_of_run", "dp_efficiency", "dp_reference_throughput", "dp_reference_run_id",
+    "dp_efficiency_source",
 }

@@ -41,6 +41,10 @@ def scale(
     model_config: sopt.ModelConfigOpt = None,
     max_table_rows: sopt.MaxRowsOpt = None,
     parallel: sopt.ParallelOpt = "ddp",
+    ddp_bucket_mb: sopt.DdpBucketOpt = None,
+    ddp_grad_as_bucket_view: sopt.DdpViewOpt = None,
+    ddp_static_graph: sopt.DdpStaticOpt = False,
+    ddp_broadcast_buffers: sopt.DdpBuffersOpt = None,
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16.")] = "fp32",
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before each measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps per point.")] = 100,
@@ -84,8 +88,9 @@ def scale(
                      node_link_bandwidth=node_link_bandwidth or (), node_cpu_quota=node_cpu_quota or (),
                      batch_size=batch_size, image_size=image_size, seq_len=seq_len, tokens_per_batch=tokens_per_batch,
                      model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
-                     precision=precision, warmup_steps=warmup_steps,
-                     steps=steps, device=device, tag=tag)
+                     ddp_bucket_mb=ddp_bucket_mb, ddp_grad_as_bucket_view=ddp_grad_as_bucket_view,
+                     ddp_static_graph=ddp_static_graph, ddp_broadcast_buffers=ddp_broadcast_buffers,
+                     precision=precision, warmup_steps=warmup_steps, steps=steps, device=device, tag=tag)
     rungs = [r for r in recs if r.kind == "train"]
     ok = [r for r in rungs if r.status == "ok"]
     if ok:

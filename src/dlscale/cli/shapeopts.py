@@ -29,3 +29,19 @@ CudnnBenchmarkOpt = Annotated[bool, typer.Option(
     "--cudnn-benchmark/--no-cudnn-benchmark",
     help="cuDNN's autotuner picks each convolution's fastest algorithm once per shape (a run's shapes are fixed); "
          "--no-cudnn-benchmark takes cuDNN's heuristic choice.")]
+DdpBucketOpt = Annotated[Optional[float], typer.Option(
+    "--ddp-bucket-mb", help="DDP: MiB of gradients per all-reduce bucket (default: torch's 25).", show_default=False)]
+DdpViewOpt = Annotated[Optional[bool], typer.Option(
+    "--ddp-grad-as-bucket-view/--no-ddp-grad-as-bucket-view",
+    help="DDP: gradients are views into the all-reduce buckets, no copy back out of them (default: on).",
+    show_default=False)]
+DdpStaticOpt = Annotated[bool, typer.Option(
+    "--ddp-static-graph", help="DDP: declare the graph static (same parameters used every step).")]
+DdpBuffersOpt = Annotated[Optional[bool], typer.Option(
+    "--ddp-broadcast-buffers/--no-ddp-broadcast-buffers",
+    help="DDP: re-broadcast rank 0's buffers (BatchNorm statistics) at every forward (default: off; they are "
+         "synced when DDP wraps the model).", show_default=False)]
+DpReferenceOpt = Annotated[Optional[str], typer.Option(
+    "--dp-reference", help="Data-parallel efficiency against this run of the same training alone (a run id); none: "
+                           "no efficiency. Default: the newest such run on this host in the store.",
+    show_default=False)]

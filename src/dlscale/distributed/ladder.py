@@ -100,7 +100,7 @@ def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], o
         info(f"dlscale scale {model}: layout {n}x{g} ({n * g} device(s))"
              + (f" on {n} emulated nodes" if layout.emulate_nodes else ""))
         try:
-            recs.append(run_job("train", cfg.to_dict(), layout, db, price))
+            recs.append(run_job("train", rung_config(cfg, recs, n * g), layout, db, price))
         except RunFailure as e:
             warn(f"layout {n}x{g}: {e}")
             if e.run_id:
@@ -111,6 +111,16 @@ def run_ladder(model: str, devices: list[int], layouts: list[tuple[int, int]], o
         recs.append(summary_record(model, tag, todo, rungs[-1], ok, db))
     info(f"runs tagged {tag!r}; analyse again with: dlscale scale --from-store --tag {tag}")
     return recs
+
+
+def rung_config(cfg: Any, done: list[Any], devices: int) -> dict[str, Any]:
+    """A rung's config: a rung of several devices holds its data-parallel efficiency to the ladder's 1-device
+    rung where that one is recorded ok (and no --dp-reference was given), else the rung's own reference."""
+    first = done[0] if done else None
+    if devices > 1 and cfg.dp_reference is None and first is not None and first.status == "ok" \
+            and (first.metrics or {}).get("world_size") == 1:
+        return {**cfg.to_dict(), "dp_reference": first.run_id}
+    return cfg.to_dict()
 
 
 def summary_record(model: str, tag: str, todo: list[tuple[int, int]], layout: Layout, recs: list[Any],
@@ -124,7 +134,7 @@ def summary_record(model: str, tag: str, todo: list[tuple[int, int]], layout: La
     config = {"layouts": [f"{n}x{g}" for n, g in todo], "emulated_nodes": bool(layout.emulate_nodes), **links,
               "threads_per_rank": layout.threads_per_rank, **{k: recs[0].config.get(k) for k in (
                   "batch_size", "image_size", "seq_len", "tokens_per_batch", "model_config", "max_table_rows",
-                  "parallel", "precision", "device", "backend", "family", "sample_unit")}}
+                  "parallel", "precision", "device", "device_name", "backend", "family", "sample_unit")}}
     with Store.open(db) as store:
         return execute(kind="scale", workload=model, config=config, tag=tag, store=store,
                        body=lambda _rec: Outcome(**ladder_figures(recs)))

@@ -39,13 +39,35 @@ def run_rank(spec: Any, env: DistEnv) -> Any:
     resolved = cfg.resolve(device.type)
     dev.check_precision(resolved.precision, device)
     store = Store.open(spec.db) if env.rank == 0 else None
+    system = collect_cached()
+    ref = reference(store, resolved, system, device, env.world_size) if store is not None else None
     backend = init_process_group(env, layout.launch_backend, device.type, layout.timeout_s)
     config = {**resolved.to_dict(), **rank_layout_config(env, backend, layout)}
     check_same_job(env, config)
-    system = collect_cached()
+
+    def body(_rec: Any) -> Any:
+        out = data_parallel_short_test(resolved, device, env, system)
+        if ref is not None:
+            from dlscale.distributed import dpref
+
+            dpref.apply(out, {**config, **out.config}, ref)
+        return out
+
     rec = execute(kind="train", workload=resolved.model, config=config, store=store, tag=resolved.tag,
-                  system=system, price=spec.run_price, body=lambda _rec: data_parallel_short_test(resolved, device, env, system))
+                  system=system, price=spec.run_price, body=body)
     return rec if env.rank == 0 else None
+
+
+def reference(store: Any, cfg: Any, system: dict[str, Any], device: Any, world: int) -> Any:
+    """Rank 0's reference for the data-parallel efficiency (``dpref.resolve``); None where the ranks train
+    alone (``--parallel none``: nothing to hold them to)."""
+    if cfg.parallel == "none":
+        return None
+    import torch
+
+    from dlscale.distributed import dpref
+
+    return dpref.resolve(store, cfg, system.get("hostname"), device_name(device), world, torch.get_num_threads())
 
 
 def rank_layout_config(env: DistEnv, backend: str, layout: Any) -> dict[str, Any]:
@@ -93,8 +115,12 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
     from dlscale.harness.timing import timed_loop
     from dlscale.train.shorttest import build_setup, run_short_test
 
+    ran: dict[str, Any] = {}
+
     def plain(model: Any) -> Any:
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_options(cfg))
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_options(cfg))
+        ran.update(ddp_as_run(ddp))
+        return ddp
 
     def sync() -> None:
         dev.synchronize(device)
@@ -120,7 +146,7 @@ def data_parallel_short_test(cfg: Any, device: Any, env: DistEnv, system: dict[s
     comm_step_times, _ = timed_loop(setup.step, min(cfg.warmup_steps, 2), comm_steps, device,
                                     on_step=timer.on_step, sync=sync)
     del setup
-    out.config.update({"comm_timing_steps": comm_steps, "parallel": "ddp"})
+    out.config.update({"comm_timing_steps": comm_steps, "parallel": "ddp", "ddp": dict(ran)})
     mine = {**_mine(env, device, out), "comm_s": timer.repeats_comm_s, "bytes": timer.repeats_bytes,
             "comm_step_times": [comm_step_times]}
     return _rank0_figures(cfg, env, out, mine)
@@ -154,11 +180,27 @@ def device_identity(env: DistEnv, device: Any) -> dict[str, Any]:
 
 
 def ddp_options(cfg: Any) -> dict[str, Any]:
-    """DDP's keyword arguments from the config's DDP fields (torch's defaults where not given)."""
-    opts: dict[str, Any] = {"gradient_as_bucket_view": cfg.ddp_grad_as_bucket_view, "static_graph": cfg.ddp_static_graph}
+    """DDP's keyword arguments from the resolved config's DDP fields (torch's bucket size where none is given).
+    Buffers not re-broadcast every step: ``forward_sync_buffers=False`` where torch has it (2.13: they are
+    still synced when DDP wraps the model), else ``broadcast_buffers=False``."""
+    from dlscale import compat
+
+    opts: dict[str, Any] = {"gradient_as_bucket_view": bool(cfg.ddp_grad_as_bucket_view),
+                            "static_graph": cfg.ddp_static_graph}
     if cfg.ddp_bucket_mb is not None:
         opts["bucket_cap_mb"] = cfg.ddp_bucket_mb
+    sync = "forward_sync_buffers" if compat.available("ddp_forward_sync_buffers") else "broadcast_buffers"
+    opts[sync] = bool(cfg.ddp_broadcast_buffers)
     return opts
+
+
+def ddp_as_run(ddp: Any) -> dict[str, Any]:
+    """What DDP ran with, read back from the wrapped model (the record's ``ddp``): bucket size in MiB,
+    gradients as bucket views, buffers synced at every forward, static graph."""
+    sync = getattr(ddp, "forward_sync_buffers", None)
+    return {"bucket_mb": ddp.bucket_bytes_cap / 2.0 ** 20, "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view),
+            "sync_buffers_every_forward": bool(getattr(ddp, "broadcast_buffers", False) if sync is None else sync),
+            "static_graph": bool(ddp.static_graph)}
 
 
 def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> Any:
