@@ -1,6 +1,6 @@
 """Healthy figures: the table of what a healthy system of each GPU model gives, and expectations made of it.
 
-The table ships as ``dlscale/data/healthy.yaml`` (each row with its source and tolerance; the file's
+The table ships as ``dlscale/facts/healthy.yaml`` (each row with its source and tolerance; the file's
 head says what a row holds); a lab's own file (``dlscale accept refs export``, ``refs_export.py``)
 has the same form and, given with ``--refs FILE``, comes first: its rows are tried before the
 shipped ones. A figure's row is found by its device model (the driver's name, else the PCI device
@@ -92,7 +92,10 @@ class Row:
 
 # -- reading a table ------------------------------------------------------------------------------------
 def built_in_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "data" / "healthy.yaml"
+    """The shipped table, found through importlib.resources (an installed wheel's copy, or the source tree's)."""
+    from importlib import resources
+
+    return Path(str(resources.files("dlscale.facts") / "healthy.yaml"))
 
 
 def load(path: str | Path | None = None) -> list[Row]:
