@@ -11,6 +11,7 @@ import math
 import accept_records as ar
 import pytest
 
+from dlscale import gpus
 from dlscale.accept import datasheet, refs, run, spec, suite, verdict
 from dlscale.accept.figures import figures
 from dlscale.accept.verdict import FAIL, PASS
@@ -213,7 +214,7 @@ def test_gemm_fractions_per_architecture_and_board():
     assert default.value == 0.6 and default.source.startswith("CONSERVATIVE DEFAULT (no measured fraction for "
                                                               "Hopper PCIe bf16)")
     assert datasheet.gemm_fraction("CDNA 3", "OAM", "bf16") is None
-    for (arch, board, prec), f in datasheet.GEMM_FRACTIONS.items():
+    for (arch, board, prec), f in gpus.table().gemm_fractions.items():
         assert 0.5 < f.value < 1 and f.source.startswith("measured: "), (arch, board, prec)
     # by hand: the measured fractions behind Hopper SXM bf16 and Ampere
     assert round(788 / 989.5, 3) == 0.796 and round(796.3 / 989.5, 3) == 0.805 and round(794.5 / 989, 3) == 0.803

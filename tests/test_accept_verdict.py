@@ -9,6 +9,7 @@ import math
 import pytest
 
 import accept_records as ar
+from dlscale import gpus
 from dlscale.accept import datasheet, explain, figures, run, signif, spec
 from dlscale.accept.expect import Baseline
 from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
@@ -145,7 +146,7 @@ def test_cpu_ranks_on_one_node_are_one_device():
 def test_datasheet_expectations_of_an_h100_sxm_server():
     vs = judge([ar.memory(), ar.gemm()], table=[])  # no healthy figures: the datasheet x fraction
     by = {(v.figure, v.expectation): v for v in vs if v.subject == "GPU 0"}
-    # dense bf16 = 1979 / 2; Hopper SXM's measured fraction (accept/datasheet.py GEMM_FRACTIONS), not the default 0.6
+    # dense bf16 = 1979 / 2; Hopper SXM's measured fraction (the GPU facts' gemm_fractions), not the default 0.6
     assert by[("bf16 best rate", "datasheet")].expected == pytest.approx(0.80 * 989.5)
     assert "measured" in by[("bf16 best rate", "datasheet")].source
     assert by[("d2d", "datasheet")].expected == pytest.approx(0.8 * 3350)  # HBM3 3.35 TB/s
@@ -156,9 +157,9 @@ def test_datasheet_expectations_of_an_h100_sxm_server():
 
 
 def test_no_datasheet_figure_where_no_table_has_one():
-    assert datasheet.memory_gbps("NVIDIA GeForce RTX 4090") is None
-    assert datasheet.pcie_gbps(3, 16) == pytest.approx(8 * 16 / 8 * 128 / 130)  # 15.75 GB/s
-    assert datasheet.pcie_gbps(2, 16) == pytest.approx(5 * 16 / 8 * 0.8)  # 8b/10b: 8 GB/s
+    assert gpus.memory("NVIDIA GeForce RTX 4090") is None
+    assert gpus.pcie_gbps(3, 16) == pytest.approx(8 * 16 / 8 * 128 / 130)  # 15.75 GB/s
+    assert gpus.pcie_gbps(2, 16) == pytest.approx(5 * 16 / 8 * 0.8)  # 8b/10b: 8 GB/s
     cpu = ar.gemm()
     cpu.system = {"hostname": "x"}
     for row in cpu.raw["rows"]:

@@ -90,7 +90,7 @@ def test_builtin_shape_sets_load_and_carry_their_source():
     cells = {s["cell"] for s in shapes.load("rnn", rnn.SHAPE_COLUMNS)}
     assert cells == {"vanilla", "lstm", "gru"}
     for f in shapes.BUILTIN.values():
-        head = resources.files("dlscale.data").joinpath("deepbench", f).read_text().splitlines()[0]
+        head = resources.files("dlscale.facts").joinpath("deepbench", f).read_text().splitlines()[0]
         assert head.startswith("#") and "baidu-research/DeepBench" in head
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import accept_records as ar
-from dlscale import nvlink, system
+from dlscale import gpus, nvlink, system
 from dlscale.accept import datasheet, figures
 from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
 
@@ -14,8 +14,8 @@ from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
 def test_per_link_rates_are_the_datasheets_totals_over_links_and_directions():
     # GB/s per GPU both directions / (2 x links): P100 160/4, V100 300/6, A100 600/12, H100 900/18, B200 1800/18
     for gen, total, links in ((1, 160, 4), (2, 300, 6), (3, 600, 12), (4, 900, 18), (5, 1800, 18)):
-        assert nvlink.GENERATIONS[gen].gbps == total / (2 * links)
-    assert nvlink.GENERATIONS[5].gbps == 50.0  # NVLink 5
+        assert gpus.table().nvlink[gen].value == total / (2 * links)
+    assert gpus.table().nvlink[5].value == 50.0  # NVLink 5
 
 
 def test_nvml_versions_map_to_generations_under_either_reading():
@@ -27,7 +27,7 @@ def test_nvml_versions_map_to_generations_under_either_reading():
     assert {v: nvlink.generation_of(v) for v in enum} == enum
     # a driver older than the enum answered the generation itself (1-4): the same per-link rate either way
     for old in (1, 2, 3, 4):
-        assert nvlink.GENERATIONS[nvlink.generation_of(old)].gbps == nvlink.GENERATIONS[old].gbps
+        assert gpus.table().nvlink[nvlink.generation_of(old)].value == gpus.table().nvlink[old].value
     assert nvlink.generation_of(None) is None and nvlink.generation_of(42) is None
 
 

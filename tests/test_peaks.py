@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from dlscale import peaks
+from dlscale import gpus, peaks
 from fakes_gpu import fake_cuda
 
 # (device name as the driver reports it, precision, dense TFLOP/s from the row's datasheet)
@@ -36,12 +36,12 @@ def test_datasheet_peaks_by_exact_name(name, precision, tflops):
 
 
 def test_h200_variants_do_not_share_the_h200_sxm_row():
-    sxm = peaks.find_row("NVIDIA H200")
+    sxm = gpus.find("NVIDIA H200")
     assert sxm.label == "NVIDIA H200 SXM"
     for other in ("NVIDIA GH200 480GB", "NVIDIA H200 NVL"):
-        assert peaks.find_row(other) is not sxm and peaks.find_row(other) is not None
-    assert peaks.find_row("NVIDIA H200 NVL").label == "NVIDIA H200 NVL"
-    assert peaks.find_row("NVIDIA GH200 480GB").label == "NVIDIA GH200"
+        assert gpus.find(other) is not sxm and gpus.find(other) is not None
+    assert gpus.find("NVIDIA H200 NVL").label == "NVIDIA H200 NVL"
+    assert gpus.find("NVIDIA GH200 480GB").label == "NVIDIA GH200"
     assert "H200 SXM" not in peaks.gpu_peak("NVIDIA H200 NVL", "bf16").source
 
 
@@ -67,13 +67,14 @@ def test_pci_device_id_places_a_renamed_board():
 
 def test_every_row_names_its_datasheet_and_year_and_dense_figures():
     seen: set[str] = set()
-    for row in peaks.GPU_PEAKS:
+    for row in (g for g in gpus.table().gpus if g.tflops):
+        source = row.source("tflops")
         assert row.names and row.tflops and all(v > 0 for v in row.tflops.values())
-        assert re.search(r"\((?:19|20)\d\d\b", row.source), row.source  # a publication year
-        assert "datasheet" in row.source.lower() or "data sheet" in row.source.lower() \
-            or "specifications" in row.source.lower()
-        assert not seen & {peaks.normalize_name(n) for n in row.names}
-        seen |= {peaks.normalize_name(n) for n in row.names}
+        assert re.search(r"\((?:19|20)\d\d\b", source), source  # a publication year
+        assert "datasheet" in source.lower() or "data sheet" in source.lower() \
+            or "specifications" in source.lower()
+        assert not seen & {gpus.normalize_name(n) for n in row.names}
+        seen |= {gpus.normalize_name(n) for n in row.names}
         assert set(row.tflops) <= {"fp32", "tf32", "bf16", "fp16", "fp8"}
 
 

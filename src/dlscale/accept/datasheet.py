@@ -1,14 +1,13 @@
 """Datasheet expectations: a device's rated figure x the fraction a healthy device typically reaches.
 
-The rated figures come from tables that name their sources: dense FLOP/s per precision
-(``peaks.GPU_PEAKS``), PCIe and NVLink rates (``predict.links``), and the memory bandwidth of
-each GPU (``peaks.MEMORY``, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
-each carry their source, or say that the fraction is dlscale's own choice and why (no vendor
-publishes what a healthy device reaches in a STREAM-like copy); a GEMM's is measured per
-architecture and board (``GEMM_FRACTIONS``: the best GEMM rate healthy parts reached, over their
-dense peak), and a part with no measured fraction falls back to a conservative default that its
-expectation says it is; docs/METRICS.md ("Acceptance: datasheet expectations") repeats them. A
-figure with no rated figure here (every CPU figure, inter-node links, training throughput) gets no
+The rated figures all come from the GPU-facts table (``dlscale.gpus``, ``dlscale/facts/gpus.yaml``),
+each with its source: dense FLOP/s per precision, memory bandwidth, NVLink generation and links, the
+PCIe and NVLink rates. The typical fractions (``FRACTIONS``) each carry their source, or say that the
+fraction is dlscale's own choice and why (no vendor publishes what a healthy device reaches in a
+STREAM-like copy); a GEMM's is measured per architecture and board (the table's ``gemm_fractions``:
+the best GEMM rate healthy parts reached, over their dense peak), and a part with no measured fraction
+falls back to a conservative default that its expectation says it is; docs/METRICS.md ("Acceptance:
+datasheet expectations") repeats them. A figure with no rated figure here (every CPU figure, inter-node links, training throughput) gets no
 datasheet expectation. ``row_figure`` is the rated figure a row of the healthy table is held to
 (``refs.py`` refuses a row far from it).
 """
@@ -19,21 +18,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.peaks import memory_gbps  # the table of memory rates lives in peaks (infer reads it too)
+from dlscale import gpus
 
-
-@dataclass(frozen=True)
-class Fraction:
-    value: float
-    source: str  # a publication, a derivation, or "dlscale's choice: why"
+Fraction = gpus.Sourced  # a fraction and its source: a publication, a derivation, or "dlscale's choice: why"
 
 
 FRACTIONS: dict[str, Fraction] = {
     "gemm_tensor": Fraction(0.6, "conservative default, dlscale's choice where no fraction was measured for the "
-                                 "architecture, board and precision (GEMM_FRACTIONS): below what large cuBLAS GEMMs "
-                                 "reach on healthy V100/A100/H100 parts at their default power limits, so only a part "
-                                 "that throttles, runs at a lower power cap or lower clocks falls under it; a part 25% "
-                                 "slow passes it"),
+                                 "architecture, board and precision (the GPU facts' gemm_fractions): below what large "
+                                 "cuBLAS GEMMs reach on healthy V100/A100/H100 parts at their default power limits, so "
+                                 "only a part that throttles, runs at a lower power cap or lower clocks falls under "
+                                 "it; a part 25% slow passes it"),
     "gemm_fp32": Fraction(0.7, "conservative default, dlscale's choice where no fraction was measured: vector FP32 "
                                "GEMMs keep the FMA pipes busier than tensor GEMMs keep the tensor cores; 0.7 of the "
                                "FP32 peak leaves room for clock drops under load"),
@@ -51,44 +46,13 @@ FRACTIONS: dict[str, Fraction] = {
 }
 
 
-_DLS = "dlscale micro gemm's best case (DeepBench shapes) on a healthy"
-_MAMF = ("ml-engineering's Maximum Achievable Matmul FLOPS table (the mean of 100 bf16 matmuls at the best shape of a "
-         "brute-force search) <https://github.com/stas00/ml-engineering/blob/744d01e18b79512572f64a6bbd8b5f4a725203a7/"
-         "compute/accelerator/README.md#L347-L362>")
-# (architecture, board, precision) -> the best GEMM rate healthy parts measured over their dense peak (peaks.py).
-# The board matters: the same A100 die reaches 0.87 on an SXM board and 0.81 on a PCIe one (its power limit).
-GEMM_FRACTIONS: dict[tuple[str, str, str], Fraction] = {
-    ("Hopper", "SXM", "bf16"): Fraction(0.80, f"measured: {_DLS} H100 80GB HBM3 788 of 989.5 TFLOP/s (2026-11-26, "
-                                              "geometric mean of 780-797: 0.796) and H200 796.3 (2026-11-28: 0.805); "
-                                              f"H100 SXM 794.5 of 989 (0.803) in {_MAMF}"),
-    ("Hopper", "SXM", "fp16"): Fraction(0.77, f"measured: {_DLS} H100 80GB HBM3, fp16 766 of 989.5 TFLOP/s "
-                                              "(2026-11-26): 0.774"),
-    ("Hopper", "SXM", "tf32"): Fraction(0.70, f"measured: {_DLS} H100 80GB HBM3, tf32 344 of 494.5 TFLOP/s "
-                                              "(2026-11-26): 0.696"),
-    ("Hopper", "SXM", "fp32"): Fraction(0.77, f"measured: {_DLS} H100 80GB HBM3, fp32 (TF32 off) 51.6 of 67 TFLOP/s "
-                                              "(2026-11-26: 0.770), and H200 51.7 (2026-11-28: 0.772)"),
-    ("Hopper", "superchip", "bf16"): Fraction(0.84, f"measured: GH200 (900 W, 141 GiB HBM3e) 828.6 of 989 TFLOP/s "
-                                                    f"(0.838) in {_MAMF}"),
-    ("Ampere", "SXM", "bf16"): Fraction(0.87, f"measured: A100 SXM 271.2 of 312 TFLOP/s (0.869) in {_MAMF}"),
-    ("Ampere", "SXM", "fp16"): Fraction(0.81, "measured: Azure AI benchmarking guide, ND A100 v4 results, GEMM "
-                                              "cuBLASLt FP16 8192x8192x8192 253.7 of 312 TFLOP/s (0.813; one shape, "
-                                              "so the best case is at least this)"),
-    ("Ampere", "PCIe", "bf16"): Fraction(0.81, f"measured: A100 PCIe 252.9 of 312 TFLOP/s (0.811) in {_MAMF}"),
-    ("Blackwell", "SXM", "bf16"): Fraction(0.78, f"measured: B200 SXM 1745.0 of 2250 TFLOP/s (0.776) in {_MAMF}"),
-}
-# AMD's measured fractions move with the ROCm release (in the table above MI300X 0.51 at ROCm 6.3, MI325X 0.60 at
-# 6.2, and its notes: the MI300X gained 300 TFLOP/s from ROCm 6.1 to 6.2): no fraction to defend, so AMD matrix
-# cores get no datasheet expectation (their baseline and peers judge them)
-NO_GEMM_FRACTION = ("CDNA 3",)
-
-
 def gemm_fraction(arch: str, board: str, precision: str) -> Fraction | None:
     """The fraction of the dense peak a healthy part's best GEMM reaches: measured for its architecture,
     board and precision, else the conservative default, its source beginning CONSERVATIVE DEFAULT;
     None for an architecture with none."""
-    if arch in NO_GEMM_FRACTION:
+    if arch in gpus.table().no_gemm_fraction:
         return None
-    got = GEMM_FRACTIONS.get((arch, board, precision))
+    got = gpus.gemm_fraction(arch, board, precision)
     if got is not None:
         return got
     base = FRACTIONS["gemm_fp32" if precision == "fp32" else "gemm_tensor"]
@@ -126,14 +90,6 @@ class Rated:
         return f"{self.fraction.value:g} x {self.rated:.4g} ({self.source}); fraction: {self.fraction.source}"
 
 
-def pcie_gbps(gen: int | None, width: int | None) -> float | None:
-    """GB/s per direction of a PCIe link: GT/s per lane x lanes / 8 x encoding (8b/10b to Gen2, 128b/130b after)."""
-    gts = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}.get(gen or 0)
-    if gts is None or not width:
-        return None
-    return gts * width / 8 * (0.8 if gen <= 2 else 128 / 130)
-
-
 def gpu_facts(system: dict[str, Any], index: int) -> dict[str, Any]:
     """The inventory's NVML facts of CUDA device ``index`` (PCIe generation and width, name, ...)."""
     topo = ((system or {}).get("accelerators") or {}).get("topology") or {}
@@ -161,7 +117,7 @@ def _link_facts(system: dict[str, Any], i: int) -> dict[str, Any]:
     model = nvlink.nominal(facts.get("name"), facts.get("pci_device_id"))
     if model is None:
         return {}
-    return {"generation": model[0], "nominal": model[1], "gbps_per_link": nvlink.GENERATIONS[model[0]].gbps}
+    return {"generation": model[0], "nominal": model[1], "gbps_per_link": gpus.table().nvlink[model[0]].value}
 
 
 def nvlink_pair(system: dict[str, Any], i: int, j: int) -> tuple[float, str] | None:
@@ -182,7 +138,7 @@ def nvlink_pair(system: dict[str, Any], i: int, j: int) -> tuple[float, str] | N
     gen = fi["generation"] if rate == rates[0] else fj["generation"]
     down = f" ({seen} active: a link down does not lower it)" if links > seen else ""
     return links * rate, (f"{links} NVLinks{down} x {rate:g} GB/s per link and direction "
-                          f"(NVLink {gen}: {nvlink.GENERATIONS[gen].source})")
+                          f"(NVLink {gen}: {gpus.table().nvlink[gen].source})")
 
 
 def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
@@ -204,11 +160,11 @@ def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
 
 
 def _gemm(fig: Any, precision: str, system: dict[str, Any]) -> Rated | None:
-    from dlscale.peaks import find_row, gpu_peak
+    from dlscale.peaks import gpu_peak
 
     idx = int(fig.context["device"].split(":")[1])
     pci = gpu_facts(system, idx).get("pci_device_id")
-    peak, row = gpu_peak(fig.model or "", precision, pci), find_row(fig.model or "", pci)
+    peak, row = gpu_peak(fig.model or "", precision, pci), gpus.find(fig.model, pci)
     frac = gemm_fraction(row.arch, row.board, precision) if row is not None else None
     if peak is None or frac is None:
         return None
@@ -218,19 +174,19 @@ def _gemm(fig: Any, precision: str, system: dict[str, Any]) -> Rated | None:
 
 def _memory(fig: Any, op: str, device: str, system: dict[str, Any]) -> Rated | None:
     if op == "d2d":
-        row = memory_gbps(fig.model)
-        if row is None:
+        mem = gpus.memory(fig.model)
+        if mem is None:
             return None
         frac = FRACTIONS["memory_copy"]
-        return Rated(row.gbps * frac.value, row.gbps, frac, f"device memory {row.gbps:g} GB/s: {row.source}")
+        return Rated(mem.value * frac.value, mem.value, frac, f"device memory {mem.value:g} GB/s: {mem.source}")
     facts = gpu_facts(system, int(device.split(":")[1]))
-    rate = pcie_gbps(facts.get("pcie_gen_max"), facts.get("pcie_width_max"))
+    rate = gpus.pcie_gbps(facts.get("pcie_gen_max"), facts.get("pcie_width_max"))
     if rate is None:
         return None
     frac = FRACTIONS["pcie_pinned"]
     return Rated(rate * frac.value, rate, frac,
                  f"PCIe Gen{facts['pcie_gen_max']} x{facts['pcie_width_max']} (NVML's maximum link) = {rate:.2f} GB/s "
-                 "per direction (PCI-SIG base specifications: GT/s x lanes / 8 x encoding)")
+                 f"per direction ({gpus.table().pcie[facts['pcie_gen_max']].source}: GT/s x lanes / 8 x encoding)")
 
 
 def _busbw(fig: Any, system: dict[str, Any]) -> Rated | None:
@@ -253,29 +209,28 @@ def row_figure(row: Any) -> tuple[float, str] | None:
     dense peak of a GEMM, the memory bandwidth of a device copy, the PCIe link of a pinned copy (its
     ``when``), the NVLinks of a peer copy, the busbw a node's NVLinks allow a collective; None where
     no table here knows the model or the link (nothing to hold the row to)."""
-    from dlscale.peaks import find_row, gpu_peak
+    from dlscale.peaks import gpu_peak
 
     names = list(row.names) + [""] * len(row.pci_ids)
     pcis = [None] * len(row.names) + list(row.pci_ids)
-    part = next((p for p in (find_row(n, i) for n, i in zip(names, pcis)) if p is not None), None)
+    part = next((p for p in (gpus.find(n, i) for n, i in zip(names, pcis)) if p is not None), None)
     if row.check == "gemm" and row.figure.endswith(" best rate") and part is not None:
         peak = gpu_peak(part.names[0], row.figure.split()[0])
         return (peak.flops / 1e12, f"dense peak, {peak.source}") if peak else None
     if row.check == "memory" and row.figure == "d2d":
-        mem = next((m for m in (memory_gbps(n) for n in row.names) if m is not None), None)
-        return (mem.gbps, f"device memory: {mem.source}") if mem else None
+        mem = next((m for m in (gpus.memory(n) for n in row.names) if m is not None), None)
+        return (mem.value, f"device memory: {mem.source}") if mem else None
     if row.check == "memory" and row.figure in ("h2d_pinned", "d2h_pinned"):
         m = re.fullmatch(r"Gen(\d) x(\d+)", str(row.when.get("pcie") or ""))
-        rate = pcie_gbps(int(m.group(1)), int(m.group(2))) if m else None
+        rate = gpus.pcie_gbps(int(m.group(1)), int(m.group(2))) if m else None
         return (rate, f"PCIe {row.when['pcie']} per direction") if rate else None
     if part is None or part.nvlink is None or row.check not in ("p2p", "collectives"):
         return None
-    from dlscale import nvlink
-
     gen, nominal = part.nvlink
+    per_link = gpus.table().nvlink[gen].value
     links = int(row.when.get("nvlinks") or nominal)
-    rate = links * nvlink.GENERATIONS[gen].gbps
-    where = f"{links} NVLink {gen} links x {nvlink.GENERATIONS[gen].gbps:g} GB/s per direction"
+    rate = links * per_link
+    where = f"{links} NVLink {gen} links x {per_link:g} GB/s per direction"
     n = int(row.when.get("world_size") or 0)
     if row.check == "collectives" and row.figure == "all_reduce busbw" and gen >= 4 and links == nominal and n > 2:
         nvls = rate * 2 * (n - 1) / (n + 1)  # NVLink SHARP: each rank sends S + S/n and receives S/n + S

@@ -1,7 +1,8 @@
 """Healthy figures: the table of what a healthy system of each GPU model gives, and expectations made of it.
 
-The table ships as ``dlscale/data/healthy.yaml`` (each row with its source and tolerance; the file's
-head says what a row holds); a lab's own file (``dlscale accept refs export``, ``refs_export.py``)
+The table ships as ``dlscale/facts/healthy.yaml`` (each row with its source and tolerance; the file's
+head says what a row holds; each model names its row of the GPU facts, ``dlscale.gpus``, whose device
+names and PCI ids it matches on); a lab's own file (``dlscale accept refs export``, ``refs_export.py``)
 has the same form and, given with ``--refs FILE``, comes first: its rows are tried before the
 shipped ones. A figure's row is found by its device model (the driver's name, else the PCI device
 id), its check and figure name, and the row's ``when`` (the topology and options its source
@@ -39,11 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlscale import gpus
 from dlscale.accept import datasheet
 from dlscale.accept.figure import Figure
 from dlscale.accept.verdict import Expectation
 from dlscale.errors import UsageError
-from dlscale.peaks import normalize_name
+from dlscale.gpus import normalize_name
 from dlscale.yamlfile import read_yaml
 
 BUILT_IN = "built-in"
@@ -92,7 +94,8 @@ class Row:
 
 # -- reading a table ------------------------------------------------------------------------------------
 def built_in_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "data" / "healthy.yaml"
+    """The shipped table, found through importlib.resources beside the GPU facts."""
+    return gpus.built_in_path().with_name("healthy.yaml")
 
 
 def load(path: str | Path | None = None) -> list[Row]:
@@ -108,11 +111,31 @@ def _read(path: Path, origin: str) -> list[Row]:
     rows = []
     for i, m in enumerate(doc["models"]):
         where = ("models", i)
-        if not isinstance(m, dict) or not m.get("model") or not isinstance(m.get("names"), list) or not m["names"]:
-            raise lines.fail(where, "each model needs `model:` (a label) and `names:` (the driver's device names)")
+        m = _model(m, lines, where)
         for j, r in enumerate(m.get("rows") or []):
             rows.append(_row(m, r, lines, where + ("rows", j), origin))
     return rows
+
+
+def _model(m: Any, lines: Any, where: tuple) -> dict[str, Any]:
+    """A model with its device names and PCI ids: those of its GPU-facts row (``gpu:``, a label there), or, for
+    a GPU the facts lack, its own ``names:`` (and ``pci_ids:``)."""
+    if not isinstance(m, dict) or not m.get("model"):
+        raise lines.fail(where, "each model needs `model:` (a label) and `gpu:` (its row of the GPU facts) or "
+                                "`names:` (the driver's device names)")
+    if m.get("gpu") is not None:
+        if "names" in m or "pci_ids" in m:
+            raise lines.fail(where + ("gpu",), "give `gpu:` or `names:` and `pci_ids:`, not both: a GPU-facts row "
+                                               "brings its names and PCI ids")
+        try:
+            row = gpus.by_label(str(m["gpu"]))
+        except UsageError as e:
+            raise lines.fail(where + ("gpu",), str(e)) from None
+        return {**m, "names": list(row.names), "pci_ids": list(row.pci_ids)}
+    if not isinstance(m.get("names"), list) or not m["names"]:
+        raise lines.fail(where, "each model needs `gpu:` (its row of the GPU facts) or `names:` (the driver's "
+                                "device names)")
+    return m
 
 
 def _row(m: dict[str, Any], r: Any, lines: Any, where: tuple, origin: str) -> Row:

@@ -55,7 +55,7 @@ WarmupOpt = Annotated[Optional[int], typer.Option("--warmup", help="Uncounted ca
 ItersOpt = Annotated[Optional[int], typer.Option("--iters", "--reps", help="Timed calls (default 10; collectives 20); on GPUs timed windows of >= 1 ms of calls each.", show_default=False)]
 FullOpt = Annotated[bool, typer.Option("--full", help="Every shape at full rep counts, however long it takes on this device.")]
 MaxGflopOpt = Annotated[Optional[float], typer.Option("--max-gflop", help="Skip shapes above this many GFLOP per call (CPU default 1, rnn 2).", show_default=False)]
-ShapesOpt = Annotated[Optional[str], typer.Option("--shapes", help="Your own shape file (CSV as dlscale/data/deepbench/*.csv).", show_default=False)]
+ShapesOpt = Annotated[Optional[str], typer.Option("--shapes", help="Your own shape file (CSV as dlscale/facts/deepbench/*.csv).", show_default=False)]
 ChannelsLastOpt = Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Layout (default NHWC on CPU and reduced precision).", show_default=False)]
 MemMibOpt = Annotated[Optional[int], typer.Option("--mem-mib", help="Buffer size in MiB (default: STREAM's 4x last-level cache; 256 MiB GPU copies).", show_default=False)]
 CpuGhzOpt = Annotated[Optional[float], typer.Option("--cpu-ghz", help="CPU clock for the ISA peak where the model name has none.", show_default=False)]

@@ -1,5 +1,6 @@
-"""Real input pipelines: a synthetic JPEG dataset maker, the training loader and the staged bench.
+"""The training input pipeline: a synthetic JPEG dataset maker (``synth``), the training loader
+(``loader``), its feed to the device (``feed``) and the staged input bench (``bench``).
 
-Python modules live directly in this package; the ``deepbench/`` and ``reference/`` subfolders
-hold package data files owned by other components.
+The package data dlscale ships (GPU facts, healthy figures, DeepBench shapes, the seed papers'
+references) lives in ``dlscale.facts``.
 """

@@ -19,7 +19,7 @@ from dlscale.importers.parsers import PARSERS, PRECISIONS, ImportedRow, check_ro
 from dlscale.record import RunRecord, utc_now
 from dlscale.workloads.base import FAMILIES, family_of
 
-REFERENCE_PACKAGE, REFERENCE_DIR = "dlscale.data", "reference"
+REFERENCE_PACKAGE, REFERENCE_DIR = "dlscale.facts", "reference"
 
 
 def to_record(row: ImportedRow, source: str, tag: str | None, index: int = 0) -> RunRecord:

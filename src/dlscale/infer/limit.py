@@ -14,10 +14,11 @@ bandwidth, not by compute. Per step at batch b (docs/METRICS.md, "Decode against
 
 and its fractions of two rates of the same device: the copy bandwidth measured here just before the
 decode (``copy_bandwidth``: a device-to-device ``copy_`` on a GPU as ``micro memory`` d2d counts it,
-read + write; STREAM's copy on a CPU), and the datasheet memory bandwidth (``peaks.MEMORY``; none on a
-CPU, whose rate depends on the memory channels populated and the DIMMs' speed, which the inventory
-does not read). A static cache that reads all its allocated positions (masked) reads more than C: that
-is the mode's loss, so it counts against its fraction rather than for it.
+read + write; STREAM's copy on a CPU), and the datasheet memory bandwidth (the GPU-facts table,
+``dlscale.gpus``; none on a CPU, whose rate depends on the memory channels populated and the DIMMs'
+speed, which the inventory does not read). A static cache that reads all its allocated positions
+(masked) reads more than C: that is the mode's loss, so it counts against its fraction rather than
+for it.
 
 ``check_fits`` refuses, in one line before anything is allocated, a generation whose weights, KV cache
 and activations (``workloads.llm.inference_memory``) exceed the device's free memory.
@@ -68,14 +69,14 @@ def datasheet_bandwidth(device: Any) -> tuple[float | None, str]:
     """(GB/s, source) of the device's datasheet memory bandwidth, or (None, why none)."""
     if getattr(device, "type", "cpu") != "cuda":
         return None, NO_CPU_DATASHEET
+    from dlscale import gpus
     from dlscale.harness.device import device_name
-    from dlscale.peaks import memory_gbps
 
     name = device_name(device)
-    row = memory_gbps(name)
-    if row is None:
-        return None, f"no datasheet memory bandwidth for {name!r} in dlscale's table (peaks.MEMORY)"
-    return float(row.gbps), row.source
+    mem = gpus.memory(name)
+    if mem is None:
+        return None, f"no datasheet memory bandwidth for {name!r} in dlscale's GPU facts ({gpus.built_in_path().name})"
+    return float(mem.value), mem.source
 
 
 def copy_bandwidth(device: Any, timer: Any = None) -> tuple[float, str]:

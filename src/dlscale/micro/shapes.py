@@ -19,7 +19,7 @@ BUILTIN = {"gemm": "gemm_train.csv", "conv": "conv_train.csv", "rnn": "rnn_train
 def load(kind: str, columns: tuple[str, ...], path: str | None = None) -> list[dict[str, Any]]:
     """The shapes of ``kind`` from ``path`` (the user's) or the built-in DeepBench subset."""
     if path is None:
-        text = resources.files("dlscale.data").joinpath("deepbench", BUILTIN[kind]).read_text()
+        text = resources.files("dlscale.facts").joinpath("deepbench", BUILTIN[kind]).read_text()
         where = f"built-in {BUILTIN[kind]}"
     else:
         try:

@@ -8,8 +8,8 @@ all-gather); each step sends ``S/p`` bytes to the next rank, so
 with ``alpha`` the latency of one step's message and ``bandwidth`` the bytes/s one rank sends in
 one direction. Where a node's topology gives a ring of fewer GPUs fewer links (a DGX-1's hybrid
 cube-mesh), ``ring_bandwidth`` holds the rate per ring size. A ``Link`` holds (alpha, bandwidth)
-and where they came from: a datasheet row
-(``DATASHEET``, ``link``), a tc-shaped emulated link (``link("1gbit")``), or a fit to the
+and where they came from: a datasheet row (``DATASHEET``, ``link``: its rate from the GPU-facts
+table, ``dlscale.gpus``), a tc-shaped emulated link (``link("1gbit")``), or a fit to the
 all_reduce timings of a ``dlscale micro collectives`` record (``from_collectives``,
 ``find_measured``). docs/METRICS.md derives every figure.
 """
@@ -20,8 +20,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlscale import gpus
 from dlscale.errors import UsageError
-from dlscale.nvlink import GENERATIONS
 
 LEVELS = ("intra", "inter")
 GB = 1e9
@@ -92,11 +92,6 @@ def ring_allreduce_s(link: Link, nbytes: float, ranks: int) -> float:
 
 # -- datasheet links --------------------------------------------------------------------------
 
-def _pcie_x16(gts: float) -> float:
-    """Bytes/s per direction of a x16 link at ``gts`` GT/s with 128b/130b encoding (Gen3 and later)."""
-    return gts * 1e9 * 16 / 8 * 128 / 130
-
-
 # What of a tc rate a TCP stream carries: the emulated nodes' veth has Linux's default MTU of 1500 bytes;
 # each segment carries IPv4's 20-byte header (RFC 791), TCP's 20 (RFC 793) and the timestamps option Linux
 # sends by default (net.ipv4.tcp_timestamps=1; RFC 7323: 10 bytes, padded to 12), so 1448 bytes of payload;
@@ -110,19 +105,23 @@ _TYPICAL_IB = "alpha 1 us is the typical MPI latency quoted in vendor material (
 _TYPICAL_TCP = "alpha 25 us is a typical order of magnitude for TCP over Ethernet (tens of us), not a datasheet value"
 
 
-def _pcie(gen: int, gts: int, spec: str) -> Link:
-    bw = _pcie_x16(gts)
+def _pcie(gen: int) -> Link:
+    g = gpus.table().pcie[gen]
+    bw = gpus.pcie_gbps(gen, 16) * GB
     return Link(f"pcie-gen{gen}-x16", 5e-6, bw,
-                f"{spec}: {gts} GT/s per lane x 16 lanes / 8 bit per byte x 128/130 (128b/130b encoding) "
-                f"= {bw / GB:.2f} GB/s per direction; {_TYPICAL_P2P}")
+                f"{g.source}: {g.gts:g} GT/s per lane x 16 lanes / 8 bit per byte x {g.encoding.replace('b', '')} "
+                f"({g.encoding} encoding) = {bw / GB:.2f} GB/s per direction; {_TYPICAL_P2P}")
 
 
-def _nvlink(name: str, links: int, gpu: str, sheet: str, total: int, generation: int) -> Link:
-    per_link = GENERATIONS[generation].gbps
+def _nvlink(name: str, label: str, system: str = "") -> Link:
+    """All of a GPU's NVLinks (its GPU-facts row): a ring over any GPUs of the node reaches them through NVSwitch."""
+    gpu = gpus.by_label(label)
+    gen, links = gpu.nvlink
+    per_link = gpus.table().nvlink[gen].value
     bw = links * per_link * GB
     return Link(name, 5e-6, bw,
-                f"{sheet}: NVLink {total} GB/s per GPU (both directions) = {links} links x {per_link:g} GB/s "
-                f"= {bw / GB:.0f} GB/s per direction, all of the {gpu}'s links (a ring over any GPUs of the node "
+                f"{system}{gpu.source('nvlink')} (all links, both directions) = {links} links x {per_link:g} GB/s "
+                f"= {bw / GB:.0f} GB/s per direction, all of the {label}'s links (a ring over any GPUs of the node "
                 f"reaches them through NVSwitch); {_TYPICAL_P2P}")
 
 
@@ -131,53 +130,58 @@ def _nvlink(name: str, links: int, gpu: str, sheet: str, total: int, generation:
 DGX1_NVLINKS = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2, (2, 6): 1,
                 (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2}
 DGX1_RINGS = (2, 3, 4, 8)  # GPUs per node whose first GPUs (0..g-1) have rings reaching every link bound below
+DGX1_GPU = "NVIDIA V100 SXM2 16GB"  # the DGX-1's GPU, its GPU-facts row
 
 
-def links_within(gpus: range, nvlinks: dict[tuple[int, int], int] = DGX1_NVLINKS) -> int:
-    """The fewest NVLink connections any of ``gpus`` has to the others: a ring over them can send no faster."""
-    return min(sum(n for pair, n in nvlinks.items() if g in pair and set(pair) <= set(gpus)) for g in gpus)
+def links_within(ring: range, nvlinks: dict[tuple[int, int], int] = DGX1_NVLINKS) -> int:
+    """The fewest NVLink connections any of the ``ring``'s GPUs has to the others: a ring over them can send no
+    faster."""
+    return min(sum(n for pair, n in nvlinks.items() if g in pair and set(pair) <= set(ring)) for g in ring)
 
 
 def _nvlink_cube_mesh() -> Link:
-    rings = {g: links_within(range(g)) * GENERATIONS[2].gbps * GB for g in DGX1_RINGS}
+    v100 = gpus.by_label(DGX1_GPU)
+    gen, links = v100.nvlink
+    per_link = gpus.table().nvlink[gen].value
+    rings = {g: links_within(range(g)) * per_link * GB for g in DGX1_RINGS}
     per = ", ".join(f"{g} GPUs {bw / GB:.0f} GB/s" for g, bw in rings.items())
     return Link("nvlink2", 5e-6, rings[8],
-                "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 6 NVLinks x 25 GB/s per direction; NVIDIA DGX-1 "
+                f"{v100.source('nvlink')} = {links} NVLinks x {per_link:g} GB/s per direction; NVIDIA DGX-1 "
                 "with Tesla V100 system architecture (2017): a hybrid cube-mesh, 'three interwoven rings of single "
                 "NVLink connections' over the eight GPUs, so a ring over GPUs 0..g-1 reaches only the links among "
-                f"them: {per} per direction (the fewest links any of them has to the others x 25 GB/s; rings "
-                f"reaching it exist for these g, not for 5-7); {_TYPICAL_P2P}", ring_bandwidth=rings)
+                f"them: {per} per direction (the fewest links any of them has to the others x {per_link:g} GB/s; "
+                f"rings reaching it exist for these g, not for 5-7); {_TYPICAL_P2P}", ring_bandwidth=rings)
 
 
-def _ib(gen: str, gbit: int) -> Link:
-    return Link(f"ib-{gen.lower()}", 1e-6, gbit * 1e9 / 8,
-                f"InfiniBand Trade Association roadmap: 4x {gen} {gbit} Gb/s data rate / 8 "
-                f"= {gbit / 8:g} GB/s per direction; {_TYPICAL_IB}")
+def _ib(gen: str) -> Link:
+    rate = gpus.table().infiniband[gen]
+    return Link(f"ib-{gen.lower()}", 1e-6, rate.value * 1e9 / 8,
+                f"{rate.source} / 8 = {rate.value / 8:g} GB/s per direction; {_TYPICAL_IB}")
 
 
-def _eth(gbit: int, standard: str) -> Link:
-    return Link(f"{gbit}gbe", 25e-6, gbit * 1e9 / 8,
-                f"{standard}: {gbit} Gb/s MAC data rate / 8 = {gbit / 8:g} GB/s per direction "
+def _eth(gbit: int) -> Link:
+    rate = gpus.table().ethernet[gbit]
+    return Link(f"{gbit}gbe", 25e-6, rate.value * 1e9 / 8,
+                f"{rate.source}: {rate.value:g} Gb/s MAC data rate / 8 = {rate.value / 8:g} GB/s per direction "
                 f"(before TCP/IP framing); {_TYPICAL_TCP}")
 
 
-DATASHEET: dict[str, Link] = {lk.name: lk for lk in (
-    _pcie(3, 8, "PCI-SIG PCI Express Base Specification Revision 3.0 (2010)"),
-    _pcie(4, 16, "PCI-SIG PCI Express Base Specification Revision 4.0 (2017)"),
-    _pcie(5, 32, "PCI-SIG PCI Express Base Specification Revision 5.0 (2019)"),
-    _nvlink_cube_mesh(),
-    _nvlink("nvlink2-nvswitch", 6, "V100", "NVIDIA DGX-2 datasheet (2018), 16 V100 through NVSwitch", 300, 2),
-    _nvlink("nvlink3", 12, "A100", "NVIDIA A100 Tensor Core GPU datasheet (2021)", 600, 3),
-    _nvlink("nvlink4", 18, "H100", "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM", 900, 4),
-    _nvlink("nvlink5", 18, "B200", "NVIDIA HGX B200 specifications (2024), per GPU", 1800, 5),
-    _ib("EDR", 100),
-    _ib("HDR", 200),
-    _ib("NDR", 400),
-    _eth(10, "IEEE 802.3ae-2002 (10 Gb/s Ethernet)"),
-    _eth(25, "IEEE 802.3by-2016 (25 Gb/s Ethernet)"),
-    _eth(100, "IEEE 802.3ba-2010 (40 and 100 Gb/s Ethernet)"),
-    _eth(400, "IEEE 802.3bs-2017 (200 and 400 Gb/s Ethernet)"),
-)}
+def datasheet_links() -> dict[str, Link]:
+    """The named datasheet links, each built from the GPU-facts table."""
+    return {lk.name: lk for lk in (
+        *(_pcie(g) for g in (3, 4, 5)),
+        _nvlink_cube_mesh(),
+        _nvlink("nvlink2-nvswitch", "NVIDIA V100 SXM2 32GB",
+                "NVIDIA DGX-2 datasheet (2018), 16 V100 through NVSwitch; "),
+        _nvlink("nvlink3", "NVIDIA A100 SXM4 80GB"),
+        _nvlink("nvlink4", "NVIDIA H100 SXM5"),
+        _nvlink("nvlink5", "NVIDIA B200"),
+        *(_ib(g) for g in gpus.table().infiniband),
+        *(_eth(g) for g in gpus.table().ethernet),
+    )}
+
+
+DATASHEET: dict[str, Link] = datasheet_links()
 
 ALIASES = {"pcie3": "pcie-gen3-x16", "pcie4": "pcie-gen4-x16", "pcie5": "pcie-gen5-x16",
            "nvlink-v100": "nvlink2", "dgx1": "nvlink2", "dgx2": "nvlink2-nvswitch", "nvlink-a100": "nvlink3",
