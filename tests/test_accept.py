@@ -148,8 +148,11 @@ def test_under_a_launcher_across_two_nodes_what_crosses_them_runs_in_place(db_pa
         for q in procs:
             if q.poll() is None:
                 os.killpg(q.pid, signal.SIGKILL)
-    assert [q.returncode for q in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    # node 0's rank 0 judges and exits with the verdict's code: two "nodes" sharing this machine's cores
+    # may differ past the peers' fail line (a verdict about timing, not what this test holds); nothing ERRORs
+    assert procs[1].returncode == 0 and procs[0].returncode in (0, 1), outs[0][1][-3000:] + outs[1][1][-3000:]
     doc = json.loads(outs[0][0])  # node 0's rank 0 prints; node 1 prints nothing
+    assert doc["exit_code"] == procs[0].returncode and doc["counts"]["ERROR"] == 0
     assert outs[1][0].strip() == ""
     checks = {(v["check"], v["subject"]) for v in doc["verdicts"]}
     assert {("collectives_nodes", None), ("links", "node 0's link"), ("links", "node 1's link"),

@@ -57,5 +57,8 @@ def test_report_results_and_compare(cli, db_path, tmp_path):
     assert cmp.code == 0, cmp.stderr
     import json
 
-    (row,) = json.loads(cmp.stdout)["rows"]
-    assert row["unit"] == "tokens/s" and abs(row["pct_difference"] - 0.2) < 1e-9  # 360 vs 300 output tokens/s
+    rows = json.loads(cmp.stdout)["rows"]  # one row per load point: a sweep compares point by point
+    assert [r["load"] for r in rows] == [1, 2, 4, 8]
+    assert [(r["a"], r["b"]) for r in rows] == [(120.0, 100.0), (216.0, 180.0), (360.0, 300.0), (348.0, 290.0)]
+    for row in rows:
+        assert row["unit"] == "tokens/s" and abs(row["pct_difference"] - 0.2) < 1e-9  # every point 1.2x

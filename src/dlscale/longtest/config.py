@@ -71,7 +71,7 @@ class TTAConfig:
 
         if self.force and not self.mlperf_log:
             raise UsageError("--force replaces an existing --mlperf-log: give --mlperf-log FILE, or drop --force")
-        limits.fields(self)
+        limits.fields(self, skip=("target", "target_top1", "target_top5"))  # refused below, naming the metric
         limits.at_most("--max-epochs", self.max_epochs, limits.EPOCHS, "epochs of one run")
         limits.limit("--batch-size", self.batch_size)
         limits.at_most("--runs", self.runs, limits.REPEAT, "runs of the test")
