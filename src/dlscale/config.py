@@ -41,6 +41,7 @@ class TrainConfig:
     compile_mode: str | None = None  # a torch.compile mode (COMPILE_MODES); giving one implies compile
     warmup_steps: int = 10
     steps: int = 100
+    min_duration_s: float | None = None  # the measured window lasts at least this (steps from a probe; harness/window.py)
     optimizer: str = "sgd"
     optimizer_impl: str = "default"  # default | foreach | fused (torch.optim's foreach=True / fused=True)
     lr: float | None = None  # None: the model's default (0.01 for most; Workload.default_lr)
@@ -102,6 +103,9 @@ class TrainConfig:
                        ("--breakdown-steps", self.breakdown_steps), ("--profile-steps", self.profile_steps)):
             limits.at_most(opt, v, limits.STEPS, "steps of one short test")
         limits.at_most("--repeat", self.repeat, limits.REPEAT, "repeats of the short test")
+        from dlscale.harness.window import check_min_duration
+
+        check_min_duration("--min-duration", self.min_duration_s)
         limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
 
     def _check_knobs(self) -> None:

@@ -16,6 +16,8 @@
   call finds its operands in L2; nothing is flushed inside a window.
 - Samples: one per window, the window's time / K (seconds per call). The harness reports their
   median (docs/METRICS.md, "Microbenchmarks").
+- Windows: ``reps``, or with a target duration (``--min-duration``) as many as the last calibration
+  window, the probe, says the target needs (``harness.window``); the row keeps how (``sizing``).
 
 Every CUDA call goes through ``TorchCuda`` (one device), so tests drive this module with a fake.
 """
@@ -101,6 +103,7 @@ class Windows:
     graph_error: str | None = None
     calibration: list[list[float]] = field(default_factory=list)  # [[K, window seconds], ...]
     clock: dict[str, Any] = field(default_factory=dict)  # monitor.clocks.summarize of the case's samples
+    sizing: dict[str, Any] | None = None  # how the window count was chosen (harness.window), with a target
 
     @property
     def total_calls(self) -> int:
@@ -118,6 +121,8 @@ class Windows:
                        l2_source=self.l2_source)
         if self.graph_error:
             out["graph_error"] = self.graph_error
+        if self.sizing:
+            out["sizing"] = self.sizing
         return {**out, **self.clock}
 
 
@@ -174,11 +179,14 @@ def _runner(ops: list[Callable[[], Any]], calls: int) -> Callable[[], None]:
 
 
 def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, reps: int, cache: str = "hot",
-              capture: bool = False, meter: Any = None, clocks: Any = None, api: Any = None) -> Windows:
+              capture: bool = False, meter: Any = None, clocks: Any = None, api: Any = None,
+              window: Any = None) -> Windows:
     """Time ``reps`` windows of K calls of the case ``build`` makes (see the module's text).
 
     ``meter`` (an EnergyMeter) is read where the timed windows start and after they end; ``clocks``
-    (monitor.clocks.GpuClocks) is sampled while they run.
+    (monitor.clocks.GpuClocks) is sampled while they run. ``window`` (harness.window.Window) with a
+    target duration: the windows are as many as the last calibration window (the probe) says the target
+    needs, never fewer than ``reps``.
     """
     api = api if api is not None else API(device)
     with api.scope():
@@ -186,8 +194,11 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
         for i in range(warmup):
             ops[i % len(ops)]()
         api.synchronize()
-        events = [api.event() for _ in range(reps + 1)]  # made once, before anything is timed
+        events = [api.event(), api.event()]  # the calibration's pair, then window 0's edges
         run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events)
+        if window is not None:
+            reps = window.size(reps, tried[-1][1])
+        events += [api.event() for _ in range(reps - 1)]  # made once, before anything is timed
         api.synchronize()
         if meter is not None:
             meter.begin()
@@ -203,7 +214,8 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
     from dlscale.monitor.clocks import summarize
 
     return Windows(per_call, calls, method, cache, rot.get("copies", 1), rot.get("l2_bytes"), rot.get("l2_source", ""),
-                   rot.get("rotation_bytes"), graph_error, tried, summarize([sample]) if sample is not None else {})
+                   rot.get("rotation_bytes"), graph_error, tried, summarize([sample]) if sample is not None else {},
+                   window.last if window is not None else None)
 
 
 def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any]
