@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from conftest import requires_cuda
 from fakes_gpu import FakeGpu, FakeTimingCuda, cuda_from_host, fake_cuda, fake_nvml
 
 from dlscale.micro import concurrent, gputiming, harness
@@ -174,6 +175,11 @@ def test_the_nodes_energy_is_each_devices_over_the_windows_opened_together(monke
     assert by[1] == pytest.approx(2 * by[0]) and m["node_avg_power_w"] == pytest.approx(sum(by))
     assert m["node_avg_power_w"] == pytest.approx(m["node_energy_j"] / m["node_metered_s"])
     assert rec.raw["node"]["energy"]["source"] == "nvml-total-energy"
+    from dlscale.micro.report import window_lines
+
+    lines = window_lines(rec)
+    assert lines[0].startswith("every GPU at once: 2 GPUs") and "best case summed" in lines[0]
+    assert lines[1].startswith("node power ") and "W over" in lines[1]
 
 
 def test_without_nvml_energy_the_node_figures_say_why(monkeypatch):
@@ -181,6 +187,9 @@ def test_without_nvml_energy_the_node_figures_say_why(monkeypatch):
     rec = _measure(_Gemm(fakes, [[100 * US], [100 * US]]), MicroOptions(reps=3))
     assert "node_avg_power_w" not in rec.metrics and rec.metrics["node_devices"] == 2
     assert "neither NVML's total-energy counter" in rec.raw["node"]["energy"]["reason"]
+    from dlscale.micro.report import window_lines
+
+    assert window_lines(rec)[1].startswith("node power: none (no counter: this GPU has neither")
 
 
 def test_a_device_that_fails_stops_the_others_and_its_error_is_raised(monkeypatch):
@@ -236,3 +245,29 @@ def test_run_together_runs_each_job_on_its_own_thread_with_one_gate():
 
     assert concurrent.run_together([job(i) for i in range(3)]) == [0, 10, 20]
     assert sorted(names) == ["dlscale-device-0", "dlscale-device-1", "dlscale-device-2"] and len(gates) == 1
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gpu_gemm_on_every_gpu_at_once_with_windows_of_the_target(cli, db_path, tmp_path):
+    """On the real GPUs: every shape on every GPU at once (CUDA graphs captured one at a time, in
+    thread-local mode, while the other GPUs' threads work), each row's windows lasting the target."""
+    import json
+
+    import torch
+
+    p = tmp_path / "g.csv"
+    p.write_text("m,n,k,a_t,b_t\n4096,4096,4096,0,0\n1760,128,1760,0,0\n")
+    r = cli("micro", "gemm", "--device", "cuda", "--precision", "bf16", "--shapes", str(p), "--every-device",
+            "--min-duration", "0.3", "--format", "json")
+    assert r.code == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    n = torch.cuda.device_count()
+    rows = [x for x in doc["rows"] if x["set"] == "user"]
+    assert len(rows) == 2 * n and {x["at_once"] for x in rows} == {n}
+    for x in rows:
+        assert x["timing"] == "cuda-graph", x.get("graph_error")
+        assert x["sizing"]["target_s"] == 0.3 and x["window_us"] * x["reps"] / 1e6 >= 0.3 * 0.8, x["sizing"]
+    m = doc["metrics"]
+    assert m["node_devices"] == n and m["node_best_tflops"] >= max(m["best_tflops_by_device"])
+    assert doc["node"]["devices"] == [f"cuda:{i}" for i in range(n)]

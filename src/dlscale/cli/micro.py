@@ -239,8 +239,9 @@ def report(rec, fmt: Format | None) -> dict[str, Any]:
     doc = {"run_id": rec.run_id, "status": rec.status, "error": rec.error, "kind": rec.kind,
            "workload": rec.workload, "tag": rec.tag, "config": rec.config, "metrics": rec.metrics,
            "units": rec.units, "warnings": rec.warnings, "rows": rec.raw.get("rows", [])}
-    if "links" in rec.raw:
-        doc["links"] = rec.raw["links"]
+    for key in ("links", "node"):  # every node's link; the GPUs run at once and the node's energy
+        if key in rec.raw:
+            doc[key] = rec.raw[key]
     if rec.workload == "burnin":
         doc["ranks"] = [{k: v for k, v in r.items() if k != "series"} for r in rec.raw.get("ranks", [])]
     if fmt != Format.human:

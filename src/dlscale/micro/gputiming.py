@@ -25,6 +25,7 @@ Every CUDA call goes through ``TorchCuda`` (one device), so tests drive this mod
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ ROTATE_L2 = 2  # cold cache: the operand copies together hold at least this many
 MAX_COPIES = 4096
 ASSUMED_L2 = 256 * 2**20  # where the device properties have no L2 size: above any GPU's L2 today
 CACHES = ("hot", "cold")
+CAPTURE_LOCK = threading.Lock()  # one CUDA graph capture at a time in the process (TorchCuda.capture)
 
 
 class TorchCuda:
@@ -71,17 +73,23 @@ class TorchCuda:
 
     def capture(self, calls: Callable[[], None]) -> Callable[[], None]:
         """``calls`` captured into a CUDA graph (after a warm-up on a side stream, as PyTorch's graph
-        recipe asks); returns its replay, which runs on the current stream."""
+        recipe asks); returns its replay, which runs on the current stream.
+
+        Every device at once (``micro.concurrent``: a thread per GPU): one capture at a time in the
+        process (``CAPTURE_LOCK``; entering a capture synchronises and empties torch's cache), and in
+        ``thread_local`` error mode, so the other threads' allocations and synchronisations on their own
+        GPUs neither fail nor spoil it (CUDA's stream-capture modes)."""
         import torch
 
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            calls()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            calls()
+        with CAPTURE_LOCK:
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                calls()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                calls()
         return graph.replay
 
 
