@@ -25,6 +25,7 @@ def test_the_count_reaches_the_target_never_below_the_count_asked():
     assert count_for(30, 0.0, 3.0, most=5000) == 5000  # a probe too short to read: the most allowed
     assert count_for(10, 1e-9, 3.0, most=5000) == 5000  # capped
     assert count_for(0, 1.0, None) == 1
+    assert count_for(200, 0.0, 3.0, most=50) == 200  # the count asked is never cut
 
 
 def test_a_window_records_its_target_probe_and_count_and_ranks_agree_on_one():
@@ -130,6 +131,17 @@ def test_a_gpu_case_times_as_many_windows_as_its_target_needs():
     row = w.row()
     assert row["sizing"]["target_s"] == 0.05 and row["sizing"]["count"] == want
     assert row["sizing"]["probe_s"] == pytest.approx(window_s)
+
+
+def test_a_long_target_lengthens_a_gpu_cases_windows_rather_than_multiplying_them(monkeypatch):
+    from dlscale.micro import gputiming
+
+    monkeypatch.setattr(gputiming, "MAX_WINDOWS", 10)
+    gpu = FakeTimingCuda()
+    w = gputiming.time_case(gpu.builder(lambda i: 7 * US), "cuda:0", warmup=0, reps=3, api=gpu,
+                            window=Window(0.05, most=gputiming.MAX_WINDOWS))
+    assert w.calls * 7 * US >= 0.05 / 10  # each window at least the target / MAX_WINDOWS, not 1 ms
+    assert 3 <= len(w.per_call_s) <= 10 and sum(w.per_call_s) * w.calls >= 0.05
 
 
 def test_a_collectives_cell_times_as_many_windows_as_its_target_needs(monkeypatch):

@@ -6,9 +6,10 @@ inference batches (``harness.timing.timed_loop``), a kernel case's timed calls o
 A unit is what the loop repeats (a step, a call, a window of K calls); the probe is the time of one or a
 few of them right before the window, after the warm-up, so it runs at the speed the window will:
 
-    count = min(most, max(min_count, ceil(target / probe)))
+    count = max(min_count, min(most, ceil(target / probe)))
 
-A probe too short to read (0 s) takes ``most``. ``agree`` (a job's ranks) turns each rank's count into
+A probe too short to read (0 s) takes ``most`` (the count asked is never cut; ``MOST`` bounds what a
+target adds: a record keeps one time per unit). ``agree`` (a job's ranks) turns each rank's count into
 one every rank runs: the largest, so every rank's window reaches the target. ``Window.sizings`` keeps,
 per window sized, the target, the probe and the count chosen: the record says the window was long
 enough and why it has the length it has (docs/METRICS.md, "How long a measured window is").
@@ -20,11 +21,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from dlscale import limits
 from dlscale.errors import UsageError
 
 MAX_DURATION_S = 3600.0  # a target past an hour is a slip, not a measurement window
 PROBE_STEPS = 3  # a timed loop's probe: its last warm-up steps, at most this many
+MOST = 100_000  # the most units a target makes a window hold (a record keeps a time per unit: ~2 MB of JSON)
 
 
 def check_min_duration(option: str, value: Any) -> None:
@@ -36,13 +37,14 @@ def check_min_duration(option: str, value: Any) -> None:
                          f"(the least a measured window lasts), got {value!r}")
 
 
-def count_for(min_count: int, probe_s: float, target_s: float | None, most: int = limits.STEPS) -> int:
-    """The units a window holds: at least ``min_count``; with ``target_s``, enough that ``count · probe_s``
-    reaches it; at most ``most`` (and never below 1)."""
+def count_for(min_count: int, probe_s: float, target_s: float | None, most: int = MOST) -> int:
+    """The units a window holds: ``min_count`` (at least 1), and with ``target_s`` enough more that
+    ``count · probe_s`` reaches it, the target adding no more than up to ``most``."""
     count = max(1, min_count)
     if target_s is not None:
-        count = max(count, math.ceil(target_s / probe_s - 1e-9) if probe_s > 0 else most)
-    return min(count, max(1, most))
+        need = math.ceil(target_s / probe_s - 1e-9) if probe_s > 0 else most
+        count = max(count, min(need, most))
+    return count
 
 
 class Window:
@@ -50,7 +52,7 @@ class Window:
     count (``agree``, None: one process) and the most units it may hold. Every ``size`` call is one
     window sized; ``sizings`` keeps each (a run's repeats, an inference sweep's batch sizes)."""
 
-    def __init__(self, target_s: float | None, agree: Callable[[int], int] | None = None, most: int = limits.STEPS):
+    def __init__(self, target_s: float | None, agree: Callable[[int], int] | None = None, most: int = MOST):
         check_min_duration("min_duration_s", target_s)
         self.target_s, self.agree, self.most = target_s, agree, most
         self.sizings: list[dict[str, Any]] = []

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dlscale.harness.window import Window
+from dlscale.harness.window import MOST, Window
+from dlscale.micro.gputiming import MAX_WINDOWS
 from dlscale.micro.collectives import COLLECTIVES, ELEMENT, MODES, Buffers, CollectiveOptions, count_for, parse_sizes
 
 UNITS = {"avg_busbw": "GB/s", "max_busbw": "GB/s", "wrong": "elements", "world_size": "ranks", "rows": "rows",
@@ -98,7 +99,7 @@ def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device
         sync()
         return reduce_max(events[0].elapsed_time(events[1]) / 1e3)
 
-    calls, tried = gputiming.calibrate(calibration)
+    calls, tried = gputiming.calibrate(calibration, target_s=gputiming.window_target(window))
     per_window = tried[-1][1]
     windows = max(1, min(iters, int(budget / per_window) if per_window > 0 else iters))
     if window is not None:
@@ -151,7 +152,8 @@ def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any |
                     row[mode] = None
                     continue
                 b = Buffers(coll, count, mode, rank, n, device)
-                window = Window(opts.min_duration_s) if opts.min_duration_s is not None else None
+                window = Window(opts.min_duration_s, most=MAX_WINDOWS if device.type == "cuda" else MOST) \
+                    if opts.min_duration_s is not None else None
                 times, timing = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max, device,
                                                 window)
                 b.reset()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TARGET_WINDOW_S = 1e-3  # a window lasts at least this long
+MAX_WINDOWS = 2000  # with a target duration: windows of at least target / this (events made: one more)
 MAX_CALLS = 1 << 14  # calls per window at most (a 60 ns call would need more)
 CALIBRATION_ROUNDS = 6  # windows tried while finding K
 ROTATE_L2 = 2  # cold cache: the operand copies together hold at least this many L2 sizes
@@ -203,7 +204,7 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
             ops[i % len(ops)]()
         api.synchronize()
         events = [api.event(), api.event()]  # the calibration's pair, then window 0's edges
-        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events)
+        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events, window_target(window))
         if window is not None:
             reps = window.size(reps, tried[-1][1])
         events += [api.event() for _ in range(reps - 1)]  # made once, before anything is timed
@@ -226,8 +227,15 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
                    window.last if window is not None else None)
 
 
-def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any]
-                ) -> tuple[Callable[[], None], int, str, list[list[float]], str | None]:
+def window_target(window: Any) -> float:
+    """The least length of one window: 1 ms, or with a target duration 1/MAX_WINDOWS of it, so that a long
+    target lengthens the windows (more calls each) rather than multiplying them past MAX_WINDOWS."""
+    target = getattr(window, "target_s", None)
+    return max(TARGET_WINDOW_S, target / MAX_WINDOWS) if target else TARGET_WINDOW_S
+
+
+def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any],
+                target_s: float = TARGET_WINDOW_S) -> tuple[Callable[[], None], int, str, list[list[float]], str | None]:
     """(one window's run, K, method, the calibration tried, why the graph failed or None)."""
     start, end = events[0], events[1]
     made: dict[int, Callable[[], None]] = {}
@@ -253,7 +261,7 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
     step = len(ops)  # cold: every window starts at the first copy and goes through all of them
     if capture:
         try:
-            calls, tried = calibrate(window(True), step)
+            calls, tried = calibrate(window(True), step, target_s)
             return make(calls, True), calls, "cuda-graph", tried, None
         except Exception as e:  # noqa: BLE001 - a call the graph cannot hold is launched one by one instead
             made.clear()
@@ -261,6 +269,6 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
             api.synchronize()
     else:
         error = None
-    calls, tried = calibrate(window(False), step)
+    calls, tried = calibrate(window(False), step, target_s)
     return make(calls, False), calls, "cuda-events", tried, error
 

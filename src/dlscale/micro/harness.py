@@ -188,12 +188,13 @@ def _time_case(case: Any, opts: MicroOptions, where: Any, meter: Any, clocks: di
                ) -> tuple[list[float], dict[str, Any], int]:
     """(seconds per call, one per sample; the GPU columns of the row, none on CPUs; calls timed).
     ``meter``: an EnergyMeter, or a ``concurrent.Gate`` where the case runs on every device at once."""
-    from dlscale.harness.window import Window
+    from dlscale.harness.window import MOST, Window
+    from dlscale.micro import gputiming
 
-    window = Window(opts.min_duration_s) if opts.min_duration_s is not None else None
-    if getattr(where, "type", "cpu") == "cuda":
-        from dlscale.micro import gputiming
-
+    gpu = getattr(where, "type", "cpu") == "cuda"
+    window = Window(opts.min_duration_s, most=gputiming.MAX_WINDOWS if gpu else MOST) \
+        if opts.min_duration_s is not None else None
+    if gpu:
         w = gputiming.time_case(case.build, where, opts.warmup, opts.reps, opts.cache, case.capture, meter,
                                 clocks.get(where), window=window)
         return w.per_call_s, w.row(), w.total_calls
