@@ -88,12 +88,12 @@ step() {  # step NAME LIMIT CMD...: CMD's stdout into NAME.json, its end in step
 if [ "$DEVICE" = cuda ]; then  # the sizes the GPU check is about
   RN=(resnet50 --image-size 224 --batch-size 256 --precision bf16 --channels-last); PRN=(--model resnet50 --batch 256 --image-size 224 --precision bf16 --channels-last)
   STEPS=(--warmup-steps 10 --steps 60); PSTEPS=(--warmup 10 --steps 60)
-  GEMM=(-p bf16); MATMUL=(--n 8192 --precision bf16); COPY=(--bytes 1073741824)
+  GEMM=(-p bf16); MATMUL=(--n 8192 --precision bf16); COPY=(--bytes 1073741824); MEM=()
   INF=(resnet50 --precision bf16 --batch-sizes 64); LLM=llama_small; LLMP=bf16; PROMPT=128; OUTPUT=64
 else  # the dry run: every step at a size a CPU finishes in seconds
   RN=(resnet18 --image-size 32 --batch-size 8 --precision fp32); PRN=(--model resnet18 --batch 8 --image-size 32 --precision fp32)
   STEPS=(--warmup-steps 2 --steps 5); PSTEPS=(--warmup 2 --steps 5)
-  GEMM=(-p fp32 --max-gflop 0.05); MATMUL=(--n 512 --precision fp32); COPY=(--bytes 67108864)
+  GEMM=(-p fp32 --max-gflop 0.05); MATMUL=(--n 512 --precision fp32); COPY=(--bytes 67108864); MEM=(--mem-mib 64)
   INF=(tinycnn --image-size 32 --precision fp32 --batch-sizes 64); LLM=llama_tiny; LLMP=fp32; PROMPT=16; OUTPUT=16
 fi
 LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
@@ -105,7 +105,7 @@ step train_b 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu
 step peer_train_b 90 $PEER train "${PRN[@]}" "${PSTEPS[@]}"
 step gemm 90 $DL micro gemm "${GEMM[@]}" --device "$DEVICE" --tag gpu-check --format json
 step peer_matmul 45 $PEER matmul "${MATMUL[@]}"
-step memory 60 $DL micro memory --device "$DEVICE" --tag gpu-check --format json
+step memory 60 $DL micro memory "${MEM[@]}" --device "$DEVICE" --tag gpu-check --format json
 step peer_copy 30 $PEER copy "${COPY[@]}"
 step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
 step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json

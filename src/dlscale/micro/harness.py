@@ -29,8 +29,9 @@ from dlscale.peaks import Peak, resolve_peak
 ROW_UNITS = {"time_us": "us", "time_us_best": "us", "cv": "fraction", "tflops": "TFLOP/s",
              "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction",
              "energy_j": "J", "avg_power_w": "W", "gflops_per_j": "GFLOP/J"}
+# the units of the columns GPU rows add
 GPU_ROW_UNITS = {"calls_per_window": "calls", "window_us": "us", "operand_copies": "copies", "rotation_bytes": "B",
-                 "l2_bytes": "B", "sm_clock_mhz": "MHz", "at_once": "devices"}  # the units of the columns GPU rows add
+                 "l2_bytes": "B", "sm_clock_mhz": "MHz", "at_once": "devices"}
 
 
 def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any, budget_s: float | None = None,
@@ -173,7 +174,8 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
               "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
     row_units = {**ROW_UNITS, **{k: u for k, u in GPU_ROW_UNITS.items() if any(k in r for r in rows)}}
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in row_units.items()}},
-                   raw={"rows": rows, "times_s": times_all, "energy": energy, **n_raw}, warnings=_warnings(plan, rows))
+                   raw={"rows": rows, "times_s": times_all, "energy": energy, **n_raw},
+                   warnings=_warnings(plan, rows))
 
 
 def _clocks_of(where: Any, clocks: dict[Any, Any]) -> None:
