@@ -211,3 +211,12 @@ def test_the_ranks_of_a_job_agree_on_one_count(cli_subprocess, db_path):
     (sized,) = rec["raw"]["window"]
     per_rank = [len(r[0]) for r in rec["raw"]["rank_step_times_s"]]
     assert per_rank == [sized["count"]] * 2 and sized["count"] >= 4 and rec["metrics"]["measured_steps"] == sized["count"]
+
+
+def test_the_run_header_says_how_many_steps_the_window_took():
+    from dlscale.cli.render import _config_words
+
+    c = {"batch_size": 8, "precision": "fp32", "warmup_steps": 2, "steps": 30, "repeat": 1, "min_duration_s": 3.0}
+    assert "2 warm-up + 30+ steps (100 measured in all, each window >= 3 s) x 1 repeat(s)" in \
+        _config_words(c, {"world_size": 1, "measured_steps": 100})
+    assert "2 warm-up + 30 steps x 1 repeat(s)" in _config_words({**c, "min_duration_s": None}, {"measured_steps": 30})
