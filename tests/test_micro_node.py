@@ -180,6 +180,15 @@ def test_the_nodes_energy_is_each_devices_over_the_windows_opened_together(monke
     lines = window_lines(rec)
     assert lines[0].startswith("every GPU at once: 2 GPUs") and "best case summed" in lines[0]
     assert lines[1].startswith("node power ") and "W over" in lines[1]
+    import io
+
+    from rich.console import Console
+
+    from dlscale.micro.report import print_record
+
+    buf = io.StringIO()
+    print_record(rec, Console(file=buf, width=200, color_system=None))
+    assert "every GPU at once: 2 GPUs" in buf.getvalue() and "TFLOP/s, median" in buf.getvalue()  # and gemm's footer
 
 
 def test_without_nvml_energy_the_node_figures_say_why(monkeypatch):

@@ -274,9 +274,6 @@ def print_record(rec: RunRecord, console: Any) -> None:
             console.print(line, markup=False)
     elif name == "memory":
         console.print(memory_table(rec))
-    if name in ("gemm", "conv", "rnn", "memory", "p2p"):
-        for line in window_lines(rec):
-            console.print(line, markup=False)
     elif name == "p2p":
         console.print(header(rec))
         console.print(p2p_connectivity_table(rec))
@@ -288,4 +285,7 @@ def print_record(rec: RunRecord, console: Any) -> None:
         for t in tables(rec):
             console.print(t)
         for line in footer(rec):
+            console.print(line, markup=False)
+    if name in ("gemm", "conv", "rnn", "memory", "p2p"):
+        for line in window_lines(rec):
             console.print(line, markup=False)
