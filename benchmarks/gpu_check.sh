@@ -6,8 +6,10 @@
 #   short test ResNet-50 bf16 channels_last b256   vs  a plain training loop
 #   micro gemm, best bf16                           vs  torch.matmul 8192^3
 #   micro memory, device copy                       vs  copy_ of 1 GiB
-#   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate
-#   infer llama_small b1 decode, compiled / graph   vs  eager, and transformers' generate (static cache)
+#   infer LoadGen offline ResNet-50 bf16 b64        vs  the same run's raw batch rate: device-timed, and as LoadGen times it
+#   infer LoadGen offline ResNet-18 bf16 b64        vs  the same (about 1 ms a batch: the harness's cost per batch)
+#   infer llama_small b1 decode eager / compiled    vs  transformers generate eager (DynamicCache, compile off)
+#     / graph-eager, each against its memory limit      / compiled (static cache, torch.compile + CUDA graphs)
 #   accept --quick, twice                           (the second judged against the first)
 #   pytest -m gpu                                   (the GPU tests)
 #
@@ -18,6 +20,11 @@
 #   bash benchmarks/gpu_check.sh --quick          # 4 minutes: the acceptance and the cheap pairs (QUICK_DROP)
 #   bash benchmarks/gpu_check.sh --device cpu     # the dry run: the same steps at toy sizes on a CPU
 #   bash benchmarks/gpu_check.sh --out DIR --deadline 480 --python /path/to/python
+#   bash benchmarks/gpu_check.sh --llm            # the second call (benchmarks/gpu_check_llm.sh): llama_7b decode
+#                                                 # against its limit and its peers, llama training compiled with a
+#                                                 # fused AdamW beside a plain loop (MFU), transformers serve under
+#                                                 # serve-bench (carry benchmarks/gpu_wheels.txt); on a machine's
+#                                                 # 10-minute call give it --deadline 570
 #
 # The budget: --deadline seconds in all (480; --quick 240; a CPU's dry run three times that). The steps in
 # MUST (the acceptance, the GPU tests) always run: the time they are expected to take (NEED, as seen on an
@@ -36,6 +43,7 @@ while [ $# -gt 0 ]; do
     --deadline) DEADLINE=$2; shift 2 ;;
     --out) DEST=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
+    --llm) LLM_CALL=1; shift ;;
     -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -45,14 +53,17 @@ case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device is cuda or cpu, not 
 SCALE=1; [ "$DEVICE" = cpu ] && SCALE=3
 DEADLINE=${DEADLINE:-$(( (QUICK ? 240 : 480) * SCALE ))}
 # seconds each step is expected to take (an H200's, benchmarks' README of real GPU runs, 2026-11-28; the
-# acceptance with its longer windows); a step not listed: a third of its limit
+# acceptance with its longer windows; loadgen_short, decode_graph_eager and peer_generate_eager: estimates
+# from their neighbours); a step not listed: a third of its limit
 declare -A NEED=([env]=5 [train_a]=33 [peer_train_a]=19 [train_b]=33 [peer_train_b]=19 [gemm]=12 [peer_matmul]=10
-  [memory]=19 [peer_copy]=10 [loadgen]=14 [decode_eager]=34 [decode_compiled]=46 [decode_graph]=20
-  [peer_generate]=42 [accept_1]=180 [accept_2]=180 [pytest_gpu]=110)
+  [memory]=19 [peer_copy]=10 [loadgen]=14 [loadgen_short]=12 [decode_eager]=34 [decode_compiled]=46
+  [decode_graph_eager]=20 [peer_generate_eager]=34 [peer_generate_compiled]=42 [accept_1]=180 [accept_2]=180
+  [pytest_gpu]=110)
 MUST=" accept_1 pytest_gpu "  # what the check is for: never skipped for time
-QUICK_DROP=" train_a peer_train_a train_b peer_train_b loadgen decode_eager decode_compiled decode_graph peer_generate
-  accept_2 pytest_gpu "
+QUICK_DROP=" train_a peer_train_a train_b peer_train_b loadgen loadgen_short decode_eager decode_compiled
+  decode_graph_eager peer_generate_eager peer_generate_compiled accept_2 pytest_gpu "
 [ "$DEVICE" = cpu ] && MUST=" accept_1 "  # no GPU tests on a CPU
+[ -n "${LLM_CALL:-}" ] && MUST=" "  # the second call (--llm) runs none of them
 QUICK_DROP=" $(echo $QUICK_DROP) "  # one line, each name between spaces
 if [ "$QUICK" = 1 ]; then for m in $MUST; do [[ "$QUICK_DROP" == *" $m "* ]] && MUST=${MUST/ $m / }; done; fi
 mkdir -p "$DEST" || exit 2
@@ -87,20 +98,33 @@ step() {  # step NAME LIMIT CMD...: CMD's stdout into NAME.json, its end in step
   ran "$name" "$how" "$took"
 }
 
+verdict() {  # exit 1 when a step that ran failed or a MUST step did not end ok (dropped, skipped for time: not)
+  local bad=0 name how m
+  while IFS=$'\t' read -r name how _; do
+    case "$how" in ok|"dropped (--quick)"|"skipped (time)") ;; *) bad=1 ;; esac
+    [[ "$MUST" == *" $name "* ]] && [ "$how" != ok ] && bad=1
+  done < "$DEST/steps.tsv"
+  for m in $MUST; do grep -q "^$m"$'\t' "$DEST/steps.tsv" || bad=1; done
+  exit $bad
+}
+
 if [ "$DEVICE" = cuda ]; then  # the sizes the GPU check is about
   RN=(resnet50 --image-size 224 --batch-size 256 --precision bf16 --channels-last); PRN=(--model resnet50 --batch 256 --image-size 224 --precision bf16 --channels-last)
   STEPS=(--warmup-steps 10 --steps 60); PSTEPS=(--warmup 10 --steps 60)
   GEMM=(-p bf16); MATMUL=(--n 8192 --precision bf16); COPY=(--bytes 1073741824); MEM=()
   INF=(resnet50 --precision bf16 --batch-sizes 64); LLM=llama_small; LLMP=bf16; PROMPT=128; OUTPUT=64
+  INF_SHORT=(resnet18 --precision bf16 --batch-sizes 64)
 else  # the dry run: every step at a size a CPU finishes in seconds
   RN=(resnet18 --image-size 32 --batch-size 8 --precision fp32); PRN=(--model resnet18 --batch 8 --image-size 32 --precision fp32)
   STEPS=(--warmup-steps 2 --steps 5); PSTEPS=(--warmup 2 --steps 5)
   GEMM=(-p fp32 --max-gflop 0.05); MATMUL=(--n 512 --precision fp32); COPY=(--bytes 67108864); MEM=(--mem-mib 64)
   INF=(tinycnn --image-size 32 --precision fp32 --batch-sizes 64); LLM=llama_tiny; LLMP=fp32; PROMPT=16; OUTPUT=16
+  INF_SHORT=(tinycnn --image-size 32 --precision fp32 --batch-sizes 8)
 fi
 LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
 
 step env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv >&2 || true; $DL sysinfo --format json"
+[ -n "${LLM_CALL:-}" ] && . benchmarks/gpu_check_llm.sh  # the second call: its own steps and table, then exit
 step train_a 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
 step peer_train_a 90 $PEER train "${PRN[@]}" "${PSTEPS[@]}"
 step train_b 150 $DL train "${RN[@]}" "${STEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
@@ -110,10 +134,12 @@ step peer_matmul 45 $PEER matmul "${MATMUL[@]}"
 step memory 60 $DL micro memory "${MEM[@]}" --device "$DEVICE" --tag gpu-check --format json
 step peer_copy 30 $PEER copy "${COPY[@]}"
 step loadgen 90 $DL infer "${INF[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
+step loadgen_short 60 $DL infer "${INF_SHORT[@]}" --scenario offline --device "$DEVICE" --tag gpu-check --format json
 step decode_eager 60 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --device "$DEVICE" --tag gpu-check --format json
 step decode_compiled 120 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode compiled --device "$DEVICE" --tag gpu-check --format json
-[ "$DEVICE" = cuda ] && step decode_graph 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph --device "$DEVICE" --tag gpu-check --format json
-step peer_generate 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --static-cache
+[ "$DEVICE" = cuda ] && step decode_graph_eager 90 $DL infer $LLM --precision $LLMP --batch-sizes 1 --prompt-len $PROMPT --output-len $OUTPUT --decode graph-eager --device "$DEVICE" --tag gpu-check --format json
+step peer_generate_eager 60 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --mode eager
+step peer_generate_compiled 90 $PEER generate --config "$LLM_CONFIG" --precision $LLMP --batch 1 --prompt $PROMPT --output $OUTPUT --mode compiled
 step accept_1 240 $DL accept --quick --out "$DEST/accept_1" --format json
 step accept_2 240 $DL accept --quick --out "$DEST/accept_2" --format json
 if [ "$DEVICE" = cuda ]; then
@@ -121,10 +147,4 @@ if [ "$DEVICE" = cuda ]; then
 fi
 $PY benchmarks/gpu_check_table.py "$DEST" | tee "$DEST/table.md"
 echo "gpu_check: records in $DEST/results.db, logs in $DEST/log.txt ($(( $(date +%s) - T0 )) s)" >&2
-bad=0  # a step that ran and failed, or a MUST step that did not end ok
-while IFS=$'\t' read -r name how _; do
-  case "$how" in ok|"dropped (--quick)") ;; "skipped (time)") ;; *) bad=1 ;; esac
-  [[ "$MUST" == *" $name "* ]] && [ "$how" != ok ] && bad=1
-done < "$DEST/steps.tsv"
-for m in $MUST; do grep -q "^$m"$'\t' "$DEST/steps.tsv" || bad=1; done
-exit $bad
+verdict

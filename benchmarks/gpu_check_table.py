@@ -5,6 +5,10 @@ check's steps left in its folder (DIR/NAME.json, DIR/steps.tsv). Prints Markdown
 
 A ratio is dlscale's figure over the peer's (above 1: dlscale measured more) for rates; for the
 LLM request it is the peer's request time over dlscale's (above 1: dlscale's request was faster).
+Each decode row also gives the bytes per second the decode read (weights + KV cache) and its fractions
+of the device's datasheet memory bandwidth and of the copy bandwidth measured before it; the second
+call's rows (gpu_check.sh --llm) add llama_7b's decode, LLM training's MFU beside its plain loop, and
+the served LLM's goodput and joules per token.
 A step that failed, timed out or was skipped shows its state instead of a figure; the last line names
 the steps --quick dropped and those the budget skipped for time.
 """
@@ -33,8 +37,7 @@ def load(folder: Path, name: str) -> Any:
 
 def metric(doc: Any, *keys: str) -> float | None:
     """The first of ``keys`` a run record (or the first record of a list) has as a number."""
-    rec = doc[0] if isinstance(doc, list) and doc else doc
-    metrics = (rec or {}).get("metrics") or {}
+    metrics = first(doc).get("metrics") or {}
     for key in keys:
         if isinstance(metrics.get(key), (int, float)):
             return float(metrics[key])
@@ -50,6 +53,18 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 def rows(folder: Path) -> list[tuple[str, str, str, str]]:
+    """The first call's rows where it ran (its env step always does), then the decode and LLM rows of either call."""
+    first_call = any((folder / f"{n}.json").is_file() for n in ("train_a", "gemm", "memory", "loadgen", "accept_1"))
+    out = first_call_rows(folder) if first_call else []
+    out += decode_rows(folder, "")
+    out += decode_rows(folder, "llm_")
+    out += llm_rows(folder)
+    if first_call:
+        out += accept_rows(folder)
+    return out
+
+
+def first_call_rows(folder: Path) -> list[tuple[str, str, str, str]]:
     out = []
     for side in ("a", "b"):
         mine = metric(load(folder, f"train_{side}"), "throughput")
@@ -66,26 +81,20 @@ def rows(folder: Path) -> list[tuple[str, str, str, str]]:
     mine = metric(memory, "d2d_gbps", "copy_gbps")
     out.append(("device copy, GB/s (read+write)", fmt(mine), f"copy_ of {peer_copy.get('bytes', 0) / 2**20:,.0f} MiB "
                 f"{fmt(peer_copy.get('gbps'))}", ratio(mine, peer_copy.get("gbps"))))
-    lg = load(folder, "loadgen")
-    offline, raw = metric(lg, "samples_per_s"), metric(lg, "throughput")
-    out.append(("LoadGen offline, samples/s", fmt(offline), f"raw batches, same run {fmt(raw)}", ratio(offline, raw)))
-    eager = load(folder, "decode_eager")
-    compiled = load(folder, "decode_compiled")
-    e_tps, c_tps = metric(eager, "decode_tokens_per_s"), metric(compiled, "decode_tokens_per_s")
-    out.append(("LLM decode b1 compiled, tokens/s", fmt(c_tps), f"eager {fmt(e_tps)}", ratio(c_tps, e_tps)))
-    graph = load(folder, "decode_graph")
-    if graph is not None:
-        g_tps = metric(graph, "decode_tokens_per_s")
-        out.append(("LLM decode b1 CUDA graph, tokens/s", fmt(g_tps), f"eager {fmt(e_tps)}", ratio(g_tps, e_tps)))
-    peer_gen = load(folder, "peer_generate") or {}
-    c_req = metric(compiled, "request_latency_s")
-    if c_req is None:
-        rec = compiled[0] if isinstance(compiled, list) and compiled else compiled
-        by = ((rec or {}).get("metrics") or {}).get("request_latency_s_by_batch") or [None]
-        c_req = by[0]
-    out.append(("LLM request b1 compiled, ms", fmt(c_req and c_req * 1e3),
-                f"transformers generate (static cache) {fmt(peer_gen.get('request_s') and peer_gen['request_s'] * 1e3)}",
-                ratio(peer_gen.get("request_s"), c_req)))
+    for step, what in (("loadgen", "LoadGen offline"), ("loadgen_short", "LoadGen offline, short batches")):
+        lg = load(folder, step)
+        if lg is None and step == "loadgen_short":
+            continue
+        offline, raw, wall = metric(lg, "samples_per_s"), metric(lg, "throughput"), metric(lg, "raw_wall_samples_per_s")
+        out.append((f"{what}, samples/s", fmt(offline), f"raw batches, same run, device-timed {fmt(raw)}",
+                    ratio(offline, raw)))
+        out.append((f"{what}, samples/s", fmt(offline), f"raw batches as LoadGen times them (wall clock, same "
+                    f"slots) {fmt(wall)}", ratio(offline, wall)))
+    return out
+
+
+def accept_rows(folder: Path) -> list[tuple[str, str, str, str]]:
+    out = []
     for n in (1, 2):
         acc = load(folder, f"accept_{n}") or {}
         counts = ", ".join(f"{k} {v}" for k, v in (acc.get("counts") or {}).items())
@@ -93,6 +102,89 @@ def rows(folder: Path) -> list[tuple[str, str, str, str]]:
     py = load(folder, "pytest_gpu")
     if py is not None:
         out.append(("pytest -m gpu", "passed" if py.get("pytest_rc") == 0 else f"rc {py.get('pytest_rc')}", "", ""))
+    return out
+
+
+def first(doc: Any) -> dict:
+    """The run record (or the first of a list), {} where the step left none."""
+    rec = doc[0] if isinstance(doc, list) and doc else doc
+    return rec if isinstance(rec, dict) else {}
+
+
+def limit_words(doc: Any) -> str:
+    """A decode record's bytes/s and its fractions of the datasheet and of the copy measured beside it."""
+    m = first(doc).get("metrics") or {}
+    if m.get("decode_memory_gbps") is None:
+        return ""
+    sheet, copy = m.get("decode_fraction_of_datasheet"), m.get("decode_fraction_of_copy")
+    return (f"; {sig(m['decode_memory_gbps'])} GB/s read = {sig(sheet)} of the datasheet "
+            f"({sig(m.get('datasheet_memory_gbps'))}), {sig(copy)} of the copy measured ({sig(m.get('reference_copy_gbps'))})")
+
+
+def sig(x: float | None) -> str:
+    """Four significant figures (a toy run's 0.00431 GB/s and an H200's 3,063 alike), '-' for none."""
+    return "-" if x is None else f"{x:,.4g}"
+
+
+DECODE_ARMS = (("eager", "eager (DynamicCache, one Python forward per token)", "generate_eager"),
+               ("compiled", "compiled (torch.compile: Inductor's fused kernels, CUDA graphs on a GPU)", "generate_compiled"),
+               ("graph_eager", "graph-eager (one CUDA graph of the eager step's unfused kernels)", None))
+
+
+def decode_rows(folder: Path, prefix: str) -> list[tuple[str, str, str, str]]:
+    """Each decode arm's tokens/s at batch 1 against its memory limit, beside the transformers generate arm
+    that runs the same kind of step (its decode rate derived from two request lengths) or, for graph-eager,
+    beside dlscale's eager; then the compiled request against generate's compiled one."""
+    docs = {arm: load(folder, f"{prefix}decode_{arm}") for arm, _, _ in DECODE_ARMS}
+    model = next((first(d).get("workload") for d in docs.values() if first(d)), None)
+    if model is None:
+        return []
+    out = []
+    for arm, words, peer_step in DECODE_ARMS:
+        if docs[arm] is None:
+            continue
+        tps = metric(docs[arm], "decode_tokens_per_s")
+        if peer_step is not None:
+            peer = load(folder, f"{prefix}peer_{peer_step}") or {}
+            ptps = peer.get("decode_tokens_per_s")
+            peer_words = f"{peer.get('label', 'transformers generate ' + peer_step[9:])}: {fmt(ptps)}"
+        else:
+            ptps = metric(docs["eager"], "decode_tokens_per_s")
+            peer_words = f"dlscale eager {fmt(ptps)}"
+        out.append((f"{model} decode b1 {words}, tokens/s", fmt(tps) + limit_words(docs[arm]), peer_words,
+                    ratio(tps, ptps)))
+    comp = first(docs["compiled"]).get("metrics") or {}
+    c_req = comp.get("request_latency_s") or (comp.get("request_latency_s_by_batch") or [None])[0]
+    peer_gen = load(folder, f"{prefix}peer_generate_compiled") or {}
+    if c_req is not None or peer_gen:
+        out.append((f"{model} request b1 compiled, ms", fmt(c_req and c_req * 1e3),
+                    f"transformers generate compiled {fmt(peer_gen.get('request_s') and peer_gen['request_s'] * 1e3)}",
+                    ratio(peer_gen.get("request_s"), c_req)))
+    return out
+
+
+def llm_rows(folder: Path) -> list[tuple[str, str, str, str]]:
+    """The second call's LLM training (MFU) beside its plain loop, and the served LLM under serve-bench."""
+    out = []
+    train, peer = first(load(folder, "llm_train")), load(folder, "llm_peer_train") or {}
+    if train or peer:
+        m = train.get("metrics") or {}
+        mine, ptps, mfu = m.get("throughput"), peer.get("tokens_per_s"), m.get("mfu")
+        peer_mfu = mfu * ptps / mine if mfu and mine and ptps else None
+        out.append((f"train {train.get('workload', '?')} compiled + fused AdamW, tokens/s (MFU)",
+                    f"{fmt(mine)} ({'-' if mfu is None else f'{mfu:.1%}'})",
+                    f"{peer.get('label', 'plain loop')}: {fmt(ptps)} ({'-' if peer_mfu is None else f'{peer_mfu:.1%}'})",
+                    ratio(mine, ptps)))
+    serve = first(load(folder, "llm_serve"))
+    if serve:
+        m = serve.get("metrics") or {}
+        good, j = m.get("goodput_fraction"), m.get("energy_per_unit_j")
+        out.append((f"served {Path(str(serve.get('workload', '?'))).name} (transformers serve, continuous batching)",
+                    f"goodput {fmt(m.get('goodput'), 2)} req/s ({'-' if good is None else f'{good:.0%}'} within the "
+                    f"SLO) at {m.get('load', '?')} in flight, {fmt(m.get('output_throughput'))} tokens/s, "
+                    f"{'-' if j is None else f'{j:.3f}'} J/token",
+                    f"highest load meeting the SLO: {m.get('max_load_meeting_slo', '-')} (binds: "
+                    f"{m.get('slo_binding', '-')})", ""))
     return out
 
 

@@ -4,7 +4,9 @@ to time the same work without dlscale. Each subcommand prints one JSON line on s
     python benchmarks/gpu_peers.py train --model resnet50 --batch 256 --precision bf16 --channels-last
     python benchmarks/gpu_peers.py matmul --n 8192 --precision bf16
     python benchmarks/gpu_peers.py copy --bytes 1073741824
-    python benchmarks/gpu_peers.py generate --config '{"vocab_size": 32000, ...}' --batch 1 --prompt 128 --output 64
+    python benchmarks/gpu_peers.py generate --config '{"vocab_size": 32000, ...}' --batch 1 --prompt 128 --output 64 --mode eager
+    python benchmarks/gpu_peers.py generate --config '{"vocab_size": 32000, ...}' --mode compiled
+    python benchmarks/gpu_peers.py train-llm --config '{"vocab_size": 128256, ...}' --batch 4 --seq 2048 --compile --fused
 
 They import torch, torchvision and transformers only (never dlscale), run on `--device cuda` (the
 default where a GPU is visible) or `cpu` (the dry run), and time with CUDA events on a GPU and
@@ -49,6 +51,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def timed_steps(step, device: torch.device, warmup: int, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` training steps after ``warmup`` uncounted ones (one synchronise at the end)."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    clock = Clock(device, steps + 1)
+    clock.mark(0)
+    for i in range(steps):
+        step()
+        clock.mark(i + 1)
+    return clock.intervals()
+
+
 def train(a: argparse.Namespace, device: torch.device) -> dict:
     import torchvision
 
@@ -68,15 +83,7 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(a.warmup):
-        step()
-    sync(device)
-    clock = Clock(device, a.steps + 1)
-    clock.mark(0)
-    for i in range(a.steps):
-        step()
-        clock.mark(i + 1)
-    dts = clock.intervals()
+    dts = timed_steps(step, device, a.warmup, a.steps)
     return {"peer": "train", "model": a.model, "batch": a.batch, "images_per_s": a.batch * len(dts) / sum(dts),
             "images_per_s_median_step": a.batch / statistics.median(dts)}
 
@@ -110,31 +117,87 @@ def copy(a: argparse.Namespace, device: torch.device) -> dict:
     return {"peer": "copy", "bytes": a.bytes, "gbps": 2 * a.bytes / t / 1e9}  # read + write, as dlscale counts it
 
 
+GENERATE_LABELS = {
+    "eager": "transformers generate, eager: DynamicCache, compilation disabled (disable_compile=True)",
+    "compiled": "transformers generate, compiled: StaticCache (cache_implementation='static') and its decode step under "
+                "torch.compile(fullgraph, mode '{mode}'): {what}",
+}
+
+
+def llama(config: str, device: torch.device, dtype: torch.dtype):
+    """A random-init Llama of the given LlamaConfig fields, made in its dtype on the device (no fp32 copy first)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(LlamaConfig(**json.loads(config)), dtype=dtype,
+                                                attn_implementation="sdpa")
+
+
 def generate(a: argparse.Namespace, device: torch.device) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' generate as a user calls it, greedy, a fixed output length. ``--mode eager``: its default
+    DynamicCache with compilation switched off (generate compiles its decode step by itself only for a
+    compileable cache on an accelerator: ``disable_compile`` is the switch that keeps it eager either way);
+    ``--mode compiled``: the static cache with generate's own CompileConfig (reduce-overhead, i.e. CUDA
+    graphs, on CUDA; Inductor's default mode on a CPU, where generate compiles only when told to). Its
+    decode rate is derived from two request lengths: b·(N − 1) / (T(N) − T(1)), T the median request time."""
+    from transformers import CompileConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(**json.loads(a.config))
-    dtype = DTYPES[a.precision]
-    model = LlamaForCausalLM(cfg).to(device, dtype).eval()
-    ids = torch.randint(0, cfg.vocab_size, (a.batch, a.prompt), device=device)
-    kw = dict(max_new_tokens=a.output, min_new_tokens=a.output, do_sample=False, use_cache=True, pad_token_id=0,
-              attention_mask=torch.ones_like(ids))
-    if a.static_cache:
-        kw["cache_implementation"] = "static"
-    if a.compile:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead" if device.type == "cuda" else None)
-    times = []
-    with torch.inference_mode():
-        for _ in range(a.warmup + a.reps):
-            sync(device)
-            start = time.perf_counter()
-            model.generate(ids, **kw)
-            sync(device)
-            times.append(time.perf_counter() - start)
-    request = statistics.median(times[a.warmup:])
-    return {"peer": "generate", "batch": a.batch, "prompt": a.prompt, "output": a.output, "request_s": request,
-            "output_tokens_per_s": a.batch * a.output / request, "static_cache": a.static_cache, "compile": a.compile}
+    model = llama(a.config, device, DTYPES[a.precision]).eval()
+    ids = torch.randint(0, model.config.vocab_size, (a.batch, a.prompt), device=device)
+    kw = dict(do_sample=False, use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if a.mode == "compiled":
+        cc = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
+        cc._compile_all_devices = device.type != "cuda"  # generate compiles only on accelerators unless told
+        kw.update(cache_implementation="static", compile_config=cc)
+    else:
+        kw.update(disable_compile=True)
+
+    def median_request(n: int) -> float:
+        times = []
+        with torch.inference_mode():
+            for _ in range(a.warmup + a.reps):
+                sync(device)
+                start = time.perf_counter()
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+                sync(device)
+                times.append(time.perf_counter() - start)
+        return statistics.median(times[a.warmup:])
+
+    request, first = median_request(a.output), median_request(1)
+    what = "Inductor's fused kernels replayed as CUDA graphs" if mode == "reduce-overhead" else "Inductor's fused kernels"
+    return {"peer": "generate", "mode": a.mode, "label": GENERATE_LABELS[a.mode].format(mode=mode, what=what),
+            "batch": a.batch, "prompt": a.prompt, "output": a.output, "request_s": request, "first_token_s": first,
+            "output_tokens_per_s": a.batch * a.output / request,
+            "decode_tokens_per_s": a.batch * (a.output - 1) / (request - first) if request > first else None}
+
+
+def train_llm(a: argparse.Namespace, device: torch.device) -> dict:
+    """A plain training loop of the same Llama as `dlscale train`: fp32 weights under bf16 autocast, next-token
+    cross-entropy on fp32 logits, AdamW (fused with --fused), the model under torch.compile with --compile."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = llama(a.config, device, torch.float32).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0, **({"fused": True} if a.fused else {}))
+    fwd = torch.compile(model) if a.compile else model
+    tokens = torch.randint(0, model.config.vocab_size, (a.batch, a.seq + 1), device=device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    amp = DTYPES[a.precision] if a.precision in ("bf16", "fp16") else None
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            logits = fwd(x).logits
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    dts = timed_steps(step, device, a.warmup, a.steps)
+    return {"peer": "train-llm", "batch": a.batch, "seq": a.seq, "compile": a.compile, "fused": a.fused,
+            "tokens_per_s": a.batch * a.seq * len(dts) / sum(dts),
+            "label": f"plain loop: bf16 autocast, AdamW{' fused' if a.fused else ''}"
+                     f"{', torch.compile(model)' if a.compile else ', eager'}"}
 
 
 def main() -> None:
@@ -164,13 +227,22 @@ def main() -> None:
     g.add_argument("--prompt", type=int, default=128)
     g.add_argument("--output", type=int, default=64)
     g.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
-    g.add_argument("--static-cache", action="store_true")
-    g.add_argument("--compile", action="store_true")
+    g.add_argument("--mode", default="eager", choices=("eager", "compiled"))
     g.add_argument("--warmup", type=int, default=3)
     g.add_argument("--reps", type=int, default=5)
+    tl = sub.add_parser("train-llm")
+    tl.add_argument("--config", required=True, help="LlamaConfig fields as JSON")
+    tl.add_argument("--batch", type=int, default=4)
+    tl.add_argument("--seq", type=int, default=2048)
+    tl.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
+    tl.add_argument("--compile", action="store_true")
+    tl.add_argument("--fused", action="store_true")
+    tl.add_argument("--warmup", type=int, default=10)
+    tl.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     device = torch.device(a.device)
-    print(json.dumps({"train": train, "matmul": matmul, "copy": copy, "generate": generate}[a.what](a, device)))
+    run = {"train": train, "matmul": matmul, "copy": copy, "generate": generate, "train-llm": train_llm}[a.what]
+    print(json.dumps(run(a, device)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""LLM decode, side by side: dlscale's compiled decode vs its eager decode, and transformers' generate as a peer.
+"""LLM decode, side by side: dlscale's decode modes and transformers' generate, eager and compiled, each for what it runs.
 
 Four arms (five on CUDA) on one model (the registered llm workload, random init from the seed, eval, inference_mode,
 greedy, a fixed output length), each prepared once before the rounds (compiles and captures excluded):
@@ -7,11 +7,13 @@ greedy, a fixed output length), each prepared once before the rounds (compiles a
   runs): StaticCache + the one-token step under torch.compile (CPU: Inductor default mode; CUDA:
   reduce-overhead, i.e. CUDA graphs);
 - ``dlscale eager``: ``EagerDecoder`` (``--decode eager``): DynamicCache, one Python forward per token;
-- ``hf static``: ``model.generate(cache_implementation="static")`` with transformers' own
+- ``hf compiled``: ``model.generate(cache_implementation="static")`` with transformers' own
   ``CompileConfig`` (fullgraph, the same Inductor mode; ``_compile_all_devices`` so that it compiles
-  on a CPU too, which generate otherwise refuses): transformers' compiled decode, the peer;
-- ``hf eager``: ``model.generate()`` with its DynamicCache and ``disable_compile=True``;
-- on CUDA also ``dlscale graph``: ``GraphDecoder`` (``--decode graph``), the step captured as one CUDA graph.
+  on a CPU too, which generate otherwise refuses): transformers' compiled decode, the compiled peer;
+- ``hf eager``: ``model.generate()`` with its DynamicCache and ``disable_compile=True`` (generate
+  compiles by itself only for a compileable cache on an accelerator; that is the switch): the eager peer;
+- on CUDA also ``dlscale graph-eager``: ``GraphDecoder`` (``--decode graph-eager``), the eager step's
+  unfused kernels captured as one CUDA graph.
 
 (Both generate calls pass ``use_cache=True``: the workload's config turns the cache off for training.)
 
@@ -20,7 +22,8 @@ Each round runs every arm for ``--gens`` generations, in an order that rotates f
 tokens/s (batch x (N - 1) over the summed decode steps) and the request time (TTFT + decode);
 generate gives only the request time (prefill included), so the peer ratios are per request. Also
 checks that all arms produce the same greedy tokens. Prints one line per round, the medians, the
-ratios, PASS or FAIL against the target (compiled / eager decode tokens/s >= 1.3 on a CPU for
+ratios, dlscale's decode against its memory limit (the bytes a step reads per second, weights + KV
+cache, as a fraction of the copy bandwidth measured first: ``dlscale.infer.limit``), PASS or FAIL against the target (compiled / eager decode tokens/s >= 1.3 on a CPU for
 llama_tiny at batch 1, >= 3 on a GPU for llama_small at batch 1; ``--target``), then one JSON line;
 exits 1 on FAIL (different tokens also fail in fp32; in bf16/fp16 other kernels may flip an
 argmax that a random-init model's near-uniform logits leave almost tied, so there they are shown only).
@@ -49,7 +52,9 @@ from dlscale import workloads  # noqa: E402
 from dlscale.harness.device import autocast_dtype, set_matmul_precision, synchronize  # noqa: E402
 from dlscale.harness.timing import MarkClock  # noqa: E402
 from dlscale.infer.decode import CompiledDecoder, EagerDecoder, GraphDecoder  # noqa: E402
+from dlscale.infer import limit  # noqa: E402
 from dlscale.infer.llm import llm_config  # noqa: E402
+from dlscale.workloads.llm import kv_bytes_per_position  # noqa: E402
 
 Arm = Callable[[], tuple[float | None, float, torch.Tensor]]  # -> (decode tokens/s or None, request s, tokens)
 
@@ -87,22 +92,32 @@ def hf_arm(model, prompt, n: int, device, static: bool, mode: str) -> Arm:
     return run
 
 
+def against_limit(a: argparse.Namespace, tokens_per_s: float, copy_gbps: float, copy_how: str) -> dict:
+    """A decode rate's bytes read per second (weights + KV cache, dlscale.infer.limit) and its fraction of the copy."""
+    cfg = llm_config(a.model, None, a.prompt_len, a.output_len, a.precision)
+    fields = workloads.get(a.model).fields(cfg)
+    nbytes = torch.empty((), dtype=autocast_dtype(a.precision) or torch.float32).element_size()
+    step = limit.step_bytes(limit.weight_bytes_read(fields, nbytes), kv_bytes_per_position(fields, nbytes),
+                            a.batch_size, a.prompt_len, a.output_len)
+    f = limit.figures(step, a.batch_size, tokens_per_s, copy_gbps, None)
+    print(f"  {tokens_per_s:.1f} tokens/s read {f['decode_memory_gbps']:.3f} GB/s ({step / 1e6:.2f} MB a step) = "
+          f"{f['decode_fraction_of_copy']:.4f} of the copy ({copy_gbps:.2f} GB/s, {copy_how})")
+    return f
+
+
 def build(a: argparse.Namespace, device) -> tuple[dict[str, Arm], dict[str, float]]:
     """The four arms, each prepared (compiled, warmed) once; the seconds each preparation took."""
     cfg = llm_config(a.model, None, a.prompt_len, a.output_len, a.precision)
     w = workloads.get(a.model)
     torch.manual_seed(a.seed)
-    net = w.build(cfg).to(device).eval()
-    dtype = autocast_dtype(a.precision)
-    if dtype is not None:
-        net = net.to(dtype)
+    net = w.build_in(cfg, device, autocast_dtype(a.precision) or torch.float32).eval()  # as dlscale infer makes it
     peer = copy.deepcopy(net)  # generate's compiled call lives on its own model
     prompt = w.make_batch(replace(cfg, batch_size=a.batch_size), device, a.seed)[0]
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     compiled, eager = CompiledDecoder(net, device, a.output_len), EagerDecoder(net, device, a.output_len)
     arms = {"dlscale compiled": dlscale_arm(compiled, prompt, a.output_len, device),
             "dlscale eager": dlscale_arm(eager, prompt, a.output_len, device),
-            "hf static": hf_arm(peer, prompt, a.output_len, device, True, mode),
+            "hf compiled": hf_arm(peer, prompt, a.output_len, device, True, mode),
             "hf eager": hf_arm(peer, prompt, a.output_len, device, False, mode)}
     setup = {}
     t0 = time.perf_counter()
@@ -112,9 +127,9 @@ def build(a: argparse.Namespace, device) -> tuple[dict[str, Arm], dict[str, floa
         graph = GraphDecoder(net, device, a.output_len)
         t0 = time.perf_counter()
         graph.prepare(prompt)
-        setup["dlscale graph"] = time.perf_counter() - t0
-        arms["dlscale graph"] = dlscale_arm(graph, prompt, a.output_len, device)
-    for name in ("dlscale eager", "hf static", "hf eager"):
+        setup["dlscale graph-eager"] = time.perf_counter() - t0
+        arms["dlscale graph-eager"] = dlscale_arm(graph, prompt, a.output_len, device)
+    for name in ("dlscale eager", "hf compiled", "hf eager"):
         t0 = time.perf_counter()
         for _ in range(2):  # generate compiles on its first static call and records graphs on the next
             arms[name]()
@@ -145,6 +160,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.getloadavg()[0]:.1f} load; {a.model} "
           f"{a.precision} on {a.device}, batch {a.batch_size}, prompt {a.prompt_len}, output {a.output_len}; "
           f"{a.rounds} rotating rounds x {a.gens} generations per arm", flush=True)
+    copy_ref = limit.copy_bandwidth(device)  # before the models take memory
     with torch.inference_mode():
         arms, setup = build(a, device)
         print("preparation (excluded): " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()), flush=True)
@@ -168,17 +184,19 @@ def main() -> None:
     ratios = {
         "decode tokens/s, dlscale compiled / eager": [x / y for x, y in zip(rate["dlscale compiled"], rate["dlscale eager"])],
         "request, dlscale eager time / compiled time": [y / x for x, y in zip(req["dlscale compiled"], req["dlscale eager"])],
-        "request, hf static time / dlscale compiled time": [y / x for x, y in zip(req["dlscale compiled"], req["hf static"])],
+        "request, hf compiled time / dlscale compiled time": [y / x for x, y in zip(req["dlscale compiled"],
+                                                                                    req["hf compiled"])],
         "request, hf eager time / dlscale eager time": [y / x for x, y in zip(req["dlscale eager"], req["hf eager"])],
-        "request, hf eager time / hf static time": [y / x for x, y in zip(req["hf static"], req["hf eager"])],
+        "request, hf eager time / hf compiled time": [y / x for x, y in zip(req["hf compiled"], req["hf eager"])],
     }
-    if "dlscale graph" in rate:
-        ratios["decode tokens/s, dlscale graph / eager"] = [x / y for x, y in zip(rate["dlscale graph"],
-                                                                                   rate["dlscale eager"])]
+    if "dlscale graph-eager" in rate:
+        ratios["decode tokens/s, dlscale graph-eager / eager"] = [x / y for x, y in zip(rate["dlscale graph-eager"],
+                                                                                         rate["dlscale eager"])]
     print(f"same greedy tokens in all {len(names)} arms: {same}")
     for k in names:
         extra = f"decode {statistics.median(rate[k]):.1f} tokens/s, " if rate[k] else ""
-        print(f"{k:17} {extra}request {statistics.median(req[k]) * 1e3:.1f} ms (medians)")
+        print(f"{k:19} {extra}request {statistics.median(req[k]) * 1e3:.1f} ms (medians)")
+    limits = {k: against_limit(a, statistics.median(rate[k]), *copy_ref) for k in names if rate[k]}
     for k, v in ratios.items():
         print(f"{k:48} median {statistics.median(v):.3f}  (min {min(v):.3f}, max {max(v):.3f})")
     target = a.target if a.target is not None else (3.0 if a.device == "cuda" else 1.3)
@@ -189,7 +207,8 @@ def main() -> None:
     print(json.dumps({"benchmark": "llm_decode", "model": a.model, "device": a.device, "precision": a.precision,
                       "batch_size": a.batch_size, "prompt_len": a.prompt_len, "output_len": a.output_len,
                       "rounds": a.rounds, "gens": a.gens, "same_tokens": same, "setup_s": setup,
-                      "decode_tokens_s": rate, "request_s": req,
+                      "decode_tokens_s": rate, "request_s": req, "against_limit": limits,
+                      "copy_gbps": copy_ref[0], "copy_source": copy_ref[1],
                       "median_ratios": {k: statistics.median(v) for k, v in ratios.items()}, "target": target,
                       "passed": ok}))
     raise SystemExit(0 if ok else 1)

@@ -17,6 +17,21 @@ user would, each in a fresh database through the CLI: ``dlscale import`` the one
 001's reference dataset; for seed 002, which publishes none, one V100-SXM2 figure from seed 001),
 then ``dlscale predict resnet50 --from ID --layouts ... --intra ... --inter ...``; and print each
 case against its published target and tolerance, with what the prediction assumed.
+
+``--cluster`` checks the predictor on layouts it did not see: per round (rotated order, so the
+machine's load drifts across every layout alike) a one-rank run (1x1, threads 1), the links
+(`micro collectives` all_reduce over two nodes at each rate, and over two ranks of one node for the
+host's own all-reduce cost and the layouts with several ranks per node) and every --layouts layout at
+every --links rate; then `dlscale predict` from that round's 1x1 and that round's links alone, and the error in points of
+scaling efficiency (measured efficiency = the layout's throughput / (ranks x the round's 1x1)).
+``--executor local`` runs the nodes as emulated nodes here (`--emulate-nodes`, tc-shaped links);
+``--executor slurm`` runs every point as a one-point `dlscale sweep --executor slurm` job on a
+Slurm cluster whose nodes' links run at the one --links rate it was started with (a rehearsal
+cluster on this machine: its nodes share this machine's cores, as emulated nodes do; --own-hosts
+where they do not):
+
+    .venv/bin/python benchmarks/predict_validation.py --cluster --layouts 2x1,3x1,2x2 --links 1gbit,200mbit --rounds 3
+    .venv/bin/python benchmarks/predict_validation.py --cluster --executor slurm --links 1gbit --rounds 3
 """
 
 from __future__ import annotations
@@ -41,9 +56,20 @@ def main() -> int:
     ap.add_argument("--seed002", action="store_true", help="seed 002's published cases (no training runs)")
     ap.add_argument("--repredict", metavar="DB", default=None,
                     help="no runs: predict again the ladder measured in DB (a copy), with the dlscale on PYTHONPATH")
+    ap.add_argument("--cluster", action="store_true", help="predict --layouts on emulated nodes (or Slurm) from 1x1")
+    ap.add_argument("--layouts", default="2x1,3x1,2x2", help="--cluster: the layouts predicted and measured")
+    ap.add_argument("--rounds", type=int, default=3, help="--cluster: measure and predict every layout this often")
+    ap.add_argument("--executor", choices=("local", "slurm"), default="local",
+                    help="--cluster: emulated nodes here, or one Slurm job per point (dlscale sweep --executor slurm)")
+    ap.add_argument("--partition", default=None, help="--cluster --executor slurm: the partition (default: Slurm's)")
+    ap.add_argument("--own-hosts", action="store_true",
+                    help="--cluster --executor slurm: the nodes are machines of their own (default: they share this one)")
     a = ap.parse_args()
+    if a.cluster:
+        return cluster(a)
     if a.seed001 or a.seed002:
-        rows = [row for key, on in (("001", a.seed001), ("002", a.seed002)) if on for row in seed_cases(key)]
+        keys = (("001", a.seed001), ("001-one-gpu", a.seed001), ("002", a.seed002))
+        rows = [row for key, on in keys if on for row in seed_cases(key)]
         print(f"{sum(r['within'] for r in rows)} of {len(rows)} published cases within their tolerance")
         return 0
     os.environ["DLSCALE_QUIET"] = "1"
@@ -103,7 +129,7 @@ def seed_cases(key: str) -> list[dict]:
     import json
     import subprocess
 
-    from dlscale.predict.seeds import SEEDS, V100_ONE_GPU_CSV, judge
+    from dlscale.predict.seeds import SEEDS, judge
 
     seed = SEEDS[key]
     tmp = tempfile.mkdtemp(prefix=f"dlscale-seed{key}-")
@@ -114,12 +140,12 @@ def seed_cases(key: str) -> list[dict]:
                            capture_output=True, text=True, check=True)
         return json.loads(p.stdout)
 
-    if key == "001":
+    if seed.csv is None:
         imported = dlscale("import", "--ref", "seed001-scaling")
     else:
-        csv = os.path.join(tmp, "v100.csv")
+        csv = os.path.join(tmp, "one-gpu.csv")
         with open(csv, "w") as f:
-            f.write(V100_ONE_GPU_CSV)
+            f.write(seed.csv)
         imported = dlscale("import", csv)
     one = next(r for r in imported if r["config"]["system"] == seed.system and r["config"]["world_size"] == 1)
     layouts = ",".join(f"{n}x{g}" for n, g in seed.layouts)
@@ -140,6 +166,221 @@ def seed_cases(key: str) -> list[dict]:
         print(f"  {r['case']:<28} predicted {fmt(r['predicted']):>7}, published {fmt(r['target']):>7}, error "
               f"{r['error']:+.2f}{unit} (tolerance {r['tolerance']:g}{unit}): {'within' if r['within'] else 'OUTSIDE'}")
     return rows
+
+
+# -- --cluster: layouts the predictor did not see, from a 1x1 run and the measured links ----------------
+
+
+def cluster(a) -> int:
+    """Rounds of measurements (rotated order), each predicted from its own 1x1 and links; the table."""
+    from dlscale.distributed.ladder import parse_layouts
+
+    os.environ["DLSCALE_QUIET"] = "1"
+    db = a.db or os.path.join(tempfile.mkdtemp(prefix="dlscale-predict-cluster-"), "results.db")
+    rates = [x.strip() for x in a.links.split(",") if x.strip()]
+    if a.executor == "slurm" and len(rates) != 1:
+        print("--executor slurm: give the one --links rate the cluster's nodes were started with", file=sys.stderr)
+        return 2
+    layouts = parse_layouts(a.layouts)
+    if a.repredict:
+        import shutil
+
+        shutil.copy(a.repredict, db)
+        rows = [row for r, (measured, links, intra) in enumerate(_stored_rounds(a.repredict, rates, layouts))
+                for row in _predicted_round(r, measured, links, intra, layouts, rates, db, not a.own_hosts)]
+        _cluster_report(rows, db, a)
+        return 0
+    runner = Local(db, a) if a.executor == "local" else Slurm(db, a)
+    test = dict(model=a.models.split(",")[0].strip(), image_size=a.image_size, batch_size=a.batch_size,
+                warmup_steps=3, steps=a.steps, device="cpu")
+    jobs = [("1x1", None)] + [(f"{n}x{g}", rate) for rate in rates for n, g in layouts]
+    rows = []
+    for r in range(a.rounds):
+        links = {rate: runner.links(2, 1, rate, a.sizes, f"links-r{r}") for rate in rates}
+        intra = runner.links(1, 2, None, a.sizes, f"links-r{r}")  # 2x2's hop in a node; the host's own cost
+        k = r % len(jobs)
+        measured = {}
+        for name, rate in jobs[k:] + jobs[:k]:
+            n, g = (int(x) for x in name.split("x"))
+            load = os.getloadavg()[0]
+            measured[(name, rate)] = (runner.train(n, g, rate, test, f"measured-r{r}"), load)
+            _note_load(db, measured[(name, rate)][0].run_id, load)
+            print(f"round {r + 1}: {name} {rate or ''} done (load average {load:.1f})", file=sys.stderr, flush=True)
+        rows += _predicted_round(r, measured, links, intra, layouts, rates, db, not a.own_hosts)
+    _cluster_report(rows, db, a)
+    return 0
+
+
+def _note_load(db: str, run_id: str, load: float) -> None:
+    """The 1-minute load average as each run started, beside the database (the records do not hold it)."""
+    import json
+
+    path = f"{db}.load.json"
+    loads = json.load(open(path)) if os.path.exists(path) else {}
+    loads[run_id] = load
+    with open(path, "w") as f:
+        json.dump(loads, f)
+
+
+def _stored_rounds(db: str, rates: list[str], layouts: list[tuple[int, int]]):
+    """--repredict: each round's measured runs and links as `cluster` recorded them (tags measured-rN, links-rN)."""
+    import json
+
+    from dlscale.store import Store
+
+    loads = json.load(open(f"{db}.load.json")) if os.path.exists(f"{db}.load.json") else {}
+    with Store.open(db) as s:
+        for r in range(1000):
+            runs = s.query(kind="train", tag=f"measured-r{r}")
+            if not runs:
+                return
+            colls = s.query(kind="micro", workload="collectives", status="ok", tag=f"links-r{r}")
+            def rate(x):  # Slurm's nodes record no emulated rate: theirs is the one --links names
+                return (x.config.get("link_bandwidth") or rates[0]) if (x.config.get("nodes") or 1) > 1 else None
+
+            measured = {(f"{x.config['nodes']}x{x.config['devices_per_node']}", rate(x)): (x, loads.get(x.run_id, 0.0))
+                        for x in runs}
+            links = {rate(x): x for x in colls if (x.config.get("nodes") or 1) > 1}
+            intra = next((x for x in colls if (x.config.get("nodes") or 1) == 1), None)
+            yield measured, links, intra
+
+
+def _predicted_round(r, measured, links, intra, layouts, rates, db, shared) -> list[dict]:
+    from dlscale import api
+    from dlscale.predict.links import from_collectives
+
+    if ("1x1", None) not in measured:  # a round cut short before its 1x1
+        return []
+    base, _ = measured[("1x1", None)]
+    if base.status != "ok":
+        print(f"round {r + 1}: its 1x1 run {base.run_id} failed ({base.error}); nothing predicted", file=sys.stderr)
+        return []
+    x1 = base.metrics["throughput"]
+    rows = []
+    for rate in rates:
+        for n, g in layouts:
+            if (f"{n}x{g}", rate) not in measured:  # a round cut short
+                continue
+            rec, load = measured[(f"{n}x{g}", rate)]
+            kw = dict(inter=f"run:{links[rate].run_id}", intra=f"run:{intra.run_id}" if intra is not None else None,
+                      tag=f"predicted-r{r}", db=db)
+            try:
+                (pred,) = api.predict(base.run_id, [(n, g)], shared_host=shared, **kw)
+            except TypeError:  # --repredict with a dlscale from before shared_host (emulated links: shared anyway)
+                (pred,) = api.predict(base.run_id, [(n, g)], **kw)
+            got = rec.metrics["throughput"] / (n * g * x1) if rec.status == "ok" else None
+            rows.append({"round": r + 1, "layout": f"{n}x{g}", "link": rate, "x1": x1, "load": load,
+                         "measured": got, "predicted": pred.metrics["efficiency"],
+                         "contention": pred.metrics["contention"], "comm": pred.metrics["comm_fraction"],
+                         "link_bw": from_collectives(links[rate]).bandwidth, "run": rec.run_id})
+    return rows
+
+
+def _cluster_report(rows: list[dict], db: str, a) -> None:
+    print(f"{'round':>5} {'layout':<6} {'link':<8} {'1x1/s':>7} {'load':>5} {'measured':>9} {'predicted':>9} "
+          f"{'error':>7}  contention  link fit (MB/s)")
+    for x in rows:
+        err = (x["predicted"] - x["measured"]) * 100 if x["measured"] is not None else None
+        print(f"{x['round']:>5} {x['layout']:<6} {x['link']:<8} {x['x1']:>7.2f} {x['load']:>5.1f} "
+              f"{_pct(x['measured']):>9} {_pct(x['predicted']):>9} {_pts(err):>7}  {x['contention']:>10.2f}  "
+              f"{x['link_bw'] / 1e6:.1f}")
+    print(f"\n| layout | link | measured efficiency, median (min-max) | predicted, median (min-max) | "
+          f"error, points, median (min-max) | rounds within 5 points |\n|---|---|---|---|---|---|")
+    for key in dict.fromkeys((x["layout"], x["link"]) for x in rows):
+        sel = [x for x in rows if (x["layout"], x["link"]) == key and x["measured"] is not None]
+        if not sel:
+            print(f"| {key[0]} | {key[1]} | failed | | | |")
+            continue
+        m, p = [x["measured"] for x in sel], [x["predicted"] for x in sel]
+        e = [(x["predicted"] - x["measured"]) * 100 for x in sel]
+        print(f"| {key[0]} | {key[1]} | {_spread(m, _pct)} | {_spread(p, _pct)} | {_spread(e, _pts)} | "
+              f"{sum(abs(v) <= 5 for v in e)} of {len(e)} |")
+    errs = [abs(x["predicted"] - x["measured"]) * 100 for x in rows if x["measured"] is not None]
+    if errs:
+        print(f"\nmedian absolute error {statistics.median(errs):.1f} points over {len(errs)} layout runs "
+              f"(max {max(errs):.1f}); executor {a.executor}; database {db}")
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _pts(v) -> str:
+    return "-" if v is None else f"{v:+.1f}"
+
+
+def _spread(vs: list[float], fmt) -> str:
+    return f"{fmt(statistics.median(vs))} ({fmt(min(vs))} to {fmt(max(vs))})"
+
+
+ONE_THREAD = dict(threads_per_rank=1, timeout_s=900)
+
+
+class Local:
+    """The measured side on emulated nodes here: network namespaces joined by tc-shaped links."""
+
+    def __init__(self, db: str, a) -> None:
+        from dlscale import api
+        from dlscale.layout import Layout
+
+        self.api, self.Layout, self.db = api, Layout, db
+
+    def _layout(self, n: int, g: int, rate: str | None):
+        if n == 1 and rate is None:
+            return self.Layout(nproc_per_node=g, force=True, **ONE_THREAD)
+        return self.Layout(emulate_nodes=n, nproc_per_node=g, link_bandwidth=rate, force=True, **ONE_THREAD)
+
+    def train(self, n: int, g: int, rate: str | None, test: dict, tag: str):
+        from dlscale.errors import RunFailure
+
+        from dlscale.store import Store
+
+        try:
+            return self.api.train(layout=self._layout(n, g, rate), db=self.db, tag=tag, **test)
+        except RunFailure as e:  # recorded failed: the round goes on without this layout
+            with Store.open(self.db) as s:
+                return s.get(e.run_id)
+
+    def links(self, n: int, g: int, rate: str | None, sizes: str, tag: str):
+        (rec,) = self.api.micro("collectives", layout=self._layout(n, g, rate), db=self.db, ops="all_reduce",
+                                sizes=sizes, tag=tag)
+        return rec
+
+
+class Slurm:
+    """The measured side as one-point `dlscale sweep --executor slurm` jobs, one at a time (the nodes
+    share their links and, on a rehearsal cluster, this machine's cores: nothing else may run beside)."""
+
+    def __init__(self, db: str, a) -> None:
+        from dlscale import api
+
+        self.api, self.db, self.partition = api, db, a.partition
+        self.dir = tempfile.mkdtemp(prefix="dlscale-predict-slurm-")
+        self.count = 0
+
+    def _point(self, command: str, point: dict, tag: str):
+        import yaml
+
+        self.count += 1
+        name = f"predict-cluster-{os.getpid()}-{self.count}"
+        doc = {"name": name, "command": command, "tag": tag, "timeout_per_run": 900, "include": [point]}
+        if self.partition:
+            doc["slurm"] = {"partition": self.partition}
+        path = os.path.join(self.dir, f"{name}.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f)
+        (res,) = self.api.sweep(path, executor="slurm", db=self.db, state_dir=self.dir)
+        if res.record is None:
+            raise SystemExit(f"Slurm point {name} left no record: {res.error}")
+        return res.record
+
+    def train(self, n: int, g: int, rate: str | None, test: dict, tag: str):
+        return self._point("train", {**test, "nnodes": n, "nproc_per_node": g, "threads_per_rank": 1,
+                                     "timeout": 900}, tag)
+
+    def links(self, n: int, g: int, rate: str | None, sizes: str, tag: str):
+        return self._point("micro", {"kind": "collectives", "ops": "all_reduce", "sizes": sizes, "nnodes": n,
+                                     "nproc_per_node": g, "threads_per_rank": 1, "timeout": 900}, tag)
 
 
 def report(rows: list[dict], db: str) -> None:

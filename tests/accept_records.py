@@ -64,12 +64,14 @@ def gemm(slow_gpu: int | None = None, slow: float = 0.10, n: int = 8, tflops: fl
     return rec("micro", "gemm", {"device": "cuda", "device_name": GPU}, {}, {"rows": rows, "times_s": times})
 
 
-def memory(n: int = 8, d2d: float = 2969.0, h2d: float = 54.5, slow_gpu: int | None = None, slow: float = 0.0) -> RunRecord:
-    """Device and pinned host copies on every GPU (default: the healthy H100 SXM figures)."""
+def memory(n: int = 8, d2d: float = 2969.0, h2d: float = 54.5, slow_gpu: int | None = None, slow: float = 0.0,
+           d2h: float | None = None) -> RunRecord:
+    """Device and pinned host copies on every GPU (default: the healthy H100 SXM figures; d2h: h2d's)."""
     rows, times = [], []
     nbytes = 256 * 2**20
     for i in range(n):
-        for op, rate, nb in (("d2d", d2d, 2 * nbytes), ("h2d_pinned", h2d, nbytes), ("d2h_pinned", h2d, nbytes)):
+        for op, rate, nb in (("d2d", d2d, 2 * nbytes), ("h2d_pinned", h2d, nbytes),
+                             ("d2h_pinned", h2d if d2h is None else d2h, nbytes)):
             r = rate * (1 - slow if i == slow_gpu else 1)
             t = spread(nb / (r * 1e9), 10)
             rows.append({"op": op, "where": f"cuda:{i}", "array_mib": 256, "bytes": nb,
@@ -129,17 +131,19 @@ def train(step: float = 0.11, n: int = 8, batch: int = 128, steps: int = 30, ene
 
 
 def links(slow_node: int | None = None, nodes: int = 3, busbw: float = 0.11, slow: float = 0.1,
-          size: int = 2**21) -> RunRecord:
-    """A ``dlscale micro links`` record between emulated nodes: every pair measured (a pair runs at
-    its slower link), each node's link its fastest pair (micro/links.py builds raw["links"])."""
+          size: int = 2**21, hosts: list[str] | None = None) -> RunRecord:
+    """A ``dlscale micro links`` record between emulated nodes (``hosts``: between real nodes of these
+    names): every pair measured (a pair runs at its slower link), each node's link its fastest pair
+    (micro/links.py builds raw["links"])."""
     from dlscale.micro.links import all_pairs, node_links, pair_row
 
     rows = []
     for a, b in all_pairs(nodes):
         rate = busbw * (slow if slow_node in (a, b) else 1)  # GB/s
         rows.append(pair_row(a, b, size, spread(size / (rate * 1e9), 8)))
-    return rec("micro", "links", {"nodes": nodes, "emulated_nodes": True}, {},
-               {"rows": rows, "links": node_links(rows, nodes)})
+    config = {"nodes": nodes, "node_hosts": {str(k): h for k, h in enumerate(hosts)}} if hosts else \
+        {"nodes": nodes, "emulated_nodes": True}
+    return rec("micro", "links", config, {}, {"rows": rows, "links": node_links(rows, nodes)})
 
 
 def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):

@@ -114,19 +114,49 @@ def need_system(what: str, missing: str | None, env_var: str) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A real single-node Slurm (munged, slurmctld, slurmd on this machine; tests/slurmcluster.py) for the
-    session, shared by the Slurm executor's tests; every process ended after."""
-    from slurmcluster import REQUIRE_ENV, SlurmCluster, missing
+    """A real single-node Slurm (munged, slurmctld, slurmd on this machine, the node this host itself;
+    tests/slurmcluster.py) for the session, shared by the Slurm executor's tests; every process ended after."""
+    import slurmcluster
 
-    need_system("a single-node Slurm (slurm-wlm, munge)", missing(), REQUIRE_ENV)
-    cluster = SlurmCluster(cpus=2)
+    cluster = slurmcluster.single_node(cpus=2)
     try:
-        cluster.start()
-    except RuntimeError as e:
+        yield slurmcluster.start(cluster)
+    finally:
         cluster.stop()
-        need_system("a single-node Slurm (slurm-wlm, munge)", f"Slurm would not start here: {e}", REQUIRE_ENV)
-    yield cluster
-    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes():
+    """A real Slurm of three nodes on this machine (each in its own network namespace, with its own address
+    and host name, 1 gbit links; tests/slurmcluster.py) for the session; everything removed after. Each
+    node's /etc/hosts is as Debian writes it (its own name on 127.0.1.1, the other nodes at their
+    addresses): the names a multi-node job must not be misled by."""
+    import slurmcluster
+
+    cluster = slurmcluster.multi_node(3, link_bandwidth="1gbit", debian_hosts=True)
+    try:
+        yield slurmcluster.start(cluster)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_slurm_nodes():
+    """Start a Slurm of K nodes of the test's own (``make_slurm_nodes(k, **options)``), for a test that
+    takes a node down or sets one apart; every one removed after the test."""
+    import slurmcluster
+
+    made = []
+
+    def make(k: int = 3, **options):
+        made.append(slurmcluster.multi_node(k, **options))
+        return slurmcluster.start(made[-1])
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
 
 
 class FakeNodes:
@@ -209,6 +239,27 @@ def end_marked(marker: str) -> list[int]:
         except ProcessLookupError:
             pass
     return left
+
+
+def namespaces_left(before: set[str]) -> list[str]:
+    """dlscale's network namespaces made since ``before`` (a set of ``netns.list_namespaces()``) by this
+    process, one of its children, or a process that has ended: what a run of the test left behind.
+    Names carry their creator's pid (``dls-PID-...``), so the namespaces that other live processes
+    on the machine make meanwhile (another test session's) are not counted, nor those they remove."""
+    import re
+
+    import psutil
+
+    from dlscale.distributed import netns
+
+    me = psutil.Process()
+    ours = {me.pid, *(c.pid for c in me.children(recursive=True))}
+    left = []
+    for ns in set(netns.list_namespaces()) - before:
+        m = re.match(rf"{re.escape(netns.PREFIX)}(\d+)-", ns)
+        if m and (int(m.group(1)) in ours or not psutil.pid_exists(int(m.group(1)))):
+            left.append(ns)
+    return sorted(left)
 
 
 def wait_until(ok, timeout_s: float, every_s: float = 0.2) -> bool:

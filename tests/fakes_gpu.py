@@ -14,9 +14,16 @@ CUDA devices be some of the fake NVML GPUs, as ``CUDA_VISIBLE_DEVICES`` would.
     host.fail["nvmlDeviceGetMaxClockInfo"] = RuntimeError("boom")
 
 A GPU with ``mig=[FakeMig(...), ...]`` is in MIG mode: NVML lists those instances under it (each its
-own UUID, memory and handle) and, as the real driver does, answers NOT_SUPPORTED for utilisation
-on the GPU and on its instances, and for every call on an instance handle outside ``MIG_CALLS``.
-``cuda_from_mig(monkeypatch, host, [(gpu, instance), ...])`` makes the fake CUDA devices be instances.
+own UUID, memory, handle, GPU and compute instance ids) and, as the real driver does, answers
+NOT_SUPPORTED for utilisation on the GPU and on its instances, and for every call on an instance
+handle outside ``MIG_CALLS`` (events are registered on the GPU; ``host.xid(i, n, gpu_instance=...)``
+names the instance an Xid is attributed to). ``cuda_from_mig(monkeypatch, host, [(gpu, instance),
+...])`` makes the fake CUDA devices be instances.
+
+As the real driver: a ``lost`` GPU answers GPU_IS_LOST to every call on it (its handle too) and to
+an event set holding it; ``nvmlDeviceGetGpuFabricInfoV`` reads the struct's version word and answers
+ARGUMENT_VERSION_MISMATCH for a version it does not know (``fabric_versions``; none: the call is not
+there, FUNCTION_NOT_FOUND), ``fabric_error`` is what the fabric calls answer instead.
 """
 
 from __future__ import annotations
@@ -33,9 +40,15 @@ except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
 
 GB = 2**30
 NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, TIMEOUT = 3, 2, 6, 10
-# What NVML answers on a MIG instance's handle (the rest: NOT_SUPPORTED); its PCI info is its GPU's.
+FUNCTION_NOT_FOUND, GPU_IS_LOST, ARGUMENT_VERSION_MISMATCH, UNKNOWN = 13, 15, 25, 999
+ANY_INSTANCE = 0xFFFFFFFF  # NVML_GPU_INSTANCE_ID_ANY / NVML_COMPUTE_INSTANCE_ID_ANY: an event of no one instance
+# What NVML answers on a MIG instance's handle (the rest: NOT_SUPPORTED; NVML registers no events on one); its PCI
+# info is its GPU's.
 MIG_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo",
-                       "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo"})
+                       "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetGpuInstanceId",
+                       "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"})
+FABRIC_STRUCTS = ("c_nvmlGpuFabricInfo_t", "c_nvmlGpuFabricInfoV_t", "c_nvmlGpuFabricInfo_v2_t",
+                  "c_nvmlGpuFabricInfo_v3_t")
 
 
 class FakeNVMLError(Exception):
@@ -50,6 +63,8 @@ class FakeMig:
 
     uuid: str
     profile: str = "1g.10gb"
+    gpu_instance: int = 1  # its GPU instance id and compute instance id, which an Xid event names
+    compute_instance: int = 0
     memory_used: int = 3 * GB
     memory_total: int = 10 * GB
 
@@ -68,6 +83,10 @@ class FakeGpu:
     nvlink_version: int = 6  # nvmlNvlinkVersion_t: 6 is NVLink 4.0 (Hopper)
     nvlink_errors: dict[int, int] = field(default_factory=dict)  # NVML_NVLINK_ERROR_* -> count on every active link
     fabric: tuple[int, int, int] | None = None  # (state, status, healthMask) of nvmlDeviceGetGpuFabricInfoV
+    fabric_summary: int = 0  # the v3 struct's healthSummary
+    fabric_error: int | None = None  # the NVML error the fabric calls answer instead (None: they answer)
+    fabric_versions: tuple[int, ...] = (2, 3)  # the V call's struct versions this driver knows; (): no V call
+    lost: bool = False  # fallen off the bus: every call on it answers GPU_IS_LOST, as does an event set holding it
     pcie: tuple[int, int] = (5, 16)  # current PCIe (generation, width)
     pcie_max: tuple[int, int] = (5, 16)  # maximum PCIe (generation, width) of the GPU in this slot
     pcie_gpu_max_gen: int = 5  # the GPU's own maximum generation
@@ -110,12 +129,13 @@ class FakeNvmlHost:
         self.event_sets: list[tuple[list[Any], set[int]]] = []
         self.module = self._build()
 
-    def xid(self, index: int, number: int) -> None:
-        """The driver reports Xid ``number`` on GPU ``index`` to every set registered for it."""
+    def xid(self, index: int, number: int, gpu_instance: int = ANY_INSTANCE, compute_instance: int = ANY_INSTANCE) -> None:
+        """The driver reports Xid ``number`` on GPU ``index`` to every set registered for it (on a GPU in MIG
+        mode, in the instance ``gpu_instance``/``compute_instance`` where it is one instance's)."""
         for queue, gpus in self.event_sets:
             if index in gpus:
-                queue.append(types.SimpleNamespace(device=FakeHandle(index), eventData=number,
-                                                   eventType=0x8, gpuInstanceId=0, computeInstanceId=0))
+                queue.append(types.SimpleNamespace(device=FakeHandle(index), eventData=number, eventType=0x8,
+                                                   gpuInstanceId=gpu_instance, computeInstanceId=compute_instance))
 
     def gpu(self, h: FakeHandle) -> FakeGpu:
         return self.gpus[h.index]
@@ -128,7 +148,9 @@ class FakeNvmlHost:
                     setattr(m, k, v)
         m.NVMLError = FakeNVMLError
         if _real is not None:  # the structs NVML fills through a pointer are the real ones
-            m.c_nvmlGpuFabricInfoV_t = _real.c_nvmlGpuFabricInfoV_t
+            for name in FABRIC_STRUCTS:
+                if hasattr(_real, name):
+                    setattr(m, name, getattr(_real, name))
         for name, fn in _functions(self).items():
             if _real is not None and not hasattr(_real, name):
                 raise AssertionError(f"the fake NVML defines {name}, which the installed pynvml does not have")
@@ -140,6 +162,8 @@ class FakeNvmlHost:
             self.calls.append(name)
             if name in self.fail:
                 raise self.fail[name]
+            if any(isinstance(a, FakeHandle) and self.gpus[a.index].lost for a in args):
+                raise FakeNVMLError(GPU_IS_LOST)
             if name not in MIG_CALLS and any(isinstance(a, FakeHandle) and a.mig is not None for a in args):
                 raise FakeNVMLError(NOT_SUPPORTED)
             return fn(*args)
@@ -158,7 +182,14 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
     def handle(i: int) -> FakeHandle:
         if not 0 <= i < len(host.gpus):
             raise FakeNVMLError(INVALID_ARGUMENT)
+        if host.gpus[i].lost:  # nvidia-smi: "Unable to determine the device handle for GPU ...: GPU is lost"
+            raise FakeNVMLError(GPU_IS_LOST)
         return FakeHandle(i)
+
+    def instance_id(h: FakeHandle, which: str) -> int:
+        if h.mig is None:  # a whole GPU's handle has no instance
+            raise FakeNVMLError(INVALID_ARGUMENT)
+        return getattr(g(h).mig[h.mig], which)
 
     def mig_handle(h: FakeHandle, k: int) -> FakeHandle:
         if not g(h).mig:
@@ -202,12 +233,36 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         active_link(h, link)
         return g(h).nvlink_errors.get(counter, 0)
 
+    def fabric_v(h: FakeHandle, ref: Any) -> int:
+        """nvmlDeviceGetGpuFabricInfoV: the driver reads the struct's version word (NVML_STRUCT_VERSION: its
+        size | version << 24) and fills that much; a version it does not know is ARGUMENT_VERSION_MISMATCH."""
+        import ctypes
+
+        if not g(h).fabric_versions:
+            raise FakeNVMLError(FUNCTION_NOT_FOUND)  # a driver older than the V call
+        info = ref._obj  # ctypes.byref(struct): NVML fills the caller's struct
+        if info.version >> 24 not in g(h).fabric_versions:
+            raise FakeNVMLError(ARGUMENT_VERSION_MISMATCH)
+        if info.version & 0xFFFFFF != ctypes.sizeof(info):
+            raise AssertionError(f"a version word {info.version:#x} on a struct of {ctypes.sizeof(info)} bytes: "
+                                 "the driver would write past it")
+        fill(h, info)
+        info.healthMask = g(h).fabric[2]
+        if info.version >> 24 >= 3:
+            info.healthSummary = g(h).fabric_summary
+        return 0
+
     def fabric(h: FakeHandle, ref: Any) -> int:
+        """The unversioned call (no health mask), which every driver with a fabric API has."""
+        fill(h, ref._obj)
+        return 0
+
+    def fill(h: FakeHandle, info: Any) -> None:
+        if g(h).fabric_error is not None:
+            raise FakeNVMLError(g(h).fabric_error)
         if g(h).fabric is None:
             raise FakeNVMLError(NOT_SUPPORTED)
-        info = ref._obj  # ctypes.byref(struct): NVML fills the caller's struct
-        info.state, info.status, info.healthMask = g(h).fabric
-        return 0
+        info.state, info.status = g(h).fabric[:2]
 
     def remote_pci(h: FakeHandle, link: int) -> Any:
         peer = g(h).nvlinks[link]
@@ -250,9 +305,11 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         s[1].add(h.index)
 
     def wait(s: Any, timeout_ms: int) -> Any:
-        if not s[0]:
-            raise FakeNVMLError(TIMEOUT)
-        return s[0].pop(0)
+        if s[0]:
+            return s[0].pop(0)
+        if any(host.gpus[i].lost for i in s[1]):
+            raise FakeNVMLError(GPU_IS_LOST)
+        raise FakeNVMLError(TIMEOUT)
 
     def by_bus(bus_id: Any) -> FakeHandle:
         want = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
@@ -289,7 +346,11 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlDeviceGetTopologyCommonAncestor": ancestor,
         "nvmlDeviceGetNvLinkVersion": link_version,
         "nvmlDeviceGetNvLinkErrorCounter": link_errors,
-        "nvmlDeviceGetGpuFabricInfoV": fabric,
+        "nvmlDeviceGetGpuFabricInfoV": fabric_v,
+        "nvmlDeviceGetGpuFabricInfo": fabric,
+        "nvmlDeviceGetGpuInstanceId": lambda h: instance_id(h, "gpu_instance"),
+        "nvmlDeviceGetComputeInstanceId": lambda h: instance_id(h, "compute_instance"),
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": lambda h: FakeHandle(h.index),
         "nvmlDeviceGetMaxPcieLinkGeneration": lambda h: g(h).pcie_max[0],
         "nvmlDeviceGetMaxPcieLinkWidth": lambda h: g(h).pcie_max[1],
         "nvmlDeviceGetGpuMaxPcieLinkGeneration": lambda h: g(h).pcie_gpu_max_gen,
@@ -308,6 +369,7 @@ def _functions(host: FakeNvmlHost) -> dict[str, Callable[..., Any]]:
         "nvmlEventSetCreate": event_set,
         "nvmlDeviceRegisterEvents": register,
         "nvmlEventSetWait": wait,
+        "nvmlEventSetWait_v2": wait,
         "nvmlEventSetFree": lambda s: None,
         "nvmlDeviceGetUtilizationRates": utilisation,
         "nvmlDeviceGetMemoryInfo": memory,

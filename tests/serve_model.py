@@ -8,15 +8,10 @@ WORDS = 252  # ordinary tokens w0..w251, after the four special ones
 
 
 def word_tokenizer():
-    """A word-level ``tokenizers`` tokenizer: whitespace split, words joined by spaces, four special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    """The word-level tokenizer of WORDS words (dlscale.serve.localmodel's, at this size)."""
+    from dlscale.serve.localmodel import word_tokenizer as words
 
-    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(WORDS)])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>", "<pad>")])
-    return tok
+    return words(WORDS)
 
 
 def write_tokenizer_json(folder: Path) -> Path:
@@ -27,14 +22,9 @@ def write_tokenizer_json(folder: Path) -> Path:
 
 def write_tokenizer(folder: Path) -> Path:
     """The word-level tokenizer with its transformers files (special tokens, a chat template)."""
-    from transformers import PreTrainedTokenizerFast
+    from dlscale.serve.localmodel import write_tokenizer as write
 
-    tok = word_tokenizer()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    fast.save_pretrained(folder)
-    return folder
+    return write(folder, WORDS)
 
 
 def write_tiny_llama(folder: Path) -> Path:

@@ -131,6 +131,51 @@ def test_a_second_acceptance_waits_or_is_refused_and_the_lock_dies_with_its_proc
         assert json.loads(path.read_text())["acceptance"] == "accept-third"
 
 
+def test_a_second_acceptance_waits_at_most_its_share_of_the_budget_and_says_for_whom(cli, db_path, monkeypatch,
+                                                                                      tmp_path):
+    """A level-1 health check behind a level 3 waited without limit (and Slurm killed it at 60 s): now a third
+    of its budget at most, then one line naming the holder, exit 1, nothing measured or recorded; the wait
+    counts against the budget its checks get."""
+    from dlscale.accept import suite
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, "accept-level3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(lock.HostBusy, match=f"acceptance accept-level3 \\(pid {holder.pid}\\) held this host's "
+                                                "acceptance lock .* for the 0.3 s"):
+            with lock.host_lock("accept-level1", wait_s=0.3):
+                pass
+        monkeypatch.setattr(suite, "run_check", lambda *a, **k: pytest.fail("a check ran"))
+        (tmp_path / "l1.yaml").write_text("name: l1\nbudget: 1.5\nchecks:\n  inventory: {}\n")
+        r = cli("accept", "--spec", str(tmp_path / "l1.yaml"))
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("error:", "dlscale accept: waiting"))]
+        assert r.code == 1 and lines == [
+            f"dlscale accept: waiting for acceptance accept-level3 (pid {holder.pid}) to finish on this host (lock "
+            f"{lock.lock_path()}, at most 0.5 s)",
+            f"error: acceptance accept-level3 (pid {holder.pid}) held this host's acceptance lock ({lock.lock_path()}) "
+            "for the 0.5 s this acceptance's budget leaves for waiting: nothing was measured; run it again when that "
+            "one has finished"], r.stderr
+        assert not db_path.exists() or Store.open(db_path).query() == []
+    finally:
+        holder.kill()
+        holder.wait()
+    now = [10.0]  # 10 s waited of a budget of 30: the first check gets the 20 left
+    asked = {}
+
+    def fake_run(p, sp, acc, db, limit, why=""):
+        from dlscale.accept import bounded
+
+        asked[p.check] = (limit, why)
+        return bounded.Ran(p.check, [], 0.0, limit)
+
+    from dlscale.accept import bounded
+
+    monkeypatch.setattr(bounded, "run", fake_run)
+    sp = spec.Spec("s", {"inventory": {}}, budget_s=30.0)
+    run.run_bounded([suite.Planned("inventory", {}, [])], sp, "acc", None, clock=lambda: now[0], t0=0.0)
+    assert asked["inventory"] == (20.0, " (what was left of the suite's budget of 30 s)")
+
+
 def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
     from dlscale.accept import suite
 
@@ -139,7 +184,7 @@ def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
 
     seen = []
 
-    def run_bounded(checks, sp, tag, db):  # each check in its own process, all under the acceptance's lock
+    def run_bounded(checks, sp, tag, db, t0=None):  # each check in its own process, all under the acceptance's lock
         with pytest.raises(UsageError, match=f"acceptance {tag}"):
             with lock.host_lock("accept-other", wait=False):
                 pass

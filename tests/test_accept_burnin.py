@@ -112,6 +112,14 @@ def test_a_gpu_that_slowed_for_cause_during_the_burn_fails():
     assert vs["GPU 1"].status == FAIL and "hw_thermal_slowdown in 12 of 30 samples" in vs["GPU 1"].reason
 
 
+def test_a_row_remap_recorded_during_the_burn_warns_and_a_hardware_xid_fails():
+    remap = {"gpu": "GPU 0", "samples": 30, "throttle_samples": {}, "xid_events": [63], "before": {}, "after": {}}
+    fell = {"gpu": "GPU 1", "samples": 30, "throttle_samples": {}, "xid_events": [79], "before": {}, "after": {}}
+    vs = by(burnin.verdicts([burn([GOOD, GOOD], device="cuda", health=[remap, fell])], {}), "clock events")
+    assert vs["GPU 0"].status == WARN and "Xid 63" in vs["GPU 0"].reason  # recorded, not a fault: no drain
+    assert vs["GPU 1"].status == FAIL and "Xid 79 (GPU has fallen off the bus)" in vs["GPU 1"].reason
+
+
 def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_is_an_error():
     from dlscale.accept.run import judge
 

@@ -82,10 +82,13 @@ def test_each_rank_records_its_gpu_identity(monkeypatch):
     assert ident["uuid"] == host.gpus[1].uuid[4:]
 
 
-def test_the_health_check_is_a_recorded_run_and_a_verdict_per_gpu(monkeypatch, db_path):
+def test_the_health_check_is_a_recorded_run_and_a_verdict_per_gpu(monkeypatch, db_path, tmp_path):
     from dlscale import api, system
     from dlscale.accept import run, spec
+    from dlscale.monitor import kernlog
 
+    (tmp_path / "kernel.log").write_text("[    5.000000] nvidia: loading out-of-tree module\n")
+    monkeypatch.setenv(kernlog.KERNEL_LOG_ENV, str(tmp_path / "kernel.log"))  # no Xid since boot
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x2A, throttle=0x40)])
     cuda_from_host(monkeypatch, host)
     monkeypatch.setattr(system, "_CACHE", None)  # the inventory of the fake server
@@ -94,7 +97,7 @@ def test_the_health_check_is_a_recorded_run_and_a_verdict_per_gpu(monkeypatch, d
     assert "GPU 1 is slowing its clocks now (hw_thermal_slowdown)" in rec.warnings[0]
     vs = run.judge([rec], spec.builtin(True))
     assert [(v.subject, v.status, v.reason) for v in vs] == [
-        ("GPU 0", "PASS", "no throttling, ECC, retired-page, row-remap, link or limit problem"),
+        ("GPU 0", "PASS", "no throttling, ECC, retired-page, row-remap, link, limit or Xid problem"),
         ("GPU 1", "FAIL", "hw_thermal_slowdown")]
 
 

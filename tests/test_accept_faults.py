@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cpu_share, need_system
+from conftest import cpu_share, namespaces_left, need_system
 from dlscale.distributed import cgroup, netns
 from test_accept import ONE_THREAD
 
@@ -87,7 +87,7 @@ def test_the_node_under_half_the_quota_is_named_the_outlier(cli_subprocess, db_p
     before, groups = set(netns.list_namespaces()), set(cgroup.list_groups())
     code, doc, err = accept(cli_subprocess, tmp_path, ALONE, "nodes", "--emulate-nodes", "2",
                             "--node-cpu-quota", f"0={q:g},1={q / 2:g}")
-    assert set(netns.list_namespaces()) == before and set(cgroup.list_groups()) == groups
+    assert namespaces_left(before) == [] and set(cgroup.list_groups()) == groups
     assert code == 1, err[-3000:]
     bad = fails(doc)
     assert [(v["check"], v["subject"], v["expectation"]) for v in bad] == [("train_alone", "node 1", "peers")], bad
@@ -102,7 +102,7 @@ def test_a_link_ten_times_slower_fails_the_collectives_across_nodes_and_names_it
     code, healthy, err = accept(cli_subprocess, tmp_path, NODES, "healthy", *nodes)
     assert code == 0, (fails(healthy), err[-3000:])
     code, doc, err = accept(cli_subprocess, tmp_path, NODES, "slow", *nodes, "--node-link-bandwidth", "2=100mbit")
-    assert set(netns.list_namespaces()) == before
+    assert namespaces_left(before) == []
     assert code == 1, err[-3000:]
     coll = [v for v in fails(doc) if v["check"] == "collectives_nodes"]
     assert [v["expectation"] for v in coll] == ["baseline"] and coll[0]["ratio"] < 0.5

@@ -7,9 +7,7 @@ inventory (no GPU for the health check), and a spec that asks for more CPUs than
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -33,16 +31,11 @@ def failing_spec(tmp_path):
 def test_slurmd_runs_it_as_its_health_check_program_drain_on_fail_then_resume_on_pass(slurm_cluster, db_path,
                                                                                       tmp_path):
     """The tests' slurm.conf names a HealthCheckProgram (every 5 s) that runs what ``set_health_check`` gives:
-    here `dlscale accept`, as a site's /etc/slurm/dlscale-health.sh would."""
-    env = {"PATH": os.environ["PATH"], "SLURM_CONF": slurm_cluster.env()["SLURM_CONF"], "DLSCALE_DB": str(db_path),
-           "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)}
-    log = tmp_path / "health.log"
+    here `dlscale accept`, as a site's /etc/slurm/dlscale-health.sh would (``health_check_command``)."""
+    log, lock = slurm_cluster.health_log(slurm_cluster.host), slurm_cluster.health_lock(slurm_cluster.host)
 
     def health_check(*args):  # one at a time (flock): slurmd asks every 5 s, a run here may take longer
-        cmd = [sys.executable, "-m", "dlscale.cli.app", "accept", *args, "--drain-on-fail", "--resume-on-pass",
-               "--out", str(tmp_path / "health")]
-        return (f"cd {shlex.quote(str(tmp_path))} && exec env -i {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())}"
-                f" flock -n {shlex.quote(str(tmp_path / 'lock'))} {shlex.join(cmd)} >> {shlex.quote(str(log))} 2>&1")
+        return slurm_cluster.health_check_command(*args, "--drain-on-fail", "--resume-on-pass", db=db_path)
 
     def state():
         return slurm_cluster.node_state()

@@ -104,6 +104,14 @@ def test_the_weak_link_names_its_node():
     assert [v.status for v in vs if v.subject in ("node 0's link", "node 1's link")] == [PASS, PASS]
 
 
+def test_the_weak_link_of_real_nodes_names_its_host():
+    # on real nodes (a Slurm job) a node's index in the job says nothing: the link is its host's
+    vs = judge([ar.links(slow_node=1, nodes=3, hosts=["gpu07", "gpu08", "gpu09"])])
+    slow = [v for v in vs if v.status == FAIL]
+    assert [(v.subject, v.subject_key) for v in slow] == [("gpu08's link", "link gpu08")]
+    assert slow[0].related[0] == "gpu08's link is below expectation, the other nodes' links are not"
+
+
 def test_the_slow_emulated_node_is_named():
     # two emulated nodes, a rank each on its node's CPU: node 1's steps take twice as long
     vs = judge([ar.alone(slow_gpu=1, slow=0.5, n=2, nodes=2, devices=["cpu", "cpu"])])
@@ -137,7 +145,9 @@ def test_cpu_ranks_on_one_node_are_one_device():
 def test_datasheet_expectations_of_an_h100_sxm_server():
     vs = judge([ar.memory(), ar.gemm()], table=[])  # no healthy figures: the datasheet x fraction
     by = {(v.figure, v.expectation): v for v in vs if v.subject == "GPU 0"}
-    assert by[("bf16 best rate", "datasheet")].expected == pytest.approx(0.6 * 989.5)  # dense bf16 = 1979 / 2
+    # dense bf16 = 1979 / 2; Hopper SXM's measured fraction (accept/datasheet.py GEMM_FRACTIONS), not the default 0.6
+    assert by[("bf16 best rate", "datasheet")].expected == pytest.approx(0.80 * 989.5)
+    assert "measured" in by[("bf16 best rate", "datasheet")].source
     assert by[("d2d", "datasheet")].expected == pytest.approx(0.8 * 3350)  # HBM3 3.35 TB/s
     gen5 = 32 * 16 / 8 * 128 / 130  # 63.015 GB/s per direction
     assert by[("h2d_pinned", "datasheet")].expected == pytest.approx(0.8 * gen5)

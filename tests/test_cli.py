@@ -57,6 +57,88 @@ def test_bad_input_exits_2_with_one_line(cli, db_path, args, needle):
 
 
 @pytest.mark.parametrize("args, line", [
+    (["tune", "tinycnn", "--budget", "nan"], "--budget must be a finite number, got nan"),  # it never ran out
+    (["tune", "tinycnn", "--budget", "inf"], "--budget must be a finite number, got inf"),
+    (["train", "tinycnn", "--lr", "inf"], "--lr must be a finite number, got inf"),  # it failed at step 1
+    (["train", "tinycnn", "--batch-size", "99999999999999999999"],  # it started, overflowed, recorded a failure
+     "--batch-size must be <= 2,147,483,648 (samples of one batch), got 99,999,999,999,999,999,999"),
+    (["train", "tinycnn", "--seed", "99999999999999999999"],
+     "--seed must be <= 9,223,372,036,854,775,807 (the largest whole number an option takes, int64), got "
+     "99,999,999,999,999,999,999"),
+    (["results", "list", "--limit", "-99999999999999999999"],
+     "--limit must be >= -9,223,372,036,854,775,807 (the smallest whole number an option takes, int64), got "
+     "-99,999,999,999,999,999,999"),
+    (["train", "tinycnn", "--batch-size", "4611686018427387904"],  # 2^62: torch's storage size overflowed
+     "--batch-size must be <= 2,147,483,648 (samples of one batch), got 4,611,686,018,427,387,904"),
+    (["infer", "tinycnn", "--batch-sizes", "1,99999999999999999999"],
+     "--batch-sizes must be <= 2,147,483,648 (samples of one batch), got 99,999,999,999,999,999,999"),
+    (["infer", "tinycnn", "--scenario", "server", "--target-qps", "inf"], "--target-qps must be a finite number, got inf"),
+    (["tta", "tinycnn", "--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["micro", "collectives", "--budget", "inf"], "--budget must be a finite number, got inf"),
+    (["data", "/nonexistent", "--target-rate", "-inf"], "--target-rate must be a finite number, got -inf"),
+    (["serve-bench", "http://127.0.0.1:9", "--model", "m", "--burstiness", "nan"],
+     "--burstiness must be a finite number, got nan"),
+    (["serve-bench", "http://127.0.0.1:9", "--model", "m", "--requests", "5000000"],
+     "--requests must be <= 1,000,000 (requests of one load point), got 5,000,000"),
+    (["sweep", "x.yaml", "--timeout-per-run", "inf"], "--timeout-per-run must be a number of seconds > 0, got inf"),
+])
+def test_non_finite_and_past_any_limit_numbers_are_refused_before_anything_runs(cli, db_path, args, line):
+    res = cli(*args)
+    assert res.code == 2 and _one_error_line(res) == f"error: {line}", res.stderr
+    assert not db_path.exists()  # nothing ran, nothing was recorded
+
+
+def test_every_numeric_option_of_every_command_is_checked():
+    """The check sits on every int and float option as it is parsed (cli/badinput.guard_numbers), not on a list."""
+    import typing
+
+    import typer
+
+    from dlscale.cli.app import app
+    from dlscale.cli.badinput import guard_numbers
+    from dlscale.errors import UsageError
+
+    command = typer.main.get_command(app)
+    guard_numbers(command)
+    seen = 0
+
+    def walk(c):
+        nonlocal seen
+        for sub in (getattr(c, "commands", None) or {}).values():
+            walk(sub)
+        for p in c.params:
+            kind = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            if not {kind, *typing.get_args(kind)} & {int, float}:
+                continue
+            seen += 1
+            bad = float("nan") if float in {kind, *typing.get_args(kind)} else 10**20
+            with pytest.raises(UsageError, match=p.opts[0] if p.opts else p.name.upper()):
+                p.callback(None, p, bad)
+            good = 1.5 if bad != 10**20 else 3
+            assert p.callback(None, p, good) == good
+
+    walk(command)
+    assert seen > 150  # every command's
+
+
+def test_the_typed_configs_refuse_them_too():
+    from dlscale import api
+    from dlscale.config import TrainConfig
+    from dlscale.errors import UsageError
+    from dlscale.serve.config import ServeConfig
+
+    with pytest.raises(UsageError, match="--lr must be a finite number, got inf"):
+        TrainConfig(model="tinycnn", lr=float("inf"))
+    with pytest.raises(UsageError, match="--momentum must be a finite number, got nan"):
+        TrainConfig(model="tinycnn", momentum=float("nan"))
+    with pytest.raises(UsageError, match="--budget must be a finite number, got nan"):
+        api.tune("tinycnn", budget_s=float("nan"))
+    with pytest.raises(UsageError, match="--slo-ttft must be a finite number"):
+        ServeConfig(url="http://h:1", model="m", slo_ttft=float("inf"))
+    assert ServeConfig(url="http://h:1", model="m", rates="inf").rates == (float("inf"),)  # all at once: a rate
+
+
+@pytest.mark.parametrize("args, line", [
     (["train", "tinycnn", "--steps", "abc"], "--steps 'abc': give a whole number"),
     (["train", "tinycnn", "--steps", "1.5"], "--steps '1.5': give a whole number"),
     (["train", "tinycnn", "--lr", "fast"], "--lr 'fast': give a number"),

@@ -162,3 +162,58 @@ def test_nan_never_reaches_a_percent_difference(cli, db_path):
     g = cmp.group([RunRecord(kind="train", workload="m", config={}, metrics={"throughput": v})
                    for v in (float("nan"), float("inf"), 10.0)], ["model"])
     assert [(x.value, x.n) for x in g.values()] == [(10.0, 1)]
+
+
+# -- serving runs: load point by load point ---------------------------------------------------------------
+
+def _serving(tag, loads, out_tps, api="completions", stream=True, mode="rate", cap=None, best=None):
+    """A serve-bench record as serve/outcome.py writes it: the headline of its highest load, a list per point."""
+    return RunRecord(kind="serving", workload="llama", tag=tag,
+                     config={"api": api, "stream": stream, "mode": mode, "max_concurrency": cap, "prompt_len": "128",
+                             "output_len": "32", "family": "llm-serving", "sample_unit": "tokens"},
+                     metrics={"throughput": out_tps[-1], "load": loads[-1], "loads_by_point": loads,
+                              "output_throughput_by_point": out_tps, "max_load_meeting_slo": best,
+                              "tokens_per_s_per_user_by_point": [t / 2 for t in out_tps]},
+                     units={"throughput": "tokens/s", "loads_by_point": "requests/s", "max_load_meeting_slo": "requests/s"})
+
+
+def test_serving_runs_compare_load_point_by_load_point(cli, db_path):
+    """Before: one row, the mean of each side's headline (30 against 27.5 here, three unlike points in one)."""
+    from dlscale.store import Store
+
+    with Store.open(db_path) as s:
+        for r in (_serving("a", [1.0, 4.0], [10.0, 30.0]), _serving("b", [1.0, 4.0], [12.0, 27.0]),
+                  _serving("b", [1.0], [11.0]), _serving("b", [4.0], [28.0], stream=False)):
+            s.insert(r)
+    res = cli("compare", "tag:a", "tag:b", "--format", "json")
+    assert res.code == 0, res.stderr
+    rows = [(r["stream"], r["mode"], r["load"], r["a"], r["b"], r["n_b"]) for r in json.loads(res.stdout)["rows"]]
+    assert rows == [(False, "rate", 4.0, None, 28.0, 1), (True, "rate", 1.0, 10.0, 11.5, 2),
+                    (True, "rate", 4.0, 30.0, 27.0, 1)]  # streamed or not: two points, never one mean
+    per_user = json.loads(cli("compare", "tag:a", "tag:b", "--metric", "tokens_per_s_per_user", "--by", "load",
+                              "--format", "json").stdout)["rows"]
+    assert [(r["load"], r["a"], r["b"]) for r in per_user if r["stream"]] == [(1.0, 5.0, 5.75), (4.0, 15.0, 13.5)]
+    assert "load" in cli("compare", "--help").stdout and "max_concurrency" in cli("compare", "--help").stdout
+
+
+@pytest.mark.parametrize("b, words", [
+    (_serving("b", [1.0, 4.0], [12.0, 27.0], api="chat"), "A: completions at rate 1, completions at rate 4; "
+                                                           "B: chat at rate 1, chat at rate 4"),
+    (_serving("b", [4.0], [27.0], mode="concurrency"), "B: completions at concurrency 4"),
+    (_serving("b", [1.0, 4.0], [12.0, 27.0], cap=8), "B: completions at rate 1 capped at 8 in flight"),
+])
+def test_unlike_serving_load_points_are_refused_in_one_line(cli, db_path, b, words):
+    from dlscale.store import Store
+
+    with Store.open(db_path) as s:
+        s.insert(_serving("a", [1.0, 4.0], [10.0, 30.0]))
+        s.insert(b)
+    res = cli("compare", "tag:a", "tag:b")
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.code == 2 and line.startswith("error: A and B share no serving load point") and words in line, line
+
+
+def test_a_figure_of_the_whole_serving_run_compares_without_a_load_point():
+    a, b = [_serving("a", [1.0, 4.0], [10.0, 30.0], best=4.0)], [_serving("b", [1.0, 2.0], [10.0, 20.0], best=2.0)]
+    (row,) = cmp.pct_table(a, b, ["model"], "max_load_meeting_slo")
+    assert (row["load"], row["mode"], row["a"], row["b"], row["pct_difference"]) == (None, "rate", 4.0, 2.0, 1.0)

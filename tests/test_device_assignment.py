@@ -35,9 +35,11 @@ def test_process_group_sets_the_device_for_every_backend(monkeypatch, backend):
     import torch.distributed as dist
 
     from dlscale.distributed import env as dist_env
+    from dlscale.distributed import peers
 
     current = fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 4)
     joined = {}
+    monkeypatch.setattr(peers, "join", lambda env, backend, timeout_s: "the job's store")  # no other rank here
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.update(kw))
     monkeypatch.setattr(dist, "all_gather_object",  # the 4 ranks, each on its own GPU
                         lambda out, obj: out.__setitem__(slice(None), [{**obj, "gpu": k} for k in range(len(out))]))
@@ -46,7 +48,7 @@ def test_process_group_sets_the_device_for_every_backend(monkeypatch, backend):
         monkeypatch.setenv(var, "")  # init_process_group exports them: undone after the test
     env = rank_env(3, 1, per_node=2, nodes=2)
     assert dist_env.init_process_group(env, backend, "cuda", 30) == backend
-    assert current[0] == 3 and joined["backend"] == backend
+    assert current[0] == 3 and joined["backend"] == backend and joined["store"] == "the job's store"
     assert dist_env.RANK_CPUS == [dist_env.RANK_CPUS[0]] * 4 and dist_env.RANK_CPUS[0] != "-"  # every rank's CPUs
 
 

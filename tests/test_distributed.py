@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from conftest import cmdline, marked_processes, marked_ranks, need_system, requires_cuda, survivors_of_kill_9, torchrun
+from conftest import (cmdline, marked_processes, marked_ranks, need_system, requires_cuda, sigint_default,
+                      survivors_of_kill_9, torchrun)
 from dlscale.store import Store
 
 FAST = ["tinycnn", "--batch-size", "8", "--warmup-steps", "2", "--steps", "6", "--device", "cpu"]
@@ -35,6 +36,9 @@ def test_two_rank_gloo_end_to_end(cli_subprocess, db_path):
     m, c = rec["metrics"], rec["config"]
     assert (c["world_size"], c["nodes"], c["devices_per_node"], c["backend"]) == (2, 1, 2, "gloo")
     assert c["cpu_binding"] == "cpu" and len(c["rank_cpus"]) == 2  # CPU ranks: unbound, each rank's CPUs said
+    # one node on loopback: gloo's interface from the route to the master, as dlscale chose it
+    assert [(n["interface"], n["address"], n["set_by"], n["how"]) for n in c["rank_network"]] == \
+        [("lo", "127.0.0.1", "dlscale", "route to MASTER_ADDR 127.0.0.1")] * 2
     assert m["world_size"] == 2 and len(m["rank_throughputs"]) == 2
     # Global throughput: 2 ranks x 8 samples x 6 steps over the slower rank's window.
     windows = [sum(r[0]) for r in rec["raw"]["rank_step_times_s"]]
@@ -146,6 +150,75 @@ def test_launcher_filter_holds_back_torchrun_banner_only():
     shown = [out for line in lines for out in f(line + "\n")]
     assert [s.rstrip("\n") for s in shown] == ["rank output", "after", *other]
     assert len([out for line in lines for out in LauncherFilter(debug=True)(line)]) == len(lines)
+
+
+def test_launcher_filter_holds_back_torchruns_traceback_when_a_signal_ends_it():
+    """Ctrl-C (or SIGTERM) of a multi-rank run: dlscale ends torchrun with SIGTERM and torchrun raises its
+    SignalException; that 28-line traceback is its own, the interruption is dlscale's one line."""
+    from dlscale.distributed.launch import LauncherFilter
+
+    tb = ["Traceback (most recent call last):", '  File "<frozen runpy>", line 198, in _run_module_as_main',
+          '  File "torch/distributed/run.py", line 1142, in <module>', "    main()",
+          '  File "torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler',
+          '    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)',
+          "torch.distributed.elastic.multiprocessing.api.SignalException: Process 9912 got signal: 15"]
+    f = LauncherFilter()
+    shown = [out for line in ["rank output", *tb, "after"] for out in f(line + "\n")]
+    assert [s.rstrip("\n") for s in shown] == ["rank output", "after"]
+
+
+def _ctrl_c_once_two_ranks_run(args: list[str]) -> tuple[int, list[str], str]:
+    """Start ``dlscale ARGS`` in its own process group (a terminal's foreground job) and press Ctrl-C, sent
+    to the group as a terminal sends it, once two ranks are up and stepping: (exit code, stderr lines but
+    torch's own log lines, stderr)."""
+    import re
+
+    def foreground() -> None:
+        sigint_default()
+        os.setpgrp()
+
+    p = subprocess.Popen(dlscale_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=foreground)
+    try:
+        deadline = time.monotonic() + 120
+        for rank in (0, 1):
+            assert _rank_process(p.pid, rank, deadline) is not None
+        time.sleep(2.0)  # the ranks are in their steps
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p.returncode, [ln for ln in err.splitlines() if ln.strip() and not re.match(r"[IWEF]\d{4} ", ln)], err
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_ctrl_c_of_a_two_rank_run_prints_one_line(db_path):
+    """Exit 130, an interrupted record, and on stderr after the start line only "error: interrupted"
+    (before: torchrun's 28-line SignalException traceback came first)."""
+    code, lines, err = _ctrl_c_once_two_ranks_run(
+        ["train", *FAST[:-4], "--steps", "100000", "--warmup-steps", "0", "--device", "cpu", "--nproc-per-node", "2",
+         "--threads-per-rank", "1", "--tag", "ctrlc"])
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 2 and lines[0].startswith("dlscale train tinycnn: DDP over 2 ranks"), err[-3000:]
+    assert lines[1] == "error: interrupted", err[-3000:]
+    with Store.open(db_path) as s:
+        (rec,) = s.query(tag="ctrlc")
+    assert rec.status == "failed" and "interrupted" in rec.error
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_ctrl_c_of_an_acceptance_in_a_two_rank_check_prints_one_line(db_path):
+    """accept --quick's collectives check runs two ranks: Ctrl-C there ends with the acceptance's one line
+    (before: torchrun's traceback, then the check's own "interrupted")."""
+    code, lines, err = _ctrl_c_once_two_ranks_run(["accept", "--quick", "--checks", "collectives"])
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert [ln.split(":")[0] for ln in lines] == ["dlscale accept collectives", "dlscale accept",
+                                                  "dlscale micro collectives", "error"], err[-3000:]
+    assert lines[-1].startswith("error: interrupted: acceptance accept-"), err[-3000:]
 
 
 @pytest.mark.slow

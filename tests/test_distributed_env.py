@@ -25,6 +25,21 @@ def test_torchrun_variables():
     assert (e.master_addr, e.master_port, e.launcher) == ("node0", 1234, "torchrun")
 
 
+def test_a_rank_that_does_not_record_says_its_rank_and_node_as_its_launcher_numbered_them(monkeypatch):
+    from dlscale.distributed.job import done_elsewhere
+    from dlscale.layout import Layout
+
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    assert done_elsewhere(Layout(nnodes=2, node_rank=1)) == "node 1: done (node 0 records and prints the run)"
+    # under c10d torchrun, with --node-rank left at its default 0: GROUP_RANK is the node
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert done_elsewhere(Layout()) == "rank 3 (node 1): done (rank 0 records and prints the run)"
+
+
 def test_slurm_srun_step():
     # srun -N 2 --ntasks-per-node 4: task 6 is the 3rd task on the second node.
     e = detect({"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "2",
@@ -92,4 +107,6 @@ def test_run_started_by_a_simulated_mpirun(db_path):
     assert outs[1][0].strip() == ""  # only rank 0 prints
     rec = json.loads(outs[0][0])
     assert rec["config"]["launcher"] == "openmpi" and rec["metrics"]["world_size"] == 2
+    assert [(n["interface"], n["set_by"], n["how"]) for n in rec["config"]["rank_network"]] == \
+        [("lo", "user", "GLOO_SOCKET_IFNAME=lo")] * 2  # the user's own setting stands, and is recorded as theirs
     assert len(rec["metrics"]["rank_throughputs"]) == 2

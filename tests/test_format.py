@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dlscale.format import fmt_bytes, fmt_fixed, fmt_num, fmt_pct, fmt_seconds, fmt_si, format_metric
+from dlscale.format import fmt_bytes, fmt_fixed, fmt_num, fmt_pct, fmt_seconds, fmt_si, fmt_size, format_metric
 
 
 @pytest.mark.parametrize("x, want", [
@@ -70,6 +70,15 @@ def test_fmt_si(x, unit, want):
 ])
 def test_fmt_bytes(n, want):
     assert fmt_bytes(n) == want
+
+
+@pytest.mark.parametrize("n, want", [
+    (2**30, "1G"), (16 * 2**30, "16G"), (256 * 2**20, "256M"), (3 * 2**10, "3K"), (1536 * 2**20, "1536M"), (100, "100"),
+])
+def test_fmt_size_writes_what_parse_size_reads(n, want):
+    from dlscale.micro.collectives import parse_size
+
+    assert fmt_size(n) == want and parse_size(want) == n
 
 
 @pytest.mark.parametrize("s, want", [

@@ -158,7 +158,7 @@ def test_nvlink_counters_are_summed_over_the_active_links_and_a_recovery_warns(m
 
 @pytest.mark.parametrize("state, status, mask, expect", [
     (1, 0, 0, "not registered with the NVLink fabric (state not_started"),
-    (3, 3, 0, "not registered with the NVLink fabric (state completed, status 3)"),
+    (3, 999, 0, "not registered with the NVLink fabric (state completed, status 999 UNKNOWN)"),
     (3, 0, 1 | 1 << 4, "fabric reports degraded_bandwidth, route_unhealthy"),
     (3, 0, 2 | 2 << 2 | 2 << 4 | 2 << 6, None),  # every health field FALSE: healthy
 ])
@@ -233,7 +233,8 @@ def test_xids_are_classed_as_the_programs_or_the_gpus():
     from dlscale.monitor import xid
 
     assert [xid.classify(c) for c in (13, 31, 43, 45, 68, 109)] == [xid.APPLICATION] * 6
-    assert {xid.classify(c) for c in (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 999)} == {xid.HARDWARE}
+    assert {xid.classify(c) for c in (63, 92, 94)} == {xid.RECORDED}
+    assert {xid.classify(c) for c in (48, 64, 74, 79, 95, 119, 120, 999)} == {xid.HARDWARE}
     assert xid.describe([13, 79, 13]) == [
         {"xid": 13, "name": "graphics engine exception", "class": "application", "count": 2},
         {"xid": 79, "name": "GPU has fallen off the bus", "class": "hardware/driver", "count": 1}]

@@ -4,8 +4,8 @@ The static-cache modes must give the eager mode's greedy tokens exactly, at batc
 prompt lengths in one process, with one compile per batch size and no recompile afterwards (a
 recompile in the measured window is an error). The compiled mode is traced here by Dynamo's
 ``eager`` backend (the same whole graph, no kernels generated); one slow test runs Inductor itself;
-the graph mode's step runs through a stand-in capture on the CPU and through a real CUDA graph in
-the ``gpu`` test. On CUDA a generation synchronises the device once, whatever its length.
+the graph-eager mode's step runs through a stand-in capture on the CPU and through a real CUDA graph
+in the ``gpu`` test. On CUDA a generation synchronises the device once, whatever its length.
 """
 
 from __future__ import annotations
@@ -72,12 +72,13 @@ class StandInCapture:
 def test_the_mode_follows_decode_then_compile():
     assert resolve_mode(None, False, "cpu") == "eager"
     assert resolve_mode(None, True, "cpu") == "compiled" == resolve_mode("compiled", True, "cuda")
-    assert resolve_mode("graph", False, "cuda") == "graph"
+    assert resolve_mode("graph-eager", False, "cuda") == "graph-eager"
 
 
 @pytest.mark.parametrize("decode, compile, device, words", [
-    ("fast", False, "cpu", "eager, compiled, graph"), ("eager", True, "cpu", "--compile"),
-    ("graph", True, "cuda", "--decode graph"), ("graph", False, "cpu", "--device cuda"),
+    ("fast", False, "cpu", "eager, compiled, graph-eager"), ("eager", True, "cpu", "--compile"),
+    ("graph-eager", True, "cuda", "--decode graph-eager"), ("graph-eager", False, "cpu", "--device cuda"),
+    ("graph", False, "cuda", "named graph-eager"),
 ])
 def test_bad_modes_are_refused_in_one_line(decode, compile, device, words):
     with pytest.raises(UsageError) as e:
@@ -182,7 +183,7 @@ def test_a_generation_on_cuda_synchronises_once(tiny, monkeypatch):
 # -- on a GPU -------------------------------------------------------------------------------------------
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["compiled", "graph"])
+@pytest.mark.parametrize("mode", ["compiled", "graph-eager"])
 def test_cuda_static_modes_give_the_eager_tokens(tiny, mode):
     """fp32 on the GPU: the compiled (CUDA graphs) and captured steps give eager's greedy tokens."""
     import torch

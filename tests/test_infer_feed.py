@@ -1,6 +1,7 @@
 """infer.feed: samples held once in the model's input dtype and layout, batches gathered by index;
 on a GPU (driven here by a fake ``torch.cuda`` whose names are checked against the real module) a
-side stream's copies, per-batch events, two batches in flight and completion off the issuing thread."""
+side stream's copies, per-batch events, four batches in flight, padded batch shapes warmed on their
+thread, and completion off the issuing thread."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from dlscale.errors import UsageError  # noqa: E402
 from dlscale.infer.config import InferConfig  # noqa: E402
-from dlscale.infer.feed import Completer, Feed, SampleStore  # noqa: E402
+from dlscale.infer.feed import GPU_SLOTS, Completer, Feed, SampleStore  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -114,6 +115,10 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.log.add("event.synchronize", self.id)
 
+    def query(self) -> bool:
+        self.log.add("event.query", self.id)
+        return False  # not yet: the device is still computing
+
 
 class FakeStream:
     def __init__(self, log: Log, name: str) -> None:
@@ -134,7 +139,8 @@ def fake_streams(monkeypatch: Any) -> Log:
     log = Log()
     for name in ("Stream", "Event", "current_stream", "stream", "synchronize"):
         assert hasattr(torch.cuda, name), f"torch.cuda.{name} is gone: the fake would test an API that does not exist"
-    for cls, name in ((torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "wait_event")):
+    for cls, name in ((torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "query"),
+                      (torch.cuda.Stream, "wait_event")):
         assert hasattr(cls, name)
 
     @contextlib.contextmanager
@@ -191,7 +197,7 @@ def fed(monkeypatch: Any, samples_on: str) -> tuple[Log, Feed]:
 
 def test_samples_on_the_host_are_copied_on_a_side_stream_the_forward_waits_for(monkeypatch):
     log, feed = fed(monkeypatch, "host")
-    assert feed.store.pinned and not feed.store.on_gpu and log.names().count("pinned") == 3  # store + 2 staging
+    assert feed.store.pinned and not feed.store.on_gpu and log.names().count("pinned") == 1 + GPU_SLOTS  # store + staging
     log.calls.clear()
     ticket = feed.launch([4, 1, 1])
     copied, done = feed.slots[ticket.slot].copied.id, ticket.done.id
@@ -214,19 +220,20 @@ def test_samples_on_the_device_are_gathered_there_with_no_device_wide_synchronis
     assert "device.synchronize" not in log.names() and "enter" not in log.names()  # no side stream, no device sync
 
 
-def test_two_batches_in_flight_then_launch_waits_for_one_to_finish(monkeypatch):
+def test_gpu_slots_in_flight_then_launch_waits_for_one_to_finish(monkeypatch):
     log, feed = fed(monkeypatch, "host")
-    first, second = feed.launch([0]), feed.launch([1])
-    third: list[Any] = []
-    t = threading.Thread(target=lambda: third.append(feed.launch([2])))
+    assert len(feed.slots) == GPU_SLOTS >= 3  # the host may run batches ahead of the device, not only one
+    flying = [feed.launch([k]) for k in range(GPU_SLOTS)]
+    more: list[Any] = []
+    t = threading.Thread(target=lambda: more.append(feed.launch([5])))
     t.start()
     time.sleep(0.2)
-    assert not third and log.names().count("forward") == 2  # both slots busy: the third batch waits
-    feed.finish(first)
+    assert not more and log.names().count("forward") == GPU_SLOTS  # every slot busy: the next batch waits
+    feed.finish(flying[0])
     t.join(5)
-    assert third and third[0].slot == first.slot  # it took the slot the first one freed
-    feed.finish(second)
-    feed.finish(third[0])
+    assert more and more[0].slot == flying[0].slot  # it took the slot the first one freed
+    for ticket in flying[1:] + more:
+        feed.finish(ticket)
 
 
 def test_the_completer_waits_on_each_batchs_event_on_its_own_thread_then_completes(monkeypatch):
@@ -243,6 +250,36 @@ def test_the_completer_waits_on_each_batchs_event_on_its_own_thread_then_complet
     assert c.batches == 2 and c.ran == 3 and c.error is None
 
 
+def test_inline_completion_finishes_the_oldest_batch_when_its_slot_is_needed_then_drains(monkeypatch):
+    log, feed = fed(monkeypatch, "device")
+    completed: list[tuple] = []
+    c = Completer(feed, lambda ids: completed.append((tuple(ids), threading.current_thread().name)), inline=True)
+    tickets = []
+    for k in range(GPU_SLOTS - 1):  # the device still computing (the fake events never fire): all in flight
+        tickets.append(feed.launch([k]))
+        c.submit(tickets[-1], [100 + k])
+    assert not completed and "event.synchronize" not in log.names()
+    tickets.append(feed.launch([5]))
+    c.submit(tickets[-1], [105])  # every slot taken: the oldest is waited for, so the next launch has one
+    me = threading.current_thread().name
+    assert completed == [((100,), me)] and feed.free.qsize() == 1
+    c.drain()
+    assert completed == [((100 + k,), me) for k in (0, 1, 2, 5)] and feed.free.qsize() == GPU_SLOTS
+    waits = [x[1] for x in log.calls if x[0] == "event.synchronize"]
+    assert waits == [t.done.id for t in tickets] and c.batches == 4 and c._thread is None
+
+
+def test_inline_completion_on_a_cpu_completes_each_batch_at_once():
+    s = session_of()
+    store = SampleStore(s, 4)
+    store.load(range(4))
+    feed = Feed(s, store, 2)
+    completed: list = []
+    c = Completer(feed, completed.append, inline=True)
+    c.submit(feed.launch([0, 1]), [7, 8])
+    assert completed == [[7, 8]] and feed.free.qsize() == 2  # no event: done when launched
+
+
 def test_a_failed_batch_still_completes_and_frees_its_slot(monkeypatch):
     log, feed = fed(monkeypatch, "device")
 
@@ -253,7 +290,40 @@ def test_a_failed_batch_still_completes_and_frees_its_slot(monkeypatch):
     completed: list[Any] = []
     c = Completer(feed, completed.append, inline=True)
     c.submit(feed.launch([1]), [7])
-    assert completed == [[7]] and isinstance(c.error, RuntimeError) and feed.free.qsize() == 2
+    assert completed == [[7]] and isinstance(c.error, RuntimeError) and feed.free.qsize() == GPU_SLOTS
+
+
+def test_a_batch_runs_padded_to_the_smallest_shape_that_holds_it(monkeypatch):
+    log = fake_streams(monkeypatch)
+    s = CudaSession(log, "device")
+    store = SampleStore(s, 6)
+    store.load(range(6))
+    feed = Feed(s, store, 4, shapes=(2, 1, 4))
+    assert feed.shapes == (1, 2, 4) and [feed.shape(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    log.calls.clear()
+    feed.finish(feed.launch([5, 3, 2]))  # 3 samples run as a batch of 4: the 4th row is the buffer's zero
+    feed.finish(feed.launch([1, 4, 0, 1]))
+    feed.finish(feed.launch([2]))
+    assert [c[1] for c in log.calls if c[0] == "forward"] == [[5, 3, 2, 0], [1, 4, 0, 1], [2]]
+    with pytest.raises(ValueError, match="max_batch 4"):
+        Feed(s, store, 4, shapes=(1, 2))  # max_batch itself must be one of the shapes
+
+
+def test_warm_runs_every_shape_once_on_the_calling_thread(monkeypatch):
+    log = fake_streams(monkeypatch)
+    s = CudaSession(log, "device")
+    store = SampleStore(s, 3)
+    store.load(range(3))
+    log.calls.clear()
+    warmed: list[int] = []
+    t = threading.Thread(target=lambda: warmed.append(Feed(s, store, 4, shapes=(1, 2, 4)).warm()), name="runner")
+    t.start()
+    t.join(10)
+    forwards = [c for c in log.calls if c[0] == "forward"]
+    assert warmed == [3] and [len(c[1]) for c in forwards] == [1, 2, 4] and {c[2] for c in forwards} == {"runner"}
+    assert log.names().count("event.synchronize") == 3  # each finished before the next: warm when it returns
+    log.calls.clear()
+    assert Feed(s, store, 4).warm() == 1 and [len(c[1]) for c in log.calls if c[0] == "forward"] == [4]
 
 
 @requires_cuda

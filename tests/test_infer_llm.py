@@ -139,7 +139,9 @@ def test_cached_greedy_equals_recompute_from_scratch(tiny):
 def test_run_reports_every_figure_with_units():
     m, units, raw, warnings = run_llm_inference("llama_tiny", batch_sizes=[1, 2], prompt_len=8, output_len=4,
                                                 precision="fp32", device="cpu", warmup=1, iters=2)
-    assert set(m) <= set(units) and units == UNITS
+    from dlscale.infer import limit
+
+    assert set(m) <= set(units) and units == {**UNITS, **limit.UNITS}
     assert units["decode_tokens_per_s"] == "tokens/s" and units["time_to_first_token_s"] == "s"
     assert m["batch_sizes"] == [1, 2] and m["headline_batch_size"] == 2 and m["iters"] == 2
     for name in ("prefill_tokens_per_s_by_batch", "decode_tokens_per_s_by_batch", "time_to_first_token_s_by_batch",
@@ -155,6 +157,16 @@ def test_run_reports_every_figure_with_units():
     assert all(w.count("\n") == 0 for w in warnings)
     assert raw["decode_mode"] == "eager" and raw["decode"].startswith("greedy") and "eager" in raw["decode"]
     assert "compile_s_by_batch" not in m  # nothing compiled: no compile time to record
+    # against the limit: the copy measured here, no datasheet on a CPU, the bytes/s exactly the formula's
+    assert m["reference_copy_gbps"] > 0 and m["datasheet_memory_gbps"] is None
+    assert raw["memory_limit"]["datasheet_source"] == limit.NO_CPU_DATASHEET
+    lim = raw["memory_limit"]
+    for i, b in enumerate([1, 2]):
+        step = limit.step_bytes(lim["weight_bytes_read_per_step"], lim["kv_bytes_per_position"], b, 8, 4)
+        assert m["decode_memory_gbps_by_batch"][i] == pytest.approx(step * m["decode_tokens_per_s_by_batch"][i] / b / 1e9)
+        assert m["decode_fraction_of_copy_by_batch"][i] == pytest.approx(m["decode_memory_gbps_by_batch"][i]
+                                                                          / m["reference_copy_gbps"])
+    assert m["decode_fraction_of_datasheet_by_batch"] == [None, None]
     json.dumps(raw)  # the record stores it
 
 
@@ -163,6 +175,10 @@ def test_bf16_runs_with_bf16_weights_and_one_generation_warns():
     m, _, raw, warnings = run_llm_inference("llama_tiny", batch_sizes=[2], prompt_len=4, output_len=2,
                                             precision="bf16", device="cpu", warmup=0, iters=1)
     assert m["decode_tokens_per_s"] > 0 and raw["precision"] == "bf16" and raw["weights_dtype"] == "bfloat16"
+    from dlscale.workloads.llm import param_counts
+
+    fields = workloads.get("llama_tiny").fields(llm_config("llama_tiny", None, 4, 2, "bf16"))
+    assert raw["memory_limit"]["weight_bytes_read_per_step"] == 2 * param_counts(fields)[0]  # 2 bytes a weight
     assert m["decode_tokens_per_s_ci95_by_batch"] == [None]
     assert any("--iters" in w for w in warnings)
 
@@ -231,7 +247,8 @@ _LLM_ARGS = ("infer", "llama_tiny", "--prompt-len", "4", "--output-len", "3", "-
 @pytest.mark.parametrize("args, words", [
     (["--decode", "fast"], "--decode 'fast'"),
     (["--decode", "eager", "--compile"], "--compile"),
-    (["--decode", "graph"], "--decode graph captures a CUDA graph"),
+    (["--decode", "graph-eager"], "--decode graph-eager captures a CUDA graph"),
+    (["--decode", "graph"], "--decode graph is named graph-eager"),
     (["--scenario", "offline"], "--scenario does not apply to LLM"),
     (["--find-max-batch"], "--find-max-batch does not apply to LLM"),
     (["--runtime", "onnxruntime"], "--runtime onnxruntime does not apply to LLM"),
@@ -241,6 +258,19 @@ def test_bad_llm_options_exit_2_with_one_line(cli, db_path, args, words):
     assert r.code == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and r.stdout == ""
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--prompt-len", "100000", "--output-len", "8"],  # before: "--seq-len 100000 is longer than ...": not given
+     "--prompt-len 100000 + --output-len 8 = 100008 tokens exceeds llama_tiny's max_position_embeddings 1024"),
+    (["--prompt-len", "100000"], "--prompt-len and --output-len go together"),
+    (["--seq-len", "100000"], "--seq-len 100000 is longer than llama_tiny's max_position_embeddings 1024"),
+])
+def test_a_length_past_the_models_positions_names_the_option_given(cli, db_path, args, words):
+    r = cli("infer", "llama_tiny", "--batch-sizes", "1", "--device", "cpu", *args)
+    lines = r.stderr.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and words in lines[0], r.stderr
+    assert "--seq-len" not in lines[0] or "--seq-len" in args
 
 
 def test_decode_needs_an_llm_prefill_run():

@@ -10,6 +10,7 @@ of its batches, a rate at most batch / sleep); the other side is loose because o
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -115,6 +116,10 @@ def test_offline_throughput_is_batch_over_batch_time(tmp_path):
     assert 0.4 * expected < r.metrics["scenario_metric"] <= expected * 1.02
     assert r.metrics["query_count"] == 1 and r.metrics["sut_mean_batch"] > 7
     assert r.metrics["min_duration_met"], r.warnings  # the probed expected QPS made the one query last 1 s
+    raw = r.metrics["raw_wall_samples_per_s"]  # full batches through the same feed, on the wall clock
+    assert 0.4 * expected < raw <= expected * 1.02 and r.units["raw_wall_samples_per_s"] == "images/s"
+    assert r.metrics["raw_wall_ratio"] == pytest.approx(r.metrics["scenario_metric"] / raw, rel=1e-3)
+    assert r.metrics["sut_slots"] == 2 and r.metrics["sut_shapes"] is None  # a CPU: each batch at its own size
 
 
 def test_server_below_capacity_meets_its_bound(tmp_path):
@@ -506,6 +511,7 @@ def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
     import torch
 
     from dlscale.infer.config import InferConfig
+    from dlscale.infer.feed import GPU_SLOTS
     from dlscale.infer.run import time_batch
     from dlscale.infer.session import open_session
 
@@ -517,9 +523,11 @@ def test_offline_on_a_gpu_with_samples_on_the_device_and_on_the_host(tmp_path):
         r = run_scenario(s, ScenarioSettings("offline", max_batch=32, duration_s=1.0, log_dir=str(tmp_path / where)))
         assert r.metrics["samples_on"] == where and r.metrics["sut_mean_batch"] > 30
         assert r.metrics["scenario_metric"] > 0.5 * raw, (where, r.metrics["scenario_metric"], raw)
+        assert r.metrics["sut_slots"] == GPU_SLOTS and r.metrics["sut_shapes"] == [32]  # the last batch padded
+        assert r.metrics["raw_wall_ratio"] > 0.5, (where, r.metrics["raw_wall_ratio"])
 
 
-def test_cpu_completes_single_and_multi_stream_inline_and_a_gpu_never():
+def test_single_and_multi_stream_complete_on_the_issuing_thread_and_offline_too_on_a_gpu():
     import types
 
     import torch
@@ -528,4 +536,101 @@ def test_cpu_completes_single_and_multi_stream_inline_and_a_gpu_never():
 
     cpu, gpu = SleepSession(0.0), types.SimpleNamespace(runtime="torch", device=torch.device("cuda", 0))
     assert [completes_inline(cpu, s) for s in SCENARIOS] == [True, True, False, False]
-    assert not any(completes_inline(gpu, s) for s in SCENARIOS)
+    assert [completes_inline(gpu, s) for s in SCENARIOS] == [True, True, False, True]
+
+
+def test_gpu_batch_shapes_per_scenario_and_none_on_a_cpu():
+    import types
+
+    import torch
+
+    from dlscale.infer.loadgen_sut import shapes_for
+
+    gpu = types.SimpleNamespace(runtime="torch", device=torch.device("cuda", 0))
+    assert shapes_for(gpu, "offline", 64) == (64,) and shapes_for(gpu, "single-stream", 64) == (1,)
+    assert shapes_for(gpu, "multi-stream", 64) == (8,) and shapes_for(gpu, "multi-stream", 4) == (4,)
+    assert shapes_for(gpu, "server", 48) == (1, 2, 4, 8, 16, 32, 48) and shapes_for(gpu, "server", 1) == (1,)
+    assert shapes_for(SleepSession(0.0), "server", 48) is None
+    assert shapes_for(types.SimpleNamespace(runtime="onnxruntime", device=torch.device("cuda", 0)), "offline", 8) is None
+
+
+def test_responses_are_made_once_per_thread_and_reused_with_each_batchs_ids():
+    import threading
+    import types
+
+    from dlscale.infer.loadgen_sut import Responses
+
+    made, got = [], []
+
+    class Response:
+        def __init__(self, i: int, data: int, size: int):
+            made.append(self)
+            self.id, self.data, self.size = i, data, size
+
+    lg = types.SimpleNamespace(QuerySampleResponse=Response,
+                               QuerySamplesComplete=lambda rs: got.append([(r.id, r.data, r.size) for r in rs]))
+    r = Responses(lg)
+    for ids in ([10, 11, 12], [13], [14, 15, 16]):
+        r.complete(ids)
+    assert len(made) == 3 and got == [[(10, 0, 0), (11, 0, 0), (12, 0, 0)], [(13, 0, 0)],
+                                      [(14, 0, 0), (15, 0, 0), (16, 0, 0)]]
+    t = threading.Thread(target=r.complete, args=([20, 21],))  # another thread: its own objects
+    t.start()
+    t.join()
+    assert len(made) == 5 and got[-1] == [(20, 0, 0), (21, 0, 0)]
+
+
+def test_wall_rate_is_full_batches_over_the_wall_clock():
+    from dlscale.infer.loadgen_sut import wall_rate
+
+    s = SleepSession(0.01)
+    rate = wall_rate(s, 4, 16, 0.3)
+    assert 0.4 * 400 < rate <= 400 * 1.02  # 4 samples a 10 ms batch; a sleep is a floor
+    assert set(s.sizes) == {4} and len(s.sizes) >= 1 + 4  # the warm-up batch, then at least 2 x 2 slots
+
+
+class _Threads(SleepSession):
+    """A SleepSession that logs what it holds and runs, on which thread."""
+
+    def __init__(self, per_batch_s: float, log: list):
+        super().__init__(per_batch_s)
+        self.log = log
+
+    def stored(self, index: int) -> tuple:
+        self.log.append(("stored", threading.current_thread().name))
+        return super().stored(index)
+
+    def forward(self, batch):
+        self.log.append(("forward", threading.current_thread().name))
+        return super().forward(batch)
+
+
+@pytest.mark.parametrize("scenario, thread", [("server", "dlscale-loadgen-sut"), ("offline", "MainThread")])
+def test_shapes_are_warmed_on_the_thread_that_runs_them_before_the_window(tmp_path, monkeypatch, scenario, thread):
+    from dlscale.harness import energy
+
+    log: list = []
+
+    class Meter:
+        def __init__(self, device=None):
+            pass
+
+        def begin(self):
+            log.append(("begin", ""))
+
+        def end(self):
+            log.append(("end", ""))
+
+        def close(self):
+            pass
+
+        def reading(self):
+            return energy.absent("a fake meter")
+
+    monkeypatch.setattr(energy, "EnergyMeter", Meter)
+    run(scenario, _Threads(0.002, log), tmp_path, max_batch=4, target_qps=100, latency_bound_s=0.5, duration_s=0.2)
+    begin = log.index(("begin", ""))
+    loaded = max(i for i, e in enumerate(log[:begin]) if e[0] == "stored")  # the QSL's load, then the warm-up
+    assert log[loaded + 1:begin] == [("forward", thread)]
+    assert {e[1] for e in log[begin:] if e[0] == "forward"} == {thread}  # the window's batches: the same thread
+

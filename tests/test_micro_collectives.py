@@ -101,6 +101,33 @@ def test_reset_leaves_no_stale_result_that_could_pass(name, n, monkeypatch):
             assert (b.wrong() == 0) == no_op_is_right, (mode, rank)
 
 
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_the_check_in_pieces_finds_what_the_whole_check_finds(name, monkeypatch):
+    """The fill and the check build the expected result a piece at a time (a 16G sweep holds its buffers and a
+    few pieces, not a full copy per rank): with pieces of 5 elements, straddling the ranks' blocks, the
+    result is the whole one's, a correct result has no wrong element and a planted one is found."""
+    import torch
+
+    from dlscale.micro import collectives
+
+    cpu, n = torch.device("cpu"), 3
+    for mode in COLLECTIVES[name].modes:
+        for rank in range(n):
+            whole = Buffers(COLLECTIVES[name], 12 * n, mode, rank, n, cpu)
+            if whole.result() is None:
+                continue
+            want, sent = whole.expected().tolist(), whole.send.tolist()
+            monkeypatch.setattr(collectives, "PIECE", 5)
+            b = Buffers(COLLECTIVES[name], 12 * n, mode, rank, n, cpu)
+            assert b.send.tolist() == sent and b.expected().tolist() == want
+            assert torch.cat([b.expected(lo, hi) for lo, hi in collectives.pieces(len(want))]).tolist() == want
+            b.result().copy_(torch.tensor(want))
+            assert b.wrong() == 0
+            b.result().view(-1)[len(want) - 1] += 1
+            assert b.wrong() == 1, (mode, rank)
+            monkeypatch.undo()
+
+
 def test_in_place_all_gather_rank0_poisons_the_other_slots():
     import torch
 
@@ -253,7 +280,7 @@ def test_min_busbw_gate_and_wrong_count_fail_the_body(monkeypatch):
 
 @pytest.mark.slow
 def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
-    from conftest import need_system
+    from conftest import namespaces_left, need_system
     from dlscale.distributed import netns
 
     need_system("network namespaces (root, iproute2)", netns.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
@@ -271,7 +298,7 @@ def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
         # busbw is the per-link rate: over a 1 gbit link it cannot be much above 0.125 GB/s.
         assert 0 < m[f"avg_busbw_{op}"] < 0.125 * 1.5
         assert m[f"link_utilisation_{op}"] == pytest.approx(m[f"avg_busbw_{op}"] / 0.125)
-    assert set(netns.list_namespaces()) == before  # no namespace left behind
+    assert namespaces_left(before) == []  # no namespace of the run left behind
 
 
 # -- timing: one host-timed window on CPUs, K calls per event pair on GPUs ------------------------------

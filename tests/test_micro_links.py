@@ -83,10 +83,12 @@ def test_shaped_rate_is_the_slower_of_the_two_links():
 
 
 def test_each_node_is_measured_by_its_lowest_rank():
-    from dlscale.micro.link_worker import leaders
+    from dlscale.micro.link_worker import leaders, node_hosts
 
-    assert leaders([(0, 0), (1, 0), (2, 1), (3, 1)]) == {0: 0, 1: 2}
-    assert leaders([(3, 0), (1, 1), (0, 1), (2, 0)]) == {0: 2, 1: 0}  # any rank order (srun, mpirun)
+    assert leaders([(0, 0, "a"), (1, 0, "a"), (2, 1, "b"), (3, 1, "b")]) == {0: 0, 1: 2}
+    assert leaders([(3, 0, "a"), (1, 1, "b"), (0, 1, "b"), (2, 0, "a")]) == {0: 2, 1: 0}  # any rank order (srun, mpirun)
+    assert node_hosts([(3, 0, "gpu07"), (1, 1, "gpu08"), (0, 1, "gpu08"), (2, 0, "gpu07")]) == {"0": "gpu07", "1": "gpu08"}
+    assert node_hosts([(0, 0, "vm"), (1, 1, "vm")]) == {}  # emulated nodes share the host: named by their index
 
 
 def test_gloo_exchanges_cpu_tensors():
@@ -128,7 +130,7 @@ def test_report_names_the_slowest_link():
 
 @pytest.mark.slow
 def test_three_emulated_nodes_with_one_link_10x_slower_name_it(cli, db_path):
-    from conftest import need_system
+    from conftest import namespaces_left, need_system
     from dlscale.distributed import netns
 
     need_system("network namespaces (root, iproute2)", netns.unavailable_reason(), "DLSCALE_REQUIRE_NETNS")
@@ -148,4 +150,4 @@ def test_three_emulated_nodes_with_one_link_10x_slower_name_it(cli, db_path):
         assert by_node[k]["busbw_gbps"] < 0.125 * 1.5
     assert m["slowest_link_fraction"] < 0.25
     assert len(by_node[2]["samples"]) == by_node[2]["iters"] >= 1
-    assert set(netns.list_namespaces()) == before  # no namespace left behind
+    assert namespaces_left(before) == []  # no namespace of the run left behind

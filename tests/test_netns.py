@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import FakeNodes, need_system, sigint_default
+from conftest import FakeNodes, namespaces_left, need_system, sigint_default
 from dlscale.distributed import netns
 from dlscale.errors import UsageError
 
@@ -79,7 +79,7 @@ def test_latency_without_netem_is_a_usage_error_and_leaves_nothing():
         with pytest.raises(UsageError, match="netem"):
             with netns.EmulatedNodes(2, "1gbit", "50us"):
                 pass
-    assert set(netns.list_namespaces()) == before
+    assert namespaces_left(before) == []
 
 
 @needs_netns
@@ -98,9 +98,6 @@ def test_stale_namespaces_of_a_dead_process_are_removed():
 @pytest.mark.slow
 def test_emulated_two_node_run(cli_subprocess, db_path):
     import json
-    import re
-
-    import psutil
 
     before = set(netns.list_namespaces())
     res = cli_subprocess("train", "tinycnn", "-b", "8", "--warmup-steps", "2", "--steps", "5", "--device", "cpu",
@@ -111,9 +108,10 @@ def test_emulated_two_node_run(cli_subprocess, db_path):
     assert (c["nodes"], c["devices_per_node"], c["world_size"], c["emulated_nodes"], c["link_bandwidth"]) == \
         (2, 1, 2, True, "1gbit")
     assert rec["metrics"]["nodes"] == 2 and rec["metrics"]["comm_fraction"] > 0
-    left = [n for n in set(netns.list_namespaces()) - before
-            if not psutil.pid_exists(int(re.match(rf"{netns.PREFIX}(\d+)-", n).group(1)))]
-    assert not left, f"namespaces left behind: {left}"
+    # each node's gloo on dls0, from the route to the master (node 0's own address there)
+    assert [(n["node"], n["interface"], n["address"], n["set_by"]) for n in c["rank_network"]] == \
+        [(0, netns.IFNAME, "10.77.0.1", "dlscale"), (1, netns.IFNAME, "10.77.0.2", "dlscale")]
+    assert namespaces_left(before) == [], "namespaces left behind"
 
 
 def test_unavailable_reason_names_root(monkeypatch):
@@ -268,7 +266,7 @@ def test_a_node_under_half_the_cpu_quota_runs_its_ranks_slower(tmp_path):
            "PROBE_DIR": str(out), "PROBE_WORK": str(cores * 0.4)}
     res = launch("probe_mod", [], layout, timeout_s=300, extra_env=env)
     assert res.returncode == 0, "\n".join(res.log_tail[-30:])
-    assert set(netns.list_namespaces()) == before and set(cgroup.list_groups()) == groups
+    assert namespaces_left(before) == [] and set(cgroup.list_groups()) == groups
     ranks = {r["node"]: r for r in (json.loads(p.read_text()) for p in out.glob("*.json"))}
     assert sorted(ranks) == [0, 1]
     share = {k: r["cpu"] / r["wall"] for k, r in ranks.items()}

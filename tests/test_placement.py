@@ -78,21 +78,18 @@ def test_whole_gpus_are_no_mig_even_by_name(monkeypatch):
     assert placement.mig_devices(2) == [0]
 
 
-@pytest.mark.parametrize("layout, config, numa, numactl, expect", [
-    (Layout(nproc_per_node=2), {"device": "cpu"}, True, True, "cpu"),
-    (Layout(nproc_per_node=2, cpu_binding=False), {}, True, True, "off"),
-    (Layout(nproc_per_node=2), {}, True, True, "torchrun"),
-    (Layout(nproc_per_node=2), {}, True, False, "nvml"),  # torchrun's binding runs numactl
-    (Layout(nproc_per_node=2), {}, False, True, "nvml"),  # a torchrun without --numa-binding
-    (Layout(nproc_per_node=1, emulate_nodes=2), {}, True, True, "nvml"),  # torchrun would bind by local rank
+@pytest.mark.parametrize("layout, config, expect", [
+    (Layout(nproc_per_node=2), {"device": "cpu"}, "cpu"),
+    (Layout(nproc_per_node=2, cpu_binding=False), {}, "off"),
+    (Layout(nproc_per_node=2), {}, "nvml"),  # dlscale binds, within the job's CPUs; torchrun's flag is not used
+    (Layout(nproc_per_node=1, emulate_nodes=2), {}, "nvml"),
 ])
-def test_how_ranks_are_bound(monkeypatch, layout, config, numa, numactl, expect):
-    from dlscale import compat
-
+def test_how_ranks_are_bound(monkeypatch, layout, config, expect):
     fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 2)
-    monkeypatch.setattr(compat, "available", lambda name: numa if name == "torchrun_numa_binding" else True)
-    monkeypatch.setattr(placement.shutil, "which", lambda cmd: "/usr/bin/numactl" if numactl else None)
     assert placement.mode(layout, config) == expect
+    env = placement.launch_env(layout, config)
+    assert env[dist_env.BINDING_ENV] == expect and env[placement.JOB_RANKS_ENV] == str(layout.ranks_here)
+    assert placement.parse_cpus(env[placement.JOB_CPUS_ENV]) <= os.sched_getaffinity(0)
 
 
 def test_torchrun_binds_only_when_asked():
@@ -118,24 +115,57 @@ def _rank(local: int) -> dist_env.DistEnv:
                             master_addr="127.0.0.1", master_port=29500, launcher="torchrun")
 
 
-def test_a_rank_binds_every_thread_to_its_gpus_cpus(monkeypatch, affinity):
+def test_a_rank_binds_every_thread_to_its_gpus_cpus_within_the_jobs(monkeypatch, affinity):
     import threading
 
     mine = affinity[-1]  # a CPU this process may use, whatever the machine
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18, cpus=[affinity[0]]), FakeGpu(bus=0x28, cpus=[mine, 4096])])
     cuda_from_host(monkeypatch, host)
     monkeypatch.setenv(dist_env.BINDING_ENV, "nvml")
+    monkeypatch.setenv(placement.JOB_CPUS_ENV, str(mine))  # the launching process may use this CPU alone
+    monkeypatch.setenv(placement.JOB_RANKS_ENV, "1")
     seen = []
-    early = threading.Thread(target=lambda: (started.wait(), seen.append(os.sched_getaffinity(0))))
     started = threading.Event()
+    early = threading.Thread(target=lambda: (started.wait(10), seen.append(os.sched_getaffinity(0))))
     early.start()  # a thread that exists before the binding is bound too
-    assert placement.bind_rank(_rank(1)) == "nvml"
-    started.set()
-    early.join()
-    assert os.sched_getaffinity(0) == {mine} == seen[0]  # CPU 4096 is not this process's: left out
+    try:
+        how = placement.bind_rank(_rank(1))
+    finally:
+        started.set()
+        early.join()
+    assert how == "nvml" and os.sched_getaffinity(0) == {mine} == seen[0]  # CPU 4096 is not the job's: left out
 
 
-def test_a_rank_whose_gpu_cpus_it_may_not_use_stays_as_it_is(monkeypatch, affinity):
+def test_a_rank_is_never_bound_to_fewer_cpus_than_it_needs_when_the_job_owns_more():
+    job = set(range(16))
+    # two sockets' worth: 8 GPUs, 4 near each half; every rank gets its GPU's half
+    assert placement.plan(set(range(8)), job, ranks=8, sharing=4) == (set(range(8)), "nvml")
+    # the job owns 2 of the GPU's CPUs, shared by 4 ranks: each would have half a CPU
+    cpus, how = placement.plan({0, 1, 20, 21}, job, ranks=8, sharing=4)
+    assert cpus == job and how == ("nvml: the job's CPUs (the job owns 2 of the GPU's CPUs for 4 ranks, fewer than "
+                                   "the 2 a rank needs)")
+    # one rank owning 16 CPUs, one of them near its GPU: not one CPU while 15 stay idle
+    assert placement.plan({3, 40}, job, ranks=1)[0] == job
+    assert placement.plan(set(range(8)), job, ranks=1) == (set(range(8)), "nvml")  # 8 is plenty: NUMA-bound
+    assert placement.plan(None, job, ranks=1)[0] == job and placement.plan({99}, job, ranks=1)[0] == job
+    assert placement.plan({0}, {0}, ranks=1) == ({0}, "nvml")  # the job owns one CPU: that one
+
+
+def test_the_jobs_cpus_are_the_affinity_the_cgroup_the_slurm_step_and_the_launchers(monkeypatch, affinity):
+    first = affinity[0]
+    assert placement.job_cpus({})[0] == set(affinity)  # the cgroup's cpuset holds this process's CPUs
+    assert placement.job_cpus({placement.JOB_CPUS_ENV: str(first)}) == (
+        {first}, placement.job_cpus({})[1] + ["the launching process's"])
+    slurm = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": f"{1 << 4096:#x},{1 << first:#x}",
+             "SLURM_LOCALID": "1"}
+    assert placement.slurm_cpus(slurm) == {first} and placement.job_cpus(slurm)[0] == {first}
+    assert placement.slurm_cpus({**slurm, "SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "7,9"}) == {9}
+    assert placement.slurm_cpus({"SLURM_CPU_BIND_TYPE": "cores", "SLURM_CPU_BIND_LIST": ""}) is None
+    cpus, said = placement.job_cpus({**slurm, "SLURM_LOCALID": "0"})  # CPU 4096 is none of this process's
+    assert cpus == set(affinity) and said[-1].startswith("not the Slurm step's binding (4096")
+
+
+def test_a_rank_whose_gpu_cpus_lie_outside_the_jobs_takes_the_jobs(monkeypatch, affinity):
     span = 64 * -(-(os.cpu_count() or 1) // 64)  # the CPUs NVML's mask covers on this machine
     outside = next((c for c in range(span) if c not in affinity), None)
     if outside is None:
@@ -143,7 +173,7 @@ def test_a_rank_whose_gpu_cpus_it_may_not_use_stays_as_it_is(monkeypatch, affini
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(cpus=[outside])])
     cuda_from_host(monkeypatch, host)
     monkeypatch.setenv(dist_env.BINDING_ENV, "nvml")
-    assert placement.bind_rank(_rank(0)) == "nvml: none (the GPU's CPUs are outside this process's)"
+    assert placement.bind_rank(_rank(0)) == "nvml: the job's CPUs (the GPU's CPUs are outside the job's)"
     assert sorted(os.sched_getaffinity(0)) == affinity and dist_env.binding() == placement.bind_rank(_rank(0))
 
 

@@ -154,9 +154,11 @@ def test_link_by_name_alias_and_rate():
     assert link("edr") is DATASHEET["ib-edr"] and link(" NDR ") is DATASHEET["ib-ndr"]
     assert link("100gbe") is DATASHEET["100gbe"]
     emu = link("1gbit")
-    assert emu.bandwidth == 125e6 and emu.alpha_s == 0.0 and emu.name == "emulated 1gbit"
+    # a TCP stream carries 1448 of every 1514 bytes tbf counts (MTU 1500 less IPv4, TCP and timestamps; + Ethernet)
+    assert emu.bandwidth == pytest.approx(125e6 * 1448 / 1514) and emu.alpha_s == 0.0 and emu.name == "emulated 1gbit"
     assert "tbf" in emu.source
-    assert link("100mbit").bandwidth == 12.5e6 and link("10gbit").bandwidth == 1.25e9
+    assert link("100mbit").bandwidth == pytest.approx(12.5e6 * 1448 / 1514)
+    assert link("10gbit").bandwidth == pytest.approx(1.25e9 * 1448 / 1514)
 
 
 def test_unknown_link_lists_the_names():

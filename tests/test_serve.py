@@ -174,7 +174,7 @@ def test_config_validation():
     assert ok.base_url == "http://127.0.0.1:8000" and ok.concurrencies == (1,) and ok.mode == "concurrency"
     assert ServeConfig(url="http://h:1", model="m", rates="inf,2").rates == (2.0, math.inf)
     bad = [dict(url="ftp://x", model="m"), dict(url="http://h:1", model=""), dict(url="http://h:1", model="m", api="x"),
-           dict(url="http://h:1", model="m", rates="1", concurrencies="2"),
+           dict(url="http://h:1", model="m", rates="1", concurrencies="2,4"),  # one cap in flight at every rate
            dict(url="http://h:1", model="m", rates="0"), dict(url="http://h:1", model="m", concurrencies="a"),
            dict(url="http://h:1", model="m", find_max=True), dict(url="http://h:1", model="m", requests=0),
            dict(url="http://h:1", model="m", timeout=0), dict(url="http://h:1", model="m", burstiness=-1)]
@@ -228,3 +228,85 @@ def test_goodput_slices():
     rs = [_r(i, 0.1 * i, [0.1 * i + (0.03 if i % 2 else 0.01)], 0.1 * i + 0.05, 1, 1) for i in range(10)]
     assert figs.goodput_slices(rs, {"ttft": 0.02}) == pytest.approx([1 / 0.15] * 5)
     assert figs.goodput_slices(rs, {}) == [] and figs.goodput_slices(rs[:9], {"ttft": 1}) == []
+
+
+# -- tokens/s per user, in flight, too few requests, two speeds, the load's own options ----------------------
+
+def test_tokens_per_s_per_user_is_the_median_of_per_request_1_over_tpot():
+    """docs/METRICS.md, "Tokens/s per user": AIPerf's per-request 1/TPOT at its p50, and vLLM's server output per
+    user. Request 0's two tokens arrive 10 ms apart (a burst): its 100 tok/s would rule a mean (39.3)."""
+    rs = [_r(0, 0.0, [0.5, 0.51], 0.52, 2, 1), _r(1, 0.1, [0.3, 0.4, 0.5], 0.5, 3, 1),
+          _r(2, 0.2, [0.4, 0.525, 0.65, 0.775, 0.9], 1.0, 5, 1)]
+    f = figs.point_figures(rs)  # TPOT 0.01, 0.1, 0.125: per user 100, 10, 8
+    assert f["tokens_per_s_per_user"] == pytest.approx(10.0)
+    assert f["output_throughput"] == pytest.approx(10 / 1.0)
+    assert f["in_flight_max"] == 3  # at t = 0.2 all three are in flight
+    assert f["in_flight_mean"] == pytest.approx((0.52 + 0.4 + 0.8) / 1.0)
+    assert f["output_throughput_per_user"] == pytest.approx(10 / 1.72)  # an uncapped rate: the mean in flight
+    assert figs.point_figures(rs, users=2)["output_throughput_per_user"] == pytest.approx(5.0)  # concurrency 2
+
+
+def test_the_requests_each_percentile_needs():
+    from scipy.stats import binom
+
+    for q, n in ((0.5, 6), (0.9, 36), (0.99, 368)):
+        assert search.needed(q) == n
+        for m, inside in ((n, True), (n - 1, False)):  # both ranks of p99_interval's interval within 1..m, or not
+            lo, hi = int(binom.ppf(0.025, m, q)), int(binom.ppf(0.975, m, q)) + 1
+            assert (lo >= 1 and hi <= m) == inside, (q, m, lo, hi)
+
+
+def test_a_point_with_too_few_requests_is_marked_with_what_each_percentile_needs():
+    from dlscale.serve.config import ServeConfig
+    from dlscale.serve.load import Point
+    from dlscale.serve.outcome import point_warnings
+
+    one = [_r(0, 0.0, [0.2, 0.3], 0.4, 2, 1)]  # the issue's case: a p99 and 2.5 requests/s of one request
+    f = figs.point_figures(one)
+    assert f["too_few_for"] == ["median", "p90", "p99"] and f["ttft_p99_s"] == pytest.approx(0.2)
+    assert figs.point_figures(one * 6)["too_few_for"] == ["p90", "p99"]
+    assert figs.point_figures(one * 368)["too_few_for"] == []
+    cfg = ServeConfig(url="http://h:1", model="m", rates="1")
+    (w,) = point_warnings(cfg, {}, [Point("rate", 1.0, one)], [f])
+    assert w == ("too few requests for their percentiles at load point(s) 1 (1 completed: median, p90, p99): a median "
+                 "needs 6, a p90 36, a p99 368 for a 95% interval inside the sample (more --requests)")
+
+
+def _speeds(tpots, start=0.0):
+    """One request per TPOT, sent one after another, 3 tokens each."""
+    out, t = [], start
+    for i, tp in enumerate(tpots):
+        out.append(_r(i, t, [t + 0.1, t + 0.1 + tp, t + 0.1 + 2 * tp], t + 0.1 + 2 * tp, 3, 1))
+        t += 0.1 + 2 * tp
+    return out
+
+
+def test_a_two_speed_point_is_its_first_part_apart_from_the_rest():
+    jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(50)]  # a fixed +-4% spread
+    slow_start = [(0.05 if i < 10 else 0.01) * j for i, j in enumerate(jitter)]
+    f = figs.two_speed(_speeds(slow_start))
+    assert f["two_speed"] is True and f["two_speed_first"] == 10 and f["two_speed_ratio"] == pytest.approx(5.0, rel=0.1)
+    assert f["two_speed_p"] < 1e-5
+    assert figs.two_speed(_speeds([0.01 * j for j in jitter]))["two_speed"] is False
+    small = [0.01 * (1.1 if i < 10 else 1.0) * j for i, j in enumerate(jitter)]  # apart, but by less than 1.2x
+    assert figs.two_speed(_speeds(small))["two_speed"] is False
+    assert figs.two_speed(_speeds(slow_start[:9]))["two_speed"] is None  # 9 requests: too few to split
+    assert figs.settled(_speeds([0.05] * 8), _speeds([0.01] * 8)) is False
+    assert figs.settled(_speeds([0.011] * 8), _speeds([0.01] * 8)) is True
+
+
+def test_rates_with_one_concurrency_are_a_cap_in_flight_and_concurrencies_stop_at_requests(monkeypatch):
+    c = ServeConfig(url="http://h:1", model="m", rates="2,4", concurrencies="8", requests=100)
+    assert (c.mode, c.rates, c.cap) == ("rate", (2.0, 4.0), 8) and c.to_dict()["max_concurrency"] == 8
+    big = ServeConfig(url="http://h:1", model="m", concurrencies="10,100000000", requests=100)
+    assert big.concurrencies == (10, 100) and big.concurrency_asked == (10, 100000000)
+    assert big.to_dict()["concurrency_asked"] == [10, 100000000] and big.to_dict()["max_concurrency"] is None
+    assert ServeConfig(url="http://h:1", model="m", rates="1", concurrencies="500", requests=20).cap == 20
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    with pytest.raises(UsageError, match="--api-key-env NO_SUCH_KEY_VAR: the variable is not set"):
+        ServeConfig(url="http://h:1", model="m", api_key_env="NO_SUCH_KEY_VAR")
+    monkeypatch.setenv("NO_SUCH_KEY_VAR", "sk-1")
+    assert ServeConfig(url="http://h:1", model="m", api_key_env="NO_SUCH_KEY_VAR").key_env == "NO_SUCH_KEY_VAR"
+    assert ServeConfig(url="http://h:1", model="m").key_env == "OPENAI_API_KEY"  # where set; none needed
+    with pytest.raises(UsageError, match="--warmup-duration"):
+        ServeConfig(url="http://h:1", model="m", warmup_duration=100, duration=10)

@@ -223,3 +223,102 @@ def test_every_point_is_bounded_in_time(db_path):
     assert rec.raw["points"][0]["stopped_by"] == "duration"
     assert 0 < rec.metrics["requests_sent"] < 1000
     assert any("--duration ended" in w for w in rec.warnings)
+
+
+# -- the load as asked and as it was ---------------------------------------------------------------------
+
+def test_a_concurrency_past_the_requests_is_capped_and_said(cli, db_path):
+    import json
+
+    with InstantServer(model="m") as srv:
+        r = cli("serve-bench", srv.url, "--model", "m", "--concurrencies", "100000000", "--requests", "10",
+                "--warmup", "0", "--no-calibrate", "--output-len", "4", "--prompt-len", "4", "--format", "json")
+    assert r.code == 0, r.stderr
+    rec = json.loads(r.stdout)
+    m = rec["metrics"]
+    assert m["loads_by_point"] == [10] and m["load"] == 10  # not 100,000,000 in flight
+    assert 1 <= m["in_flight_max"] <= 10 and rec["config"]["concurrency_asked"] == [100000000]
+    said = "--concurrencies 100000000 capped at --requests 10: a load point of 10 requests never has more in flight"
+    assert any(said in w for w in rec["warnings"]) and said in r.stderr
+
+
+def test_an_unset_key_variable_is_refused_up_front(cli, db_path, monkeypatch):
+    monkeypatch.delenv("MY_UNSET_SERVING_KEY", raising=False)
+    seen = []
+
+    async def count(request, body):
+        seen.append(request.headers.get("Authorization"))
+        return await instant_answer(request, body)
+
+    with InstantServer(model="m", handler=count) as srv:
+        r = cli("serve-bench", srv.url, "--model", "m", "--api-key-env", "MY_UNSET_SERVING_KEY", "--requests", "2",
+                "--no-calibrate")
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.code == 2 and line.startswith("error: --api-key-env MY_UNSET_SERVING_KEY: the variable is not set")
+    assert seen == [] and not db_path.exists()  # no request went out keyless, nothing recorded
+
+
+def test_a_rate_with_a_cap_in_flight(db_path):
+    """vLLM's --request-rate with --max-concurrency: 12 requests arriving at once (a rate of 1000/s) against
+    answers of ~50 ms with at most 2 in flight: the rest wait for a slot, and the record says how long."""
+    async def steady(request, body):
+        await asyncio.sleep(0.05)
+        return await instant_answer(request, body)
+
+    with InstantServer(model="m", handler=steady) as srv:
+        rec = api.serve_bench(srv.url, "m", rates="1000", concurrencies="2", **{**QUICK, "requests": 12})
+    m, c = rec.metrics, rec.config
+    assert (c["mode"], c["max_concurrency"], m["loads_by_point"]) == ("rate", 2, [1000.0])
+    assert m["in_flight_max"] == 2 and m["completed"] == 12
+    assert m["queue_wait_max_s"] >= 4 * 0.05  # the last arrivals waited for five answers ahead of them
+    assert m["lag_p99_s"] < m["queue_wait_max_s"]  # the wait is not counted as the generator's lag
+    req = rec.raw["points"][0]["requests"]
+    assert all(a is not None and s >= a for a, s in zip(req["arrival"], req["scheduled"]))
+    assert m["output_throughput_per_user"] == pytest.approx(m["output_throughput"] / 2)
+
+
+def _slow_start(first: int, slow_s: float = 0.06, fast_s: float = 0.01):
+    """A server whose first ``first`` requests (the probe's included) send their tokens ``slow_s`` apart, the
+    others ``fast_s``: a server still warming (compiling, filling its caches) for its first requests."""
+    count = itertools.count()
+
+    async def handler(request, body):
+        from aiohttp import web
+
+        gap = slow_s if next(count) < first else fast_s
+        chat = request.path.endswith("/chat/completions")
+        n = int(body.get("max_tokens") or 4)
+        if not body.get("stream"):
+            return await instant_answer(request, body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            if i:
+                await asyncio.sleep(gap)
+            await resp.write(event(chunk(f" t{i}", chat)))
+        usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": n + 4}
+        await resp.write(event(chunk("", chat, "length", usage)))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    return handler
+
+
+def test_a_short_warm_up_leaves_a_two_speed_point_and_a_warm_up_until_stable_does_not(db_path):
+    run = {**QUICK, "requests": 40, "output_len": "3", "duration": 30.0}
+    with InstantServer(model="m", handler=_slow_start(12)) as srv:
+        cold = api.serve_bench(srv.url, "m", **run)  # no warm-up: the point's first ~10 are slow
+    assert cold.metrics["two_speed"] is True and cold.metrics["two_speed_ratio"] > 2
+    assert any("ran at two speeds" in w and "--warmup-until-stable" in w for w in cold.warnings)
+    with InstantServer(model="m", handler=_slow_start(12)) as srv:
+        warm = api.serve_bench(srv.url, "m", **{**run, "warmup_until_stable": True})
+    w = warm.raw["warmup"]
+    assert w["stable"] is True and w["rounds"] >= 3 and w["requests"] == 8 * w["rounds"]
+    assert warm.metrics["two_speed"] is False and not any("two speeds" in x for x in warm.warnings)
+
+
+def test_a_warm_up_by_duration(db_path):
+    with InstantServer(model="m") as srv:
+        rec = api.serve_bench(srv.url, "m", **{**QUICK, "warmup": 1, "warmup_duration": 0.5})
+    assert rec.raw["warmup"]["seconds"] >= 0.5 and rec.raw["warmup"]["requests"] >= 2
+    assert rec.raw["warmup"]["stable"] is None

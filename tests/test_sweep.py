@@ -344,3 +344,23 @@ def test_a_yaml_file_that_is_not_utf8_is_one_line_naming_it(cli, db_path, tmp_pa
     res = cli(*[a.format(f=f) for a in args])
     (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.code == 2 and line == f"error: {f}:2: not UTF-8 text (byte 0xe9 at offset 13); save the file as UTF-8"
+
+
+def test_progress_eta_comes_from_the_wall_clock_so_points_run_at_once_do_not_add_up(monkeypatch, capsys):
+    """Slurm runs a sweep's points at the same time: two 60 s points that ended together 60 s after the
+    start leave an ETA of 60 s for the other two, not the 120 s their own times would add up to."""
+    from types import SimpleNamespace
+
+    from dlscale.cli.common import Format
+    from dlscale.cli.sweep import _Progress
+
+    monkeypatch.delenv("DLSCALE_QUIET", raising=False)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    prog = _Progress(4, Format.json)
+    clock[0] += 60.0
+    for i in range(2):
+        prog.done(SimpleNamespace(status="ok", seconds=60.0, error=None, point=SimpleNamespace(index=i, label=f"p{i}")))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith("(60.0 s; eta 180 s)")  # one of four done after 60 s
+    assert err[1].endswith("(60.0 s; eta 60 s)")  # two of four after the same 60 s

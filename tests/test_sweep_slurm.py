@@ -48,13 +48,14 @@ def test_the_slurm_block_becomes_the_job_parameters_and_sbatch_script(tmp_path):
     params = slurm.job_parameters(p4, sw.slurm)
     assert params == {"job_name": f"dlscale-{p4.hash}", "nodes": 2, "ntasks_per_node": 1, "time": 91,  # 20 s round up
                       "partition": "gpu", "cpus_per_task": 16, "account": "proj42", "constraint": "h100",
-                      "mem": "500G", "gpus_per_node": 4, "setup": ["module load cuda"], "srun_args": ["--whole"]}
+                      "mem": "500G", "gpus_per_node": 4, "setup": ["module load cuda"], "srun_args": ["--whole"],
+                      "additional_parameters": {"no_requeue": True}}
     assert slurm.job_parameters(sw.points[1], sw.slurm)["gpus_per_node"] == 8  # auto: one GPU per rank
     script = _make_sbatch_string(command="python -m submitit.core._submit X", folder=tmp_path / "%j", **params)
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4", "#SBATCH --time=91",
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj42", "#SBATCH --constraint=h100",
                  "#SBATCH --cpus-per-task=16", "#SBATCH --mem=500G", f"#SBATCH --job-name=dlscale-{p4.hash}",
-                 "module load cuda"):
+                 "#SBATCH --no-requeue", "module load cuda"):
         assert line in script.splitlines(), (line, script)
     assert "srun --unbuffered" in script  # one task per node: torchrun on every node
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
@@ -63,7 +64,7 @@ def test_the_slurm_block_becomes_the_job_parameters_and_sbatch_script(tmp_path):
     plain = spec.load(_write(tmp_path, "name: p\n" + TINY + "slurm: {partition: cpu}\nmatrix:\n  batch_size: [4]\n", "p.yaml"))
     assert slurm.job_parameters(plain.points[0], plain.slurm) == {
         "job_name": f"dlscale-{plain.points[0].hash}", "nodes": 1, "ntasks_per_node": 1, "time": 31, "partition": "cpu",
-        "srun_args": ["--whole"]}
+        "srun_args": ["--whole"], "additional_parameters": {"no_requeue": True}}
 
 
 def test_a_multi_node_point_starts_torchrun_with_c10d_on_the_first_node(tmp_path):
@@ -114,6 +115,28 @@ def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
     assert recs[p_own.hash].raw["slurm_state"] == "TIMEOUT" and recs[p_none.hash].raw["slurm_job_id"] == "41"
 
 
+def test_resume_runs_again_a_point_whose_job_lost_its_node_and_no_other_failed_one(tmp_path, monkeypatch):
+    from dlscale.sweep.run import finished_points, lost_points, record_failure
+
+    sw = spec.load(_write(tmp_path, "name: lost\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    p_lost, p_own = sw.points
+    st = open_state(sw, tmp_path / "state")
+    st.points[p_lost.hash].update(job_id="41")
+    st.points[p_own.hash].update(job_id="42")
+    with Store.open(tmp_path / "r.db") as store:
+        record_failure(p_lost, store, sw.name, "crashed: killed by SIGTERM", "")
+        slurm.settle(p_lost, squeue.JobState("41", "NODE_FAIL", "None"), store, sw.name, st)
+        slurm.settle(p_own, squeue.JobState("42", "TIMEOUT", "TimeLimit", "00:01:00"), store, sw.name, st)
+        assert set(finished_points(store, sw)) == {p_own.hash}  # a timeout is the point's own: it stays done
+        assert lost_points(store, sw) == {p_lost.hash: "41"}
+        (rec,) = [r for r in store.query() if r.raw["sweep_point"] == p_lost.hash]
+    assert rec.error == "Slurm job 41 NODE_FAIL: lost a node (crashed: killed by SIGTERM)"
+    # the lost job (which the controller still knows) is not waited for again: its point is submitted anew
+    monkeypatch.setattr(squeue, "active_jobs_by_name", lambda: {})
+    monkeypatch.setattr(squeue, "job_states", lambda ids: {j: squeue.JobState(j, "NODE_FAIL") for j in ids})
+    assert slurm._reattach(sw, st, {}, {p_lost.hash: "41"}) == {p_own.hash: "42"}
+
+
 def _shim(bin_dir: Path, name: str, stderr: str, stdout: str = "", code: int = 1) -> None:
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / name).write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\necho '{stderr}' >&2\nexit {code}\n")
@@ -131,6 +154,28 @@ def test_a_controller_that_does_not_answer_is_not_a_forgotten_job(tmp_path, monk
     assert squeue.job_states(["41"]) == {}  # the controller answered: it has forgotten the job
     _shim(tmp_path / "bin", "scontrol", "", "JobId=41 JobState=RUNNING Reason=None TimeLimit=00:05:00", 0)
     assert squeue.job_states(["41"])["41"].phase == "running"
+
+
+def test_a_points_time_is_its_jobs_run_time_as_slurm_counts_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    _shim(tmp_path / "bin", "scontrol", "", "JobId=41 JobState=COMPLETED Reason=None RunTime=1-00:01:05 "
+                                            "TimeLimit=2-00:00:00", 0)
+    assert squeue.job_states(["41"])["41"].run_s == 86400 + 65
+    _shim(tmp_path / "bin", "scontrol", "slurm_load_jobs error: Invalid job id specified")  # forgotten: accounting's
+    _shim(tmp_path / "bin", "sacct", "", "42|FAILED|NonZeroExitCode|00:10:00|37", 0)
+    assert squeue.job_states(["42"])["42"] == squeue.JobState("42", "FAILED", "NonZeroExitCode", "00:10:00", run_s=37)
+    assert [squeue.run_seconds(t) for t in ("05:07", "3:02:01", "INVALID", "")] == [307, 3 * 3600 + 121, None, None]
+    sw = spec.load(_write(tmp_path, "name: t\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
+    st = open_state(sw, tmp_path / "state")
+    with Store.open(tmp_path / "r.db") as store:
+        from dlscale.record import RunRecord
+
+        for p in sw.points:  # what each job recorded itself, 12.5 s from its record's creation to its end
+            store.insert(RunRecord(kind="train", workload="tinycnn", config=dict(p.options), raw={"sweep_point": p.hash},
+                                   created_at="2026-11-28T10:00:00.000+00:00", finished_at="2026-11-28T10:00:12.500+00:00"))
+        slurm_s = slurm.settle(sw.points[0], squeue.JobState("41", "COMPLETED", run_s=31), store, sw.name, st)
+        own_s = slurm.settle(sw.points[1], squeue.JobState("43", "COMPLETED"), store, sw.name, st)  # Slurm said none
+    assert (slurm_s.status, slurm_s.seconds) == ("ok", 31) and (own_s.status, own_s.seconds) == ("ok", 12.5)
 
 
 def test_waiting_through_an_outage_records_what_the_job_recorded(tmp_path, monkeypatch):

@@ -234,3 +234,16 @@ def test_live_inventory_reports_the_cap_beside_the_hardware(monkeypatch):
     assert cpu["isa_cap"]["level"] == "avx"
     assert not cpu["isa"]["avx2"] and not cpu["isa"]["avx512f"]
     assert set(cpu["isa_hardware"]) == set(system.ISA_FLAGS)
+
+
+def test_the_inventory_names_the_slurm_job_it_ran_in(monkeypatch):
+    from dlscale.system import collect
+
+    for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NODEID",
+              "SLURM_JOB_PARTITION"):
+        monkeypatch.delenv(k, raising=False)
+    assert collect(with_torch=False)["slurm"] is None
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-02]")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert collect(with_torch=False)["slurm"] == {"job_id": "4711", "nodelist": "gpu[01-02]", "node_id": "1"}

@@ -373,7 +373,8 @@ def test_resume_reuses_finished_trials(tmp_path):
         raise AssertionError("a finished trial ran again")
 
     again = run_tune("tinycnn", db=str(tmp_path / "r.db"), device="cpu", runner=must_not_run, clock=dev.clock,
-                     output=str(tmp_path / "best.yaml"), max_memory="64G", steps=5, max_batch=32, resume=True)
+                     output=str(tmp_path / "best.yaml"), force=True, max_memory="64G", steps=5, max_batch=32,
+                     resume=True)  # the first tune's YAML is replaced: --force
     assert again.metrics["trials_run"] == 0 and again.metrics["trials_reused"] == n
     assert again.raw["best_config"] == first.raw["best_config"]
     assert [r["gain"] for r in again.raw["ablation"]] == [r["gain"] for r in first.raw["ablation"]]

@@ -185,7 +185,7 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
 def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
             inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, nics: int = 1,
             overlap_cost: float | None = None, find_unused_parameters: bool | None = None, tag: str | None = None,
-            db: str | None = None) -> list[Any]:
+            shared_host: bool | None = None, db: str | None = None) -> list[Any]:
     """Predict the data-parallel scaling of ``layouts`` ((nodes, devices per node) each) from the
     one-device run ``run`` (a ``train`` run, or a published figure brought in by ``dlscale import``)
     and link parameters (``intra``/``inter``: a datasheet link name such as "nvlink4", "ib-ndr",
@@ -193,13 +193,14 @@ def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None =
     run of that level in the store). ``nics``: NICs per node (each at the inter link's rate);
     ``overlap_cost``: the share of backward lost while an all-reduce is in flight (default: fitted
     from a one-node multi-device run of the same test in the store, else 0.5 on accelerators, 0 on
-    CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run). One
+    CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run); ``shared_host``:
+    the nodes share the source run's machine and its cores (default: when the inter link is emulated). One
     ``prediction`` record per distinct layout."""
     from dlscale.predict.run import predict as run_predict
 
     return run_predict(run, list(layouts), model=model, intra=intra, inter=inter, algorithm=algorithm,
                        host_cost=host_cost, nics=nics, overlap_cost=overlap_cost,
-                       find_unused_parameters=find_unused_parameters, tag=tag, db=db)
+                       find_unused_parameters=find_unused_parameters, tag=tag, shared_host=shared_host, db=db)
 
 
 def failed(records: Sequence[Any]) -> list[Any]:
@@ -212,19 +213,21 @@ __all__ += ["failed", "RunFailure", "UsageError"]
 
 def tune(model: str, *, budget_s: float | None = None, resume: bool = False, fix: Sequence[str] | dict[str, Any] = (),
          max_memory: str | None = None, steps: int = 10, warmup_steps: int = 3, max_batch: int = 1024,
-         output: str | None = None, tag: str | None = None, device: str = "auto", db: str | None = None,
-         **options: Any) -> Any:
+         output: str | None = None, force: bool = False, tag: str | None = None, device: str = "auto",
+         db: str | None = None, **options: Any) -> Any:
     """Search the short test's knobs (precision, batch size, memory format, torch.compile, threads,
     workers with ``data``) for the fastest configuration that fits; the ``tune`` record, whose raw
     holds the ablation table, the trials (each a recorded ``train`` run under ``tag``) and the best
-    configuration, also written as YAML to ``output`` for ``dlscale train --config``. ``fix`` holds
+    configuration, also written as YAML to ``output`` for ``dlscale train --config`` (an existing file
+    only with ``force``; never a database, checked before the first trial). ``fix`` holds
     knobs left alone ("precision=fp32" or a dict); ``options`` are the model's TrainConfig shape fields."""
     from dlscale.tune.run import parse_fix
     from dlscale.tune.run import tune as run_tune
 
     fixed = dict(fix) if isinstance(fix, dict) else parse_fix(list(fix))
     return run_tune(model, db=db, budget_s=budget_s, resume=resume, fix=fixed, max_memory=max_memory, steps=steps,
-                    warmup_steps=warmup_steps, max_batch=max_batch, output=output, tag=tag, device=device, **options)
+                    warmup_steps=warmup_steps, max_batch=max_batch, output=output, force=force, tag=tag, device=device,
+                    **options)
 
 
 __all__ += ["tune"]
@@ -248,6 +251,7 @@ def infer(model: str | None = None, *, config: Any = None, db: str | None = None
     store = Store.open(db)  # an unwritable database is a usage error before any work
     device = dev.select_device(cfg.device)
     resolved = cfg.resolve(device.type)
+    dev.check_precision(resolved.precision, device)
     system = collect_cached()
     info(f"dlscale infer {resolved.model}: batch {','.join(map(str, resolved.batch_sizes))}, "
          f"{shape_words(resolved.train_config())}, {resolved.precision}, {resolved.runtime}"
@@ -266,17 +270,18 @@ def _infer_how(cfg: Any) -> str:
 __all__ += ["infer"]
 
 
-def health(*, tag: str | None = None, db: str | None = None) -> Any:
+def health(*, tag: str | None = None, db: str | None = None, xids_since: dict[str, Any] | None = None) -> Any:
     """Every GPU's health as NVML reports it now (``dlscale sysinfo --health``), recorded as a run of
     kind ``health``: per GPU its clock-throttle reasons, ECC counts, retired pages and remapped rows,
-    and the warnings they raise (``raw.gpus[i].warnings``). A GPU that reports a problem is not a
-    failed run: the acceptance suite judges it (``dlscale accept``)."""
+    links, the kernel's Xids since ``xids_since`` (a previous read's mark, ``raw.kernel_xids.until``;
+    None: this boot's whole log), and the warnings they raise (``raw.gpus[i].warnings``). A GPU that
+    reports a problem is not a failed run: the acceptance suite judges it (``dlscale accept``)."""
     from dlscale.harness.runner import Outcome, execute
     from dlscale.monitor.health import check_host
     from dlscale.store import Store
 
     def body(_rec: Any) -> Any:
-        report = check_host()
+        report = check_host(kernel=True, since=xids_since)
         found = [w for g in report["gpus"] for w in g["warnings"]]
         return Outcome(metrics={"gpus": len(report["gpus"]), "health_warnings": len(found)},
                        units={"gpus": "GPUs", "health_warnings": "warnings"}, raw=report, warnings=found)
@@ -328,7 +333,8 @@ def serve_bench(url: str | None = None, model: str | None = None, *, config: Any
     record (kind ``serving``). ``options`` are ``ServeConfig`` fields: api, stream, rates or concurrencies,
     burstiness, requests, duration, warmup, timeout, prompt_len, output_len, shared_prefix, prefixes, dataset,
     tokenizer, slo (a preset or "ttft=S,tpot=S"), slo_ttft, slo_tpot, find_max, ... The API key is read from the
-    environment variable ``api_key_env`` (default OPENAI_API_KEY) and never recorded."""
+    environment variable ``api_key_env`` (default OPENAI_API_KEY where set; a variable named must be set) and
+    never recorded."""
     from dlscale.harness.runner import execute
     from dlscale.serve.config import ServeConfig
     from dlscale.serve.run import run_serving
@@ -338,7 +344,8 @@ def serve_bench(url: str | None = None, model: str | None = None, *, config: Any
     store = Store.open(db)  # an unwritable database is a usage error before any work
     loads = ",".join(f"{x:g}" for x in cfg.loads)
     info(f"dlscale serve-bench {cfg.model} at {cfg.base_url}: /v1/{'chat/' if cfg.api == 'chat' else ''}completions"
-         f"{', streamed' if cfg.stream else ''}, {cfg.mode} {loads}{' (search)' if cfg.find_max else ''}, "
+         f"{', streamed' if cfg.stream else ''}, {cfg.mode} {loads}{' (search)' if cfg.find_max else ''}"
+         f"{f', at most {cfg.cap} in flight' if cfg.cap else ''}, "
          f"{cfg.requests} requests per point, prompts {cfg.prompt_len}, outputs {cfg.output_len} tokens")
     with store:
         return execute(kind="serving", workload=cfg.model, config=cfg.to_dict(), tag=cfg.tag, store=store,

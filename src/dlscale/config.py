@@ -39,6 +39,7 @@ class TrainConfig:
     channels_last: bool | None = None  # None: the fast default for the device
     compile: bool = False
     compile_mode: str | None = None  # a torch.compile mode (COMPILE_MODES); giving one implies compile
+    cudnn_benchmark: bool = True  # cuDNN's autotuner: a step's shapes are fixed (harness.device.run_flags)
     warmup_steps: int = 10
     steps: int = 100
     min_duration_s: float | None = None  # the measured window lasts at least this (steps from a probe; harness/window.py)
@@ -72,6 +73,9 @@ class TrainConfig:
         from dlscale import workloads
 
         w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
+        from dlscale import limits
+
+        limits.fields(self)  # NaN/inf floats, whole numbers past any option (--lr inf would fail at step 1)
         _positive("--batch-size", self.batch_size)
         _positive("--steps", self.steps)
         _positive("--repeat", self.repeat)
@@ -103,6 +107,7 @@ class TrainConfig:
                        ("--breakdown-steps", self.breakdown_steps), ("--profile-steps", self.profile_steps)):
             limits.at_most(opt, v, limits.STEPS, "steps of one short test")
         limits.at_most("--repeat", self.repeat, limits.REPEAT, "repeats of the short test")
+        limits.limit("--batch-size", self.batch_size)
         from dlscale.harness.window import check_min_duration
 
         check_min_duration("--min-duration", self.min_duration_s)

@@ -96,6 +96,15 @@ def fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
+def fmt_size(n: int) -> str:
+    """A message size as nccl-tests and ``--sizes`` write it, in the largest binary unit it is a whole
+    number of: 2**30 -> "1G", 3 * 2**20 -> "3M", 100 -> "100"."""
+    for unit, k in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
 def fmt_seconds(s: float | None) -> str:
     """1.5 -> "1.500 s", 0.0123 -> "12.30 ms", 4.5e-5 -> "45.0 us"."""
     if s is None:

@@ -1,8 +1,18 @@
-"""Where dlscale keeps its files by default, and the one check of a directory it is told to write."""
+"""Where dlscale keeps its files by default, the one check of a directory it is told to write, and the
+one way a command writes a file it is told to write (``--out``, ``--output``, ``--mlperf-log``).
+
+A file a command is told to write never replaces the database the command reads (nor its ``-wal``,
+``-shm`` or ``-journal`` companion), whatever it is told, nor any SQLite database; it replaces
+another existing file only when the user says so (``--force``); and it is written whole or not at
+all: into a temporary file beside it, then renamed over it (``write_atomic``, ``atomic_target``),
+so an interrupted command leaves the old file or the new one, never half of either.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DB_ENV = "DLSCALE_DB"
@@ -68,3 +78,99 @@ def resolve_db_path(db: str | os.PathLike | None) -> Path:
     if db:
         return Path(db).expanduser()
     return default_db_path()
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+DB_COMPANIONS = ("", "-wal", "-shm", "-journal")  # SQLite's own files beside a database
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same resolved path, or (both there) the same inode."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _is_sqlite(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def check_output(path: str | os.PathLike, option: str, *, db: str | os.PathLike | None = None,
+                 force: bool = False, append: bool = False) -> Path:
+    """A file a command is told to write, checked before any work (the module doc): a UsageError naming
+    ``option`` where it is the database ``db`` (``--db``, else ``$DLSCALE_DB``, else the default) or one of
+    its companion files, any SQLite database or its companion, a directory, in a missing or unwritable
+    directory, or an existing file without ``force`` (``append``: a file the command continues, which may
+    exist). The path, expanded."""
+    from dlscale.errors import UsageError
+
+    p = Path(path).expanduser()
+    if "://" not in str(db or ""):
+        base = resolve_db_path(db)
+        for suffix in DB_COMPANIONS:
+            if _same(p, Path(f"{base}{suffix}")):
+                what = f"the {suffix} file of the results database" if suffix else "the results database"
+                raise UsageError(f"{option} {p} is {what} this command reads ({base}): dlscale never writes over "
+                                 "it; give another path")
+    if _is_sqlite(p):
+        raise UsageError(f"{option} {p} is an SQLite database: dlscale never writes over a database; give another path")
+    for suffix in DB_COMPANIONS[1:]:
+        if p.name.endswith(suffix) and _is_sqlite(p.with_name(p.name[: -len(suffix)])):
+            raise UsageError(f"{option} {p} belongs to the SQLite database {p.name[: -len(suffix)]}: dlscale never "
+                             "writes over a database; give another path")
+    check_writable_file(p, option)
+    if p.exists() and not (force or append):
+        raise UsageError(f"{option} {p} exists: add --force to replace it, or give another path")
+    return p
+
+
+@contextmanager
+def atomic_target(path: str | os.PathLike, option: str) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; renamed over ``path`` when the block ends without an
+    error, removed otherwise (an OSError is a UsageError naming ``option``)."""
+    import tempfile
+
+    from dlscale.errors import UsageError
+
+    p = Path(path).expanduser()
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
+        os.close(fd)
+    except OSError as e:
+        raise UsageError(f"cannot write {option} {p}: {e.strerror}") from None
+    tmp = Path(name)
+    try:
+        yield tmp
+        if p.exists():
+            os.chmod(tmp, p.stat().st_mode & 0o7777)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, p)
+    except OSError as e:
+        raise UsageError(f"cannot write {option} {p}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, option: str) -> Path:
+    """Write ``data`` to ``path`` whole or not at all (``atomic_target``), flushed to disk first."""
+    p = Path(path).expanduser()
+    with atomic_target(p, option) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+    return p

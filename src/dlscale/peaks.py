@@ -8,7 +8,8 @@ unknown device gets no peak (null) and a reason rather than somebody else's peak
 
 ``resolve_peak`` is the one place a run gets its peak: a datasheet row on GPUs, and on CPUs either
 the measured rate of a large GEMM (the short test's MFU) or the cores x GHz x FLOP/cycle estimate
-(the microbenchmarks' % of peak). docs/METRICS.md derives each.
+(the microbenchmarks' % of peak). docs/METRICS.md derives each. ``MEMORY`` holds each GPU's datasheet
+memory bandwidth (the acceptance's memory expectation, and the decode limit of ``dlscale.infer.limit``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class PeakRow:
     # (NVLink generation, links) of a part whose datasheet gives its NVLink rate, all links wired on the
     # board (SXM): the datasheet's GB/s both directions / (2 x the generation's per-link rate, nvlink.py)
     nvlink: tuple[int, int] | None = None
+    # the architecture and the board (SXM / PCIe / superchip / OAM): a large GEMM's sustained share of the
+    # peak depends on both (the board's power limit), and accept/datasheet.py's GEMM fractions are keyed on them
+    arch: str = ""
+    board: str = ""
 
 
 def _h(fp32: float, sparse_tf32: float, sparse_16: float, sparse_fp8: float) -> dict[str, float]:
@@ -50,43 +55,51 @@ _DENSE = "; tensor rates dense = half the with-sparsity figures"
 # --precision fp32. tf32/bf16/fp16/fp8 are dense tensor-core (matrix-core) rates.
 GPU_PEAKS: tuple[PeakRow, ...] = (
     PeakRow("NVIDIA H100 SXM5", ("NVIDIA H100 80GB HBM3",), _h(67.0, 989.0, 1979.0, 3958.0),
-            f"{_NV_H100} (2023), H100 SXM column{_DENSE}", (0x2330,), nvlink=(4, 18)),
+            f"{_NV_H100} (2023), H100 SXM column{_DENSE}", (0x2330,), nvlink=(4, 18), arch="Hopper", board="SXM"),
     PeakRow("NVIDIA H100 PCIe", ("NVIDIA H100 PCIe",), _h(51.0, 756.0, 1513.0, 3026.0),
-            f"{_NV_H100} (2022), H100 PCIe column{_DENSE}", (0x2331,)),
+            f"{_NV_H100} (2022), H100 PCIe column{_DENSE}", (0x2331,), arch="Hopper", board="PCIe"),
     PeakRow("NVIDIA H100 NVL", ("NVIDIA H100 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
-            f"{_NV_H100} (2023), H100 NVL column, per GPU{_DENSE}"),
+            f"{_NV_H100} (2023), H100 NVL column, per GPU{_DENSE}", arch="Hopper", board="PCIe"),
     PeakRow("NVIDIA H200 SXM", ("NVIDIA H200",), _h(67.0, 989.0, 1979.0, 3958.0),
-            f"{_NV_H200}, H200 SXM column{_DENSE}", (0x2335,), nvlink=(4, 18)),
+            f"{_NV_H200}, H200 SXM column{_DENSE}", (0x2335,), nvlink=(4, 18), arch="Hopper", board="SXM"),
     PeakRow("NVIDIA H200 NVL", ("NVIDIA H200 NVL",), _h(60.0, 835.0, 1671.0, 3341.0),
-            f"{_NV_H200}, H200 NVL column{_DENSE}"),
+            f"{_NV_H200}, H200 NVL column{_DENSE}", arch="Hopper", board="PCIe"),
     PeakRow("NVIDIA GH200", ("NVIDIA GH200 480GB",), _h(67.0, 989.0, 1979.0, 3958.0),
-            f"NVIDIA GH200 Grace Hopper Superchip datasheet (2023), GPU figures{_DENSE}"),
+            f"NVIDIA GH200 Grace Hopper Superchip datasheet (2023), GPU figures{_DENSE}", arch="Hopper",
+            board="superchip"),
     PeakRow("NVIDIA B200", ("NVIDIA B200",), _h(75.0, 2250.0, 4500.0, 9000.0),
-            f"NVIDIA HGX B200 specifications (2024): the 8-GPU figures / 8{_DENSE}", nvlink=(5, 18)),
+            f"NVIDIA HGX B200 specifications (2024): the 8-GPU figures / 8{_DENSE}", nvlink=(5, 18),
+            arch="Blackwell", board="SXM"),
     PeakRow("NVIDIA A100 SXM4", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"),
             {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-            f"{_NV_A100}, A100 SXM column (dense figures as printed)", (0x20B2, 0x20B0), nvlink=(3, 12)),
+            f"{_NV_A100}, A100 SXM column (dense figures as printed)", (0x20B2, 0x20B0), nvlink=(3, 12),
+            arch="Ampere", board="SXM"),
     PeakRow("NVIDIA A100 PCIe", ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"),
             {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-            f"{_NV_A100}, A100 PCIe column (dense figures as printed)", (0x20F1, 0x20B5)),
+            f"{_NV_A100}, A100 PCIe column (dense figures as printed)", (0x20F1, 0x20B5), arch="Ampere",
+            board="PCIe"),
     PeakRow("NVIDIA L40S", ("NVIDIA L40S",), {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
-            "NVIDIA L40S GPU datasheet (2023), dense figures as printed"),
+            "NVIDIA L40S GPU datasheet (2023), dense figures as printed", arch="Ada Lovelace", board="PCIe"),
     PeakRow("NVIDIA V100 SXM2", ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"), {"fp32": 15.7, "fp16": 125.0},
-            f"{_NV_V100}, SXM2 column (fp16 = Tensor Performance)", (0x1DB1,), nvlink=(2, 6)),
+            f"{_NV_V100}, SXM2 column (fp16 = Tensor Performance)", (0x1DB1,), nvlink=(2, 6), arch="Volta",
+            board="SXM"),
     PeakRow("NVIDIA V100 PCIe", ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), {"fp32": 14.0, "fp16": 112.0},
-            f"{_NV_V100}, PCIe column (fp16 = Tensor Performance)", (0x1DB4,)),
+            f"{_NV_V100}, PCIe column (fp16 = Tensor Performance)", (0x1DB4,), arch="Volta", board="PCIe"),
     PeakRow("NVIDIA P100 PCIe", ("Tesla P100-PCIE-16GB", "Tesla P100-PCIE-12GB"), {"fp32": 9.3, "fp16": 18.7},
-            "NVIDIA Tesla P100 datasheet (2016), PCIe column"),
+            "NVIDIA Tesla P100 datasheet (2016), PCIe column", arch="Pascal", board="PCIe"),
     PeakRow("NVIDIA P100 SXM2", ("Tesla P100-SXM2-16GB",), {"fp32": 10.6, "fp16": 21.2},
-            "NVIDIA Tesla P100 datasheet (2016), NVLink (SXM2) column", nvlink=(1, 4)),
+            "NVIDIA Tesla P100 datasheet (2016), NVLink (SXM2) column", nvlink=(1, 4), arch="Pascal", board="SXM"),
     PeakRow("NVIDIA T4", ("Tesla T4",), {"fp32": 8.1, "fp16": 65.0},
-            "NVIDIA T4 Tensor Core GPU datasheet (2018); fp16 = mixed-precision tensor rate"),
+            "NVIDIA T4 Tensor Core GPU datasheet (2018); fp16 = mixed-precision tensor rate", arch="Turing",
+            board="PCIe"),
     PeakRow("AMD Instinct MI300X", ("AMD Instinct MI300X",),
             {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
-            "AMD Instinct MI300X accelerator data sheet (2023); fp32 = peak FP32 vector, others dense matrix"),
+            "AMD Instinct MI300X accelerator data sheet (2023); fp32 = peak FP32 vector, others dense matrix",
+            arch="CDNA 3", board="OAM"),
     PeakRow("AMD Instinct MI325X", ("AMD Instinct MI325X",),
             {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
-            "AMD Instinct MI325X accelerator data sheet (2024); fp32 = peak FP32 vector, others dense matrix"),
+            "AMD Instinct MI325X accelerator data sheet (2024); fp32 = peak FP32 vector, others dense matrix",
+            arch="CDNA 3", board="OAM"),
 )
 
 
@@ -97,6 +110,38 @@ def normalize_name(name: str) -> str:
 
 _BY_NAME = {normalize_name(n): row for row in GPU_PEAKS for n in row.names}
 _BY_PCI = {i: row for row in GPU_PEAKS for i in row.pci_ids}
+
+
+# Device memory bandwidth: the datasheet rate of each GPU's memory interface (what the acceptance's
+# memory copy is judged against, and what bounds a decode step that reads its weights and KV cache).
+@dataclass(frozen=True)
+class MemoryRow:
+    names: tuple[str, ...]  # exact device names, as the driver reports them
+    gbps: float  # GB/s (1e9 bytes/s) of device memory
+    source: str
+
+
+MEMORY: tuple[MemoryRow, ...] = (
+    MemoryRow(("NVIDIA H100 80GB HBM3",), 3350, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: 3.35 TB/s"),
+    MemoryRow(("NVIDIA H100 PCIe",), 2000, "NVIDIA H100 Tensor Core GPU datasheet (2022), H100 PCIe: 2 TB/s"),
+    MemoryRow(("NVIDIA H100 NVL",), 3900, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL: 3.9 TB/s"),
+    MemoryRow(("NVIDIA H200", "NVIDIA H200 NVL"), 4800, "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-80GB",), 2039, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM: 2,039 GB/s"),
+    MemoryRow(("NVIDIA A100 80GB PCIe",), 1935, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB PCIe: 1,935 GB/s"),
+    MemoryRow(("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 1555,
+              "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 40GB: 1,555 GB/s"),
+    MemoryRow(("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), 900,
+              "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 900 GB/s"),
+    MemoryRow(("NVIDIA B200",), 8000, "NVIDIA HGX B200 specifications (2024): 64 TB/s for the 8 GPUs / 8"),
+    MemoryRow(("NVIDIA L40S",), 864, "NVIDIA L40S GPU datasheet (2023): 864 GB/s"),
+    MemoryRow(("AMD Instinct MI300X",), 5300, "AMD Instinct MI300X accelerator data sheet (2023): 5.3 TB/s"),
+)
+_MEMORY_BY_NAME = {normalize_name(n): row for row in MEMORY for n in row.names}
+
+
+def memory_gbps(device_name: str | None) -> MemoryRow | None:
+    """The datasheet memory row of an exact (normalised) device name, else None."""
+    return _MEMORY_BY_NAME.get(normalize_name(device_name or ""))
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,18 @@ class RunRecord:
         return config_hash(self.config)
 
     @property
+    def seconds(self) -> float | None:
+        """The run's wall time from its timestamps, created to finished (None with no finish time)."""
+        from datetime import datetime
+
+        if not self.finished_at:
+            return None
+        try:
+            return (datetime.fromisoformat(self.finished_at) - datetime.fromisoformat(self.created_at)).total_seconds()
+        except ValueError:
+            return None
+
+    @property
     def hostname(self) -> str | None:
         return (self.system or {}).get("hostname")
 

@@ -252,9 +252,21 @@ def collect(with_torch: bool = True) -> dict[str, Any]:
         "memory": memory_info(),
         "software": software_info(with_torch),
         "argv": [redact_text(a) for a in sys.argv],  # a database URL's password never enters a record
+        "slurm": slurm_context(),
     }
     inv["accelerators"] = accelerators_guarded() if with_torch else None
     return inv
+
+
+def slurm_context() -> dict[str, Any] | None:
+    """The Slurm job this process runs in (job and step id, its nodes, this node's rank), or None outside one:
+    a record written inside a sweep point's job or an acceptance's names the job that ran it."""
+    env = os.environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    keys = {"job_id": "SLURM_JOB_ID", "step_id": "SLURM_STEP_ID", "nodelist": "SLURM_JOB_NODELIST",
+            "nnodes": "SLURM_JOB_NUM_NODES", "node_id": "SLURM_NODEID", "partition": "SLURM_JOB_PARTITION"}
+    return {k: env[v] for k, v in keys.items() if env.get(v)}
 
 
 _CACHE: dict[str, Any] | None = None

@@ -114,12 +114,13 @@ def list_refs(model: str | None = None, refs: str | None = None) -> list[Any]:
     return healthy.listing(healthy.load(refs), model)
 
 
-def export_refs(selector: str, out: str, db: str | None = None) -> dict[str, Any]:
+def export_refs(selector: str, out: str, db: str | None = None, force: bool = False) -> dict[str, Any]:
     """Write the healthy figures of the acceptances ``selector`` picks as a lab's own healthy-figures
-    file ``out`` (``dlscale accept --refs OUT`` judges against it); returns the document written."""
+    file ``out`` (``dlscale accept --refs OUT`` judges against it; an existing file only with ``force``,
+    never a database); returns the document written."""
     from dlscale.accept.refs_export import export
 
-    return export(selector, out, db)
+    return export(selector, out, db, force)
 
 
 def verify(folder: str) -> tuple[int, list[str]]:

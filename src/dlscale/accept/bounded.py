@@ -105,7 +105,8 @@ def _supervise(cmd: list[str], limit_s: float) -> tuple[int | None, list[int] | 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             env=env, start_new_session=True, preexec_fn=die_with_parent())
-    pump = threading.Thread(target=_pump, args=(proc.stdout, tail), daemon=True)
+    quiet = threading.Event()  # set on Ctrl-C here: what the ended check says then is kept, not shown
+    pump = threading.Thread(target=_pump, args=(proc.stdout, tail, quiet), daemon=True)
     pump.start()
     killed = None
     try:
@@ -114,6 +115,7 @@ def _supervise(cmd: list[str], limit_s: float) -> tuple[int | None, list[int] | 
         killed = end_tree(proc.pid, GRACE_S)
         proc.wait()
     except BaseException:
+        quiet.set()  # the acceptance says the interruption in its one line
         end_tree(proc.pid, GRACE_S)
         proc.wait()
         raise
@@ -121,10 +123,11 @@ def _supervise(cmd: list[str], limit_s: float) -> tuple[int | None, list[int] | 
     return (None if killed is not None else proc.returncode), killed, list(tail)
 
 
-def _pump(stream: Any, tail: deque) -> None:
+def _pump(stream: Any, tail: deque, quiet: threading.Event) -> None:
     for line in stream:
         tail.append(line.rstrip("\n"))
-        sys.stderr.write(line)
+        if not quiet.is_set():
+            sys.stderr.write(line)
     sys.stderr.flush()
 
 

@@ -21,8 +21,9 @@ bits, per device:
   (default 0.2% and 1%, ``LOSS``; a spec's ``checks: {burnin: {warn:, fail:}}`` sets them);
   meaningful across software versions, where bits are not;
 - ``clock events`` (each GPU): FAIL when NVML reported a slowdown for cause (thermal, power
-  brake, HW slowdown), uncorrected ECC errors or an Xid during the burn (``monitor.health``);
-  PASS with the burn's power, SM clock and temperature. CPUs have no clock-event reasons: their
+  brake, HW slowdown), uncorrected ECC errors, a lost GPU or a hardware or application Xid during
+  the burn (``monitor.health``), WARN for a memory error the GPU recorded or contained (Xid 63, 94:
+  ``monitor.xid``'s classes); else PASS with the burn's power, SM clock and temperature. CPUs have no clock-event reasons: their
   clock and temperature are recorded where the machine exposes them, and the notes say where not.
 
 ``find_known_good`` reads the store; the rest is pure.
@@ -236,18 +237,19 @@ def deviation(mine: Sequence[float], ref: Sequence[float]) -> tuple[float | None
 
 def _clock_events(rec: RunRecord, s: Subject, r: dict[str, Any]) -> Verdict | None:
     """A GPU's clock-event reasons, ECC and Xids during the burn (None: a CPU rank, or no NVML health watch)."""
-    from dlscale.monitor.health import run_warnings
+    from dlscale.monitor.health import run_advisories, run_warnings
 
     health = (r.get("series") or {}).get("health")
     if health is None:
         return None
-    found = run_warnings(health)
+    found, advised = run_warnings(health), run_advisories(health)
     m = r.get("monitor") or {}
     seen = "; ".join(f"{k} {_num(m.get(f'monitor_{c}_{stat}'))}{u}" for k, c, stat, u in (
         ("power mean", "gpu_power_W", "mean", " W"), ("SM clock mean", "gpu_sm_clock_MHz", "mean", " MHz"),
         ("temperature max", "gpu_temp_C", "max", " °C")) if m.get(f"monitor_{c}_{stat}") is not None)
-    why = "; ".join(found) if found else f"no slowdown for cause in {health.get('samples', 0)} samples"
-    return _verdict(rec, s, "clock events", FAIL if found else PASS, f"{why}{f' ({seen})' if seen else ''}")
+    why = "; ".join(found or advised) or f"no slowdown for cause in {health.get('samples', 0)} samples"
+    return _verdict(rec, s, "clock events", FAIL if found else WARN if advised else PASS,
+                    f"{why}{f' ({seen})' if seen else ''}")
 
 
 def _num(x: Any) -> str:

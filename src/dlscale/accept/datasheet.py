@@ -2,11 +2,15 @@
 
 The rated figures come from tables that name their sources: dense FLOP/s per precision
 (``peaks.GPU_PEAKS``), PCIe and NVLink rates (``predict.links``), and the memory bandwidth of
-each GPU (``MEMORY`` below, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
+each GPU (``peaks.MEMORY``, each row's vendor datasheet). The typical fractions (``FRACTIONS``)
 each carry their source, or say that the fraction is dlscale's own choice and why (no vendor
-publishes what a healthy device reaches in a STREAM-like copy or a GEMM); docs/METRICS.md
-("Acceptance: datasheet expectations") repeats them. A figure with no rated figure here (every
-CPU figure, inter-node links, training throughput) gets no datasheet expectation.
+publishes what a healthy device reaches in a STREAM-like copy); a GEMM's is measured per
+architecture and board (``GEMM_FRACTIONS``: the best GEMM rate healthy parts reached, over their
+dense peak), and a part with no measured fraction falls back to a conservative default that its
+expectation says it is; docs/METRICS.md ("Acceptance: datasheet expectations") repeats them. A
+figure with no rated figure here (every CPU figure, inter-node links, training throughput) gets no
+datasheet expectation. ``row_figure`` is the rated figure a row of the healthy table is held to
+(``refs.py`` refuses a row far from it).
 """
 
 from __future__ import annotations
@@ -15,30 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.peaks import normalize_name
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    names: tuple[str, ...]  # exact device names, as the driver reports them
-    gbps: float  # GB/s (1e9 bytes/s) of device memory
-    source: str
-
-
-MEMORY: tuple[MemoryRow, ...] = (
-    MemoryRow(("NVIDIA H100 80GB HBM3",), 3350, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: 3.35 TB/s"),
-    MemoryRow(("NVIDIA H100 PCIe",), 2000, "NVIDIA H100 Tensor Core GPU datasheet (2022), H100 PCIe: 2 TB/s"),
-    MemoryRow(("NVIDIA H100 NVL",), 3900, "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL: 3.9 TB/s"),
-    MemoryRow(("NVIDIA H200", "NVIDIA H200 NVL"), 4800, "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s"),
-    MemoryRow(("NVIDIA A100-SXM4-80GB",), 2039, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM: 2,039 GB/s"),
-    MemoryRow(("NVIDIA A100 80GB PCIe",), 1935, "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB PCIe: 1,935 GB/s"),
-    MemoryRow(("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 1555,
-              "NVIDIA A100 Tensor Core GPU datasheet (2021), A100 40GB: 1,555 GB/s"),
-    MemoryRow(("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB", "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), 900,
-              "NVIDIA Tesla V100 GPU Accelerator datasheet (2018): 900 GB/s"),
-    MemoryRow(("AMD Instinct MI300X",), 5300, "AMD Instinct MI300X accelerator data sheet (2023): 5.3 TB/s"),
-)
-_MEMORY_BY_NAME = {normalize_name(n): row for row in MEMORY for n in row.names}
+from dlscale.peaks import memory_gbps  # the table of memory rates lives in peaks (infer reads it too)
 
 
 @dataclass(frozen=True)
@@ -48,12 +29,14 @@ class Fraction:
 
 
 FRACTIONS: dict[str, Fraction] = {
-    "gemm_tensor": Fraction(0.6, "dlscale's choice: no vendor publishes the GEMM efficiency of a healthy part; "
-                                 "0.6 of the dense tensor peak sits below what large cuBLAS GEMMs reach on healthy "
-                                 "V100/A100/H100 parts at their default power limits, so only a part that "
-                                 "throttles, runs at a lower power cap or lower clocks falls under it"),
-    "gemm_fp32": Fraction(0.7, "dlscale's choice: vector FP32 GEMMs keep the FMA pipes busier than tensor GEMMs keep "
-                               "the tensor cores; 0.7 of the FP32 peak leaves room for clock drops under load"),
+    "gemm_tensor": Fraction(0.6, "conservative default, dlscale's choice where no fraction was measured for the "
+                                 "architecture, board and precision (GEMM_FRACTIONS): below what large cuBLAS GEMMs "
+                                 "reach on healthy V100/A100/H100 parts at their default power limits, so only a part "
+                                 "that throttles, runs at a lower power cap or lower clocks falls under it; a part 25% "
+                                 "slow passes it"),
+    "gemm_fp32": Fraction(0.7, "conservative default, dlscale's choice where no fraction was measured: vector FP32 "
+                               "GEMMs keep the FMA pipes busier than tensor GEMMs keep the tensor cores; 0.7 of the "
+                               "FP32 peak leaves room for clock drops under load"),
     "memory_copy": Fraction(0.8, "dlscale's choice: a device-to-device copy (read + write, CUDA's bandwidthTest "
                                  "counting) cannot reach the HBM interface rate (refresh, bank and page conflicts, "
                                  "read/write turnaround); STREAM-like copies on HBM GPUs are published near 80-90% "
@@ -66,6 +49,51 @@ FRACTIONS: dict[str, Fraction] = {
                              "within a quarter of the links' per-direction rate on healthy boards; nccl-tests defines "
                              "busbw to be compared with exactly that rate (nccl-tests doc/PERFORMANCE.md)"),
 }
+
+
+_DLS = "dlscale micro gemm's best case (DeepBench shapes) on a healthy"
+_MAMF = ("ml-engineering's Maximum Achievable Matmul FLOPS table (the mean of 100 bf16 matmuls at the best shape of a "
+         "brute-force search) <https://github.com/stas00/ml-engineering/blob/744d01e18b79512572f64a6bbd8b5f4a725203a7/"
+         "compute/accelerator/README.md#L347-L362>")
+# (architecture, board, precision) -> the best GEMM rate healthy parts measured over their dense peak (peaks.py).
+# The board matters: the same A100 die reaches 0.87 on an SXM board and 0.81 on a PCIe one (its power limit).
+GEMM_FRACTIONS: dict[tuple[str, str, str], Fraction] = {
+    ("Hopper", "SXM", "bf16"): Fraction(0.80, f"measured: {_DLS} H100 80GB HBM3 788 of 989.5 TFLOP/s (2026-11-26, "
+                                              "geometric mean of 780-797: 0.796) and H200 796.3 (2026-11-28: 0.805); "
+                                              f"H100 SXM 794.5 of 989 (0.803) in {_MAMF}"),
+    ("Hopper", "SXM", "fp16"): Fraction(0.77, f"measured: {_DLS} H100 80GB HBM3, fp16 766 of 989.5 TFLOP/s "
+                                              "(2026-11-26): 0.774"),
+    ("Hopper", "SXM", "tf32"): Fraction(0.70, f"measured: {_DLS} H100 80GB HBM3, tf32 344 of 494.5 TFLOP/s "
+                                              "(2026-11-26): 0.696"),
+    ("Hopper", "SXM", "fp32"): Fraction(0.77, f"measured: {_DLS} H100 80GB HBM3, fp32 (TF32 off) 51.6 of 67 TFLOP/s "
+                                              "(2026-11-26: 0.770), and H200 51.7 (2026-11-28: 0.772)"),
+    ("Hopper", "superchip", "bf16"): Fraction(0.84, f"measured: GH200 (900 W, 141 GiB HBM3e) 828.6 of 989 TFLOP/s "
+                                                    f"(0.838) in {_MAMF}"),
+    ("Ampere", "SXM", "bf16"): Fraction(0.87, f"measured: A100 SXM 271.2 of 312 TFLOP/s (0.869) in {_MAMF}"),
+    ("Ampere", "SXM", "fp16"): Fraction(0.81, "measured: Azure AI benchmarking guide, ND A100 v4 results, GEMM "
+                                              "cuBLASLt FP16 8192x8192x8192 253.7 of 312 TFLOP/s (0.813; one shape, "
+                                              "so the best case is at least this)"),
+    ("Ampere", "PCIe", "bf16"): Fraction(0.81, f"measured: A100 PCIe 252.9 of 312 TFLOP/s (0.811) in {_MAMF}"),
+    ("Blackwell", "SXM", "bf16"): Fraction(0.78, f"measured: B200 SXM 1745.0 of 2250 TFLOP/s (0.776) in {_MAMF}"),
+}
+# AMD's measured fractions move with the ROCm release (in the table above MI300X 0.51 at ROCm 6.3, MI325X 0.60 at
+# 6.2, and its notes: the MI300X gained 300 TFLOP/s from ROCm 6.1 to 6.2): no fraction to defend, so AMD matrix
+# cores get no datasheet expectation (their baseline and peers judge them)
+NO_GEMM_FRACTION = ("CDNA 3",)
+
+
+def gemm_fraction(arch: str, board: str, precision: str) -> Fraction | None:
+    """The fraction of the dense peak a healthy part's best GEMM reaches: measured for its architecture,
+    board and precision, else the conservative default, its source beginning CONSERVATIVE DEFAULT;
+    None for an architecture with none."""
+    if arch in NO_GEMM_FRACTION:
+        return None
+    got = GEMM_FRACTIONS.get((arch, board, precision))
+    if got is not None:
+        return got
+    base = FRACTIONS["gemm_fp32" if precision == "fp32" else "gemm_tensor"]
+    what = f"{arch} {board}".strip() or "this part"
+    return Fraction(base.value, f"CONSERVATIVE DEFAULT (no measured fraction for {what} {precision}): {base.source}")
 
 
 _COLL = ("dlscale's choice, against one GPU's NVLink rate per direction (nccl-tests' busbw is defined to be "
@@ -96,10 +124,6 @@ class Rated:
     @property
     def text(self) -> str:
         return f"{self.fraction.value:g} x {self.rated:.4g} ({self.source}); fraction: {self.fraction.source}"
-
-
-def memory_gbps(device_name: str | None) -> MemoryRow | None:
-    return _MEMORY_BY_NAME.get(normalize_name(device_name or ""))
 
 
 def pcie_gbps(gen: int | None, width: int | None) -> float | None:
@@ -180,14 +204,14 @@ def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
 
 
 def _gemm(fig: Any, precision: str, system: dict[str, Any]) -> Rated | None:
-    from dlscale.peaks import gpu_peak
+    from dlscale.peaks import find_row, gpu_peak
 
     idx = int(fig.context["device"].split(":")[1])
-    facts = gpu_facts(system, idx)
-    peak = gpu_peak(fig.model or "", precision, facts.get("pci_device_id"))
-    if peak is None or (fig.model or "").startswith("AMD"):  # no typical fraction for AMD matrix cores (METRICS.md)
+    pci = gpu_facts(system, idx).get("pci_device_id")
+    peak, row = gpu_peak(fig.model or "", precision, pci), find_row(fig.model or "", pci)
+    frac = gemm_fraction(row.arch, row.board, precision) if row is not None else None
+    if peak is None or frac is None:
         return None
-    frac = FRACTIONS["gemm_fp32" if precision == "fp32" else "gemm_tensor"]
     rated = peak.flops / 1e12
     return Rated(rated * frac.value, rated, frac, f"dense {precision} peak {rated:g} TFLOP/s: {peak.source}")
 
@@ -221,3 +245,39 @@ def _busbw(fig: Any, system: dict[str, Any]) -> Rated | None:
         return None
     rated, source = min(pairs, key=lambda p: p[0])  # type: ignore[arg-type, return-value]
     return Rated(rated * frac.value, rated, frac, f"the slowest GPU pair of the {n}: {source}")
+
+
+# -- the rated figure a healthy-table row is held to -------------------------------------------------------
+def row_figure(row: Any) -> tuple[float, str] | None:
+    """What a row of the healthy table (``refs.Row``) can be held to, and where it comes from: the
+    dense peak of a GEMM, the memory bandwidth of a device copy, the PCIe link of a pinned copy (its
+    ``when``), the NVLinks of a peer copy, the busbw a node's NVLinks allow a collective; None where
+    no table here knows the model or the link (nothing to hold the row to)."""
+    from dlscale.peaks import find_row, gpu_peak
+
+    names = list(row.names) + [""] * len(row.pci_ids)
+    pcis = [None] * len(row.names) + list(row.pci_ids)
+    part = next((p for p in (find_row(n, i) for n, i in zip(names, pcis)) if p is not None), None)
+    if row.check == "gemm" and row.figure.endswith(" best rate") and part is not None:
+        peak = gpu_peak(part.names[0], row.figure.split()[0])
+        return (peak.flops / 1e12, f"dense peak, {peak.source}") if peak else None
+    if row.check == "memory" and row.figure == "d2d":
+        mem = next((m for m in (memory_gbps(n) for n in row.names) if m is not None), None)
+        return (mem.gbps, f"device memory: {mem.source}") if mem else None
+    if row.check == "memory" and row.figure in ("h2d_pinned", "d2h_pinned"):
+        m = re.fullmatch(r"Gen(\d) x(\d+)", str(row.when.get("pcie") or ""))
+        rate = pcie_gbps(int(m.group(1)), int(m.group(2))) if m else None
+        return (rate, f"PCIe {row.when['pcie']} per direction") if rate else None
+    if part is None or part.nvlink is None or row.check not in ("p2p", "collectives"):
+        return None
+    from dlscale import nvlink
+
+    gen, nominal = part.nvlink
+    links = int(row.when.get("nvlinks") or nominal)
+    rate = links * nvlink.GENERATIONS[gen].gbps
+    where = f"{links} NVLink {gen} links x {nvlink.GENERATIONS[gen].gbps:g} GB/s per direction"
+    n = int(row.when.get("world_size") or 0)
+    if row.check == "collectives" and row.figure == "all_reduce busbw" and gen >= 4 and links == nominal and n > 2:
+        nvls = rate * 2 * (n - 1) / (n + 1)  # NVLink SHARP: each rank sends S + S/n and receives S/n + S
+        return max(rate, nvls), f"{where} x 2(n-1)/(n+1) for NVLink SHARP's all-reduce over {n} GPUs"
+    return rate, where

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from dlscale.accept.figure import Figure, Unreadable, device_subject, host_subject
 from dlscale.accept.readers import READERS
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
+from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
 from dlscale.format import fmt_count
 from dlscale.record import RunRecord
 
@@ -56,8 +56,9 @@ def _exp_phrase(v: Verdict) -> str:
 
 
 def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:
-    """One verdict per GPU of a health record: FAIL with its warnings, else PASS (``host``: the
-    record's node, named where the acceptance spans several)."""
+    """One verdict per GPU of a health record: FAIL with its warnings, else ERROR with what NVML would not
+    let it read, else WARN with its advisories, else PASS (``host``: the record's node, named where the
+    acceptance spans several)."""
     if rec.status != "ok":
         return failed_run_verdicts([rec], {rec.run_id: "health"}, {rec.run_id: host} if host else {})
     if not (rec.raw or {}).get("gpus"):  # fail closed: a health check that looked at nothing
@@ -70,12 +71,14 @@ def health_verdicts(rec: RunRecord, host: str | None = None) -> list[Verdict]:
         idx = cuda_of.get(g.get("index"))
         subject = device_subject(f"cuda:{idx}") if idx is not None else None
         subject = host_subject(subject, host) if host and subject else subject
-        label = subject.label if subject else f"{host + ' ' if host else ''}GPU {g.get('index')} (NVML)"
-        found, advised = health_findings(g), list(g.get("advisories") or [])
-        status = FAIL if found else WARN if advised else PASS
+        label = subject.label if subject else \
+            f"{host + ' ' if host else ''}{g.get('label') or 'GPU ' + str(g.get('index')) + ' (NVML)'}"
+        found, unread, advised = health_findings(g), list(g.get("unread") or []), list(g.get("advisories") or [])
+        status = FAIL if found else ERROR if unread else WARN if advised else PASS
         out.append(Verdict(check="health", figure="health", subject=label, status=status,
-                           measured=None, unit="", reason="; ".join(found or advised) if found or advised
-                           else "no throttling, ECC, retired-page, row-remap, link or limit problem",
+                           measured=None, unit="", reason="; ".join(found or unread or advised)
+                           if found or unread or advised else "no throttling, ECC, retired-page, row-remap, link, "
+                                                              "limit or Xid problem",
                            run_ids=[rec.run_id], key=f"health|health|{subject.key if subject else label}",
                            subject_key=subject.key if subject else None, devices=list(subject.devices) if subject else []))
     return out
@@ -164,15 +167,17 @@ def _same_part(v: Verdict, w: Verdict, culprit: int | None) -> bool:
 
 
 def link_culprits(bad: Sequence[Verdict]) -> tuple[list[str], int | None]:
-    """("node 2's link is below expectation, the other nodes' links are not", 2) where one node's link
+    """("node 2's link is below expectation, the other nodes' links are not", 2; on real nodes "gpu07's
+    link ...") where one node's link
     is the slow one (a link verdict is about one node's link: ``readers.links_figures``), judged by
     the worst verdicts: one node's link FAILing names that node, whatever WARNs beside it; else the
     slow links by name and None."""
     slow = [v for v in bad if v.check == "links" and v.nodes]
     worst = [v for v in slow if v.status == FAIL] or slow
-    nodes = sorted({n for v in worst for n in v.nodes})
+    names = {n: (v.subject or f"node {n}'s link").removesuffix("'s link") for v in worst for n in v.nodes}
+    nodes = sorted(names)
     if not nodes:
         return [], None
     if len(nodes) > 1:
-        return [f"slow links: {', '.join(f'node {n}' for n in nodes)}"], None
-    return [f"node {nodes[0]}'s link is below expectation, the other nodes' links are not"], nodes[0]
+        return [f"slow links: {', '.join(names[n] for n in nodes)}"], None
+    return [f"{names[nodes[0]]}'s link is below expectation, the other nodes' links are not"], nodes[0]

@@ -2,9 +2,12 @@
 
 Two acceptances at once on one machine measure each other's load: both read slow, and each would
 become the other's baseline. ``host_lock`` takes the lock before the first check runs; a second
-acceptance on the host waits for the first to finish (saying once, on stderr, which acceptance and
-process it waits for), so both finish with figures of an unshared machine; ``wait=False`` refuses
-instead (one line, exit 2). The kernel drops a ``flock`` when the process holding it ends, however
+acceptance on the host waits for the first to finish (saying on stderr which acceptance and process
+it waits for, and how long it waited), so both finish with figures of an unshared machine, but at
+most ``wait_s`` seconds (the acceptance's share of its level's budget, ``run.LOCK_SHARE``: a level-1
+health check behind a level 3 gives up inside Slurm's 60 s instead of being killed there): past it
+``HostBusy``, one line naming the holder, exit 1, nothing measured. ``wait=False`` refuses at once
+(one line, exit 2). The kernel drops a ``flock`` when the process holding it ends, however
 it ends (killed outright too), so a lock never outlives its acceptance; the file itself stays and
 only names the last holder.
 
@@ -22,10 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dlscale.errors import UsageError
+from dlscale.errors import DlscaleError, UsageError
 from dlscale.log import info
 
 LOCK_DIR_ENV = "DLSCALE_LOCK_DIR"
+POLL_S = 0.2  # how often a bounded wait tries the lock again
+
+
+class HostBusy(DlscaleError):
+    """Another acceptance held this host's lock for all the wait this one's budget allows (exit 1)."""
 
 
 def lock_path() -> Path:
@@ -39,8 +47,9 @@ def lock_path() -> Path:
 
 
 @contextmanager
-def host_lock(acceptance: str, wait: bool = True) -> Iterator[Path]:
-    """Hold this host's acceptance lock while the block runs (the module doc); its path."""
+def host_lock(acceptance: str, wait: bool = True, wait_s: float | None = None) -> Iterator[Path]:
+    """Hold this host's acceptance lock while the block runs (the module doc); its path. ``wait_s``: the
+    longest wait for another acceptance's lock (None: as long as it takes)."""
     import fcntl
 
     path = lock_path()
@@ -62,13 +71,36 @@ def host_lock(acceptance: str, wait: bool = True) -> Iterator[Path]:
             if not wait:
                 raise UsageError(f"{holder} is running on this host (lock {path}): wait for it to finish "
                                  "or stop it; two acceptances at once measure each other") from None
-            info(f"dlscale accept: waiting for {holder} to finish on this host (lock {path})")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait(fd, holder, path, wait_s)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"acceptance": acceptance, "pid": os.getpid()}).encode(), 0)
         yield path
     finally:
         os.close(fd)  # closing the last descriptor drops the lock
+
+
+def _wait(fd: int, holder: str, path: Path, wait_s: float | None) -> None:
+    """Wait for the lock ``holder`` holds, at most ``wait_s`` seconds (the module doc), saying whose it is."""
+    import fcntl
+    import time
+
+    bound = f", at most {wait_s:.3g} s" if wait_s is not None else ""
+    info(f"dlscale accept: waiting for {holder} to finish on this host (lock {path}{bound})")
+    t0 = time.monotonic()
+    if wait_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    else:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - t0 >= wait_s:
+                    raise HostBusy(f"{_holder(fd)} held this host's acceptance lock ({path}) for the {wait_s:.3g} s "
+                                   "this acceptance's budget leaves for waiting: nothing was measured; run it "
+                                   "again when that one has finished") from None
+                time.sleep(POLL_S)
+    info(f"dlscale accept: waited {time.monotonic() - t0:.3g} s for {holder}")
 
 
 def _holder(fd: int) -> str:

@@ -107,10 +107,11 @@ def collectives_figures(rec: RunRecord, check: str) -> list[Figure]:
         value, ci = geometric_mean_ci95(vals)
         sizes, top = sorted({r["size"] for r in flat}), max(r["size"] for r in mine)
         span = {"from_bytes": sizes[0], "to_bytes": sizes[-1], "levelled": len(sizes) > 1 or sizes[-1] < top}
+        cells = {r["size"]: [r[m]["busbw"] for m in MODES if r.get(m)] for r in mine}  # every size: a row's sizes
         out.append(Figure(check, f"{op} busbw", value, "GB/s", rec.run_id, None, vals, ci95=ci,
                           context={"op": op, "world_size": rec.config.get("world_size"), "nodes": rec.config.get("nodes"),
                                    "link_bandwidth": rec.config.get("link_bandwidth"), "max_size": top,
-                                   "plateau": span}))
+                                   "plateau": span, "cells": cells}))
     return out
 
 
@@ -118,14 +119,18 @@ def links_figures(rec: RunRecord, check: str) -> list[Figure]:
     """Each node's link between nodes, as ``dlscale micro links`` records it: ``raw["links"]`` has one
     entry per node, ``{src_node: the node, dst_node: its fastest partner, busbw_gbps, samples}``
     (micro/links.py: a node's fastest pair runs at its own link's rate); the samples are the pair's
-    repeated busbw (GB/s). Every node's link of the run is a peer of the others."""
+    repeated busbw (GB/s). Every node's link of the run is a peer of the others. Real nodes are named
+    by their host (``config.node_hosts``: "gpu07's link", the same link in every acceptance whatever
+    the node's rank in the job), emulated ones by their index ("node 2's link")."""
     out = []
+    hosts = rec.config.get("node_hosts") or {}
     for link in (rec.raw or {}).get("links") or []:
         k, partner = int(link["src_node"]), int(link["dst_node"])
+        name = hosts.get(str(k)) or f"node {k}"
         samples = [float(x) for x in link.get("samples") or []]
         ci = stats.mean_ci95(samples) if len(samples) >= 2 else None
         out.append(Figure(check, "busbw", float(link["busbw_gbps"]), "GB/s", rec.run_id,
-                          Subject("link", f"node {k}'s link", f"link node {k}", (k,)), samples,
+                          Subject("link", f"{name}'s link", f"link {name}", (k,)), samples,
                           ci95=tuple(ci) if ci else None, model="link", peers=True,
                           context={"algbw_gbps": link.get("algbw_gbps"), "pair": f"{k}-{partner}",
                                    "shaped_gbps": link.get("shaped_gbps")}))

@@ -5,9 +5,10 @@ head says what a row holds); a lab's own file (``dlscale accept refs export``, `
 has the same form and, given with ``--refs FILE``, comes first: its rows are tried before the
 shipped ones. A figure's row is found by its device model (the driver's name, else the PCI device
 id), its check and figure name, and the row's ``when`` (the topology and options its source
-measured: GPU count, largest message, NVLinks of a pair, PCIe link, the short test's model, batch
-and precision). Of the rows that match, the first ``typical`` one and the first ``floor`` one each
-make an expectation of kind ``healthy``:
+measured: GPU count, nodes (a collectives row without ``nodes`` is one node's), largest message or
+the message sizes, NVLinks of a pair, PCIe link, the short test's model, batch and precision). Of
+the rows that match, the first ``typical`` one and the first ``floor`` one each make an expectation
+of kind ``healthy``:
 
 - typical: expected = the row's value; the warn line is at least the row's tolerance (a healthy
   system of the model measures down to it) and the fail line at least the warn line; the noise of
@@ -16,8 +17,18 @@ make an expectation of kind ``healthy``:
 - floor: a published pass/fail minimum: warn and fail lines at 0 (below the floor, significantly by
   the figure's own samples, FAILs; a shortfall inside them WARNs).
 
-Where a figure has a typical row the datasheet x fraction is not used (``expect.py``). Pure, but for
-reading the files. docs/METRICS.md ("Acceptance: healthy figures").
+A collectives row with ``sizes`` (the message sizes its source measured, e.g. ``1G:8G`` or ``16G``)
+is converted to the run, not matched on its largest size: it applies to a run that measured every
+one of those sizes, and holds the run's busbw *at those sizes* (the geometric mean of their cells)
+to the row: the expectation on the run's plateau figure is the row's value x plateau / (busbw at the
+row's sizes), so the verdict's ratio is exactly busbw at the row's sizes over the row.
+
+Every row, shipped or a lab's, is held to its datasheet figure where one is known
+(``datasheet.row_figure``): a value outside ``DATASHEET_RANGE`` of it (a unit slip such as MB/s
+written for GB/s, or a floor that passes anything) is refused at load, naming the row, the value,
+the datasheet figure and the ratio. Where a figure has a typical row the datasheet x fraction is
+not used (``expect.py``). Pure, but for reading the files. docs/METRICS.md ("Acceptance: healthy
+figures").
 """
 
 from __future__ import annotations
@@ -31,13 +42,15 @@ from typing import Any
 from dlscale.accept import datasheet
 from dlscale.accept.figure import Figure
 from dlscale.accept.verdict import Expectation
+from dlscale.errors import UsageError
 from dlscale.peaks import normalize_name
 from dlscale.yamlfile import read_yaml
 
 BUILT_IN = "built-in"
 BASES = ("typical", "floor")
-WHEN = ("world_size", "max_size", "nvlinks", "pcie", "path", "model", "batch_size", "precision", "channels_last",
-        "image_size")
+WHEN = ("world_size", "nodes", "max_size", "sizes", "nvlinks", "pcie", "path", "model", "batch_size", "precision",
+        "channels_last", "image_size")
+DATASHEET_RANGE = (0.3, 1.0)  # a row's value over its datasheet figure: outside this it is refused
 FIELDS = ("check", "figure", "value", "unit", "basis", "tolerance", "when", "topology", "source", "url")
 Z95 = 1.6448536269514722  # the standard normal's 95th percentile
 
@@ -58,6 +71,12 @@ class Row:
     url: str = ""
     pci_ids: tuple[int, ...] = ()
     origin: str = BUILT_IN  # the file it came from
+
+    @property
+    def when_text(self) -> str:
+        """'world_size=8, sizes=1G,2G,4G,8G, nvlinks=18': the row's ``when``, sizes as nccl-tests writes them."""
+        return ", ".join(f"{k}={_sizes_text(v if isinstance(v, tuple) else (v,)) if 'size' in k else v}"
+                         for k, v in self.when.items())
 
     @property
     def sigma(self) -> float | None:
@@ -115,18 +134,43 @@ def _row(m: dict[str, Any], r: Any, lines: Any, where: tuple, origin: str) -> Ro
     when = r.get("when") or {}
     if not isinstance(when, dict) or any(k not in WHEN for k in when):
         raise lines.fail(where + ("when",), f"must map some of {', '.join(WHEN)} to values")
-    return Row(str(m["model"]), tuple(str(n) for n in m["names"]), r["check"], r["figure"], float(value), r["unit"],
-               basis, " ".join(r["source"].split()), float(tol) if tol is not None else None,
-               {k: _when_value(k, v) for k, v in when.items()}, str(r.get("topology") or ""), str(r.get("url") or ""),
-               tuple(int(p) for p in m.get("pci_ids") or []), origin)
+    try:
+        values = {k: _when_value(k, v) for k, v in when.items()}
+    except UsageError as e:
+        raise lines.fail(where + ("when",), str(e)) from None
+    row = Row(str(m["model"]), tuple(str(n) for n in m["names"]), r["check"], r["figure"], float(value), r["unit"],
+              basis, " ".join(r["source"].split()), float(tol) if tol is not None else None, values,
+              str(r.get("topology") or ""), str(r.get("url") or ""), tuple(int(p) for p in m.get("pci_ids") or []),
+              origin)
+    problem = against_datasheet(row)
+    if problem:
+        raise lines.fail(where + ("value",), problem)
+    return row
 
 
 def _when_value(key: str, v: Any) -> Any:
-    if key == "max_size" and isinstance(v, str):
-        from dlscale.micro.collectives import parse_size
+    from dlscale.micro.collectives import parse_size, parse_sizes
 
+    if key == "max_size" and isinstance(v, str):
         return parse_size(v)
+    if key == "sizes":
+        return tuple(parse_sizes(",".join(map(str, v)) if isinstance(v, list) else str(v)))
     return v
+
+
+def against_datasheet(row: Row) -> str:
+    """Why ``row`` is refused against its datasheet figure ('' where it is within ``DATASHEET_RANGE`` of
+    it or no datasheet figure is known)."""
+    rated = datasheet.row_figure(row)
+    if rated is None:
+        return ""
+    ratio = row.value / rated[0]
+    lo, hi = DATASHEET_RANGE
+    if lo <= ratio <= hi:
+        return ""
+    return (f"row {row.model} {row.check} {row.figure!r} ({row.basis}): {row.value:g} {row.unit} is {ratio:.3g} of "
+            f"its datasheet figure {rated[0]:.5g} {row.unit} ({rated[1]}); refused, a row must lie within {lo:g} to "
+            f"{hi:g} of it (a unit slip, or a threshold that passes anything)")
 
 
 # -- matching a figure ------------------------------------------------------------------------------------
@@ -147,7 +191,9 @@ def facts(fig: Figure, system: dict[str, Any]) -> dict[str, Any]:
         out["name"] = ((system or {}).get("cpu") or {}).get("model")  # the host's, or a CPU machine's
     if fig.check == "p2p":
         out["nvlinks"] = datasheet.nvlinks(system, int(fig.context["src"]), int(fig.context["dst"]))
-    elif fig.check == "collectives" and fig.context.get("world_size"):
+    if fig.check == "collectives":
+        out["nodes"] = int(fig.context.get("nodes") or 1)
+    if fig.check == "collectives" and fig.context.get("world_size"):
         n = int(fig.context["world_size"])
         links = [datasheet.nvlinks(system, i, j) for i in range(n) for j in range(n) if i != j]
         out["nvlinks"] = min(links) if links else 0
@@ -168,7 +214,11 @@ def matches(row: Row, fig: Figure, f: dict[str, Any]) -> bool:
     named = normalize_name(str(f.get("name") or "")) in {normalize_name(n) for n in row.names}
     if not named and not (f.get("pci_id") is not None and f.get("pci_id") in row.pci_ids):
         return False
-    return all(f.get(k) == v for k, v in row.when.items())
+    want = {"nodes": 1, **row.when} if row.check == "collectives" else row.when  # a node's, unless it says
+    cells = fig.context.get("cells") or {}
+    if "sizes" in want and not all(any(v > 0 for v in cells.get(s, ())) for s in want["sizes"]):
+        return False  # the run did not measure every size the row's source did
+    return all(f.get(k) == v for k, v in want.items() if k != "sizes")
 
 
 def rows_for(fig: Figure, system: dict[str, Any], rows: Sequence[Row]) -> list[Row]:
@@ -181,13 +231,34 @@ def rows_for(fig: Figure, system: dict[str, Any], rows: Sequence[Row]) -> list[R
     return [out[b] for b in BASES if b in out]
 
 
-def expectation(row: Row) -> Expectation:
+def expectation(row: Row, fig: Figure | None = None) -> Expectation:
+    """The row's expectation on ``fig`` (a collectives row with ``sizes``: converted to the run's plateau)."""
     lab = "" if row.origin == BUILT_IN else f" (lab file {row.origin})"
     how = f"typical, tolerance {row.tolerance:g}" if row.basis == "typical" and row.tolerance is not None \
         else row.basis
     src = f"healthy {row.model}{lab}, {how}: {row.source}" + (f" <{row.url}>" if row.url else "")
-    return Expectation("healthy", row.value, src, tolerance=row.tolerance if row.basis == "typical" else None,
+    value = row.value
+    if fig is not None and row.when.get("sizes"):
+        at = busbw_at(fig, row.when["sizes"])
+        value = row.value * fig.value / at
+        src += (f"; converted: the row is the busbw at {_sizes_text(row.when['sizes'])}, where this run measured "
+                f"{at:.4g} {row.unit} (its plateau {fig.value:.4g}), so on the plateau {row.value:g} x "
+                f"{fig.value:.4g} / {at:.4g} = {value:.4g}")
+    return Expectation("healthy", value, src, tolerance=row.tolerance if row.basis == "typical" else None,
                        sigma=row.sigma if row.basis == "typical" else None, floor=row.basis == "floor")
+
+
+def busbw_at(fig: Figure, sizes: Sequence[int]) -> float:
+    """A collective's busbw at the given sizes: the geometric mean of its cells there (``context.cells``)."""
+    cells = [v for s in sizes for v in fig.context["cells"][s] if v > 0]
+    return math.exp(sum(math.log(v) for v in cells) / len(cells))
+
+
+def _sizes_text(sizes: Sequence[int]) -> str:
+    """(2**30, 2**34) -> '1G,16G'."""
+    from dlscale.format import fmt_size
+
+    return ",".join(fmt_size(int(n)) for n in sizes)
 
 
 def healthy_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]],
@@ -197,7 +268,7 @@ def healthy_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, An
     for i, f in enumerate(figs):
         found = rows_for(f, systems.get(f.run_id) or {}, rows)
         if found:
-            out[i] = [expectation(r) for r in found]
+            out[i] = [expectation(r, f) for r in found]
     return out
 
 

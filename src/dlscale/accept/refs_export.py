@@ -1,7 +1,8 @@
 """A lab's own healthy figures: the figures its accepted fleet measured, written as a healthy-figures file.
 
 ``export(selector, out)`` reads the acceptances a selector picks (``dlscale results list --kind
-accept``; e.g. ``kind:accept`` for all, ``system:gpu-node-07``, ``tag:ACCEPTANCE_ID``), takes from
+accept``; e.g. ``kind:accept`` for all, ``system:gpu-node-07``, ``tag:ACCEPTANCE_ID``) but those that ended in
+ERROR (a check could not measure, or measured nothing sound: never a healthy fleet's figure), takes from
 each the figures with no proven shortfall against the figure's peers, baseline or reference (no
 FAIL, no significant WARN there: a slow card among its peers is not a healthy figure); a shortfall
 against the shipped healthy figures or the datasheet does not keep a figure out, since setting its
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.accept import refs
+from dlscale.accept.verdict import ERROR
 from dlscale.errors import UsageError
 
 MATCH = ("model", "batch_size", "precision", "channels_last", "image_size", "world_size")
@@ -36,10 +38,14 @@ def gather(store: Any, selector: str) -> tuple[dict[tuple, list[float]], dict[tu
     from dlscale.accept.figures import figures
     from dlscale.analysis.select import select
 
-    accs = [r for r in select(store, selector) if r.kind == "accept" and r.status == "ok"]
-    if not accs:
+    found = [r for r in select(store, selector) if r.kind == "accept" and r.status == "ok"]
+    if not found:
         raise UsageError(f"selector {selector!r} matches no recorded acceptance (kind accept); see "
                          "`dlscale results list --kind accept`")
+    accs = [r for r in found if (r.metrics or {}).get("outcome") != ERROR]
+    if not accs:
+        raise UsageError(f"the {len(found)} acceptance(s) of {selector!r} all ended in ERROR (a check could not "
+                         "measure): none is exported as healthy; export acceptances that ended without ERROR")
     values: dict[tuple, list[float]] = {}
     units: dict[tuple, str] = {}
     for acc in accs:
@@ -60,9 +66,10 @@ def gather(store: Any, selector: str) -> tuple[dict[tuple, list[float]], dict[tu
 
 
 def settled(acc: Any) -> set[str]:
-    """The figure keys of an acceptance with no proven shortfall but against a table (healthy, datasheet)."""
+    """The figure keys of an acceptance with no proven shortfall but against a table (healthy, datasheet), and
+    none judged ERROR."""
     rows = (acc.raw or {}).get("verdicts") or []
-    bad = {r["key"] for r in rows if r.get("expectation") not in ("healthy", "datasheet")
+    bad = {r["key"] for r in rows if r.get("status") == ERROR or r.get("expectation") not in ("healthy", "datasheet")
            and (r.get("status") == "FAIL" or r.get("status") == "WARN" and r.get("significant", True))}
     return {r["key"] for r in rows if r.get("key")} - bad
 
@@ -97,23 +104,20 @@ def document(selector: str, values: dict[tuple, list[float]], units: dict[tuple,
     return {"models": list(models.values())}
 
 
-def export(selector: str, out: str, db: str | None = None) -> dict[str, Any]:
-    """Write the lab's healthy-figures file (the module doc); returns its document."""
+def export(selector: str, out: str, db: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Write the lab's healthy-figures file (the module doc) whole or not at all; returns its document."""
     import yaml
 
+    from dlscale.paths import check_output, write_atomic
     from dlscale.store import Store
 
+    path = check_output(out, "--out", db=db, force=force)
     with Store.open(db, create=False) as store:
         doc = document(selector, *gather(store, selector))
     if not doc["models"]:
         raise UsageError(f"the acceptances of {selector!r} settled no figure of a known device model: nothing to export")
-    path = Path(out)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        head = (f"# Healthy figures of a lab's fleet, exported by `dlscale accept refs export --from {selector}`.\n"
-                "# Judge against it with `dlscale accept --refs THIS_FILE` (its rows come before the shipped ones).\n")
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
-    except OSError as e:
-        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    head = (f"# Healthy figures of a lab's fleet, exported by `dlscale accept refs export --from {selector}`.\n"
+            "# Judge against it with `dlscale accept --refs THIS_FILE` (its rows come before the shipped ones).\n")
+    write_atomic(path, head + yaml.safe_dump(doc, sort_keys=False, width=120), "--out")
     refs.load(path)  # what was written reads back as a table
     return doc

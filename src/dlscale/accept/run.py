@@ -11,6 +11,7 @@ verdicts of any acceptance from the store, with the thresholds given (``dlscale 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,7 +158,8 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
         raise UsageError("no check of the spec can run here: " + "; ".join(f"{c}: {w}" for c, w in plan.not_run))
     vs = against(baseline, reference, db, healthy)
     acc_id = new_acceptance_id()
-    with host_lock(acc_id):
+    started = time.monotonic()  # the budget counts the wait for another acceptance's lock
+    with host_lock(acc_id, sp.budget_s * LOCK_SHARE if sp.budget_s else None):
         budget = f", budget {sp.budget_s:g} s" if sp.budget_s else ""
         info(f"dlscale accept {sp.name}: acceptance {acc_id}, checks {', '.join(p.check for p in plan.checks)}{budget}")
         for check, why in plan.not_run:
@@ -166,7 +168,7 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
             if plan.machine.launcher:  # a rank of the launcher's job: the checks across ranks run in place, in its group
                 records, missing, seconds = [r for p in plan.checks for r in suite.run_check(p, acc_id, db)], {}, {}
             else:
-                records, missing, seconds = run_bounded(plan.checks, sp, acc_id, db)
+                records, missing, seconds = run_bounded(plan.checks, sp, acc_id, db, t0=started)
         if not _rank_zero():
             return None
         return conclude(acc_id, sp, plan, records, collect_cached().get("hostname") or "?", vs, out_dir, db, missing,
@@ -174,21 +176,20 @@ def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = N
 
 
 MIN_CHECK_S = 1.0  # less of the budget left than this: the check is not started
+LOCK_SHARE = 1 / 3  # of the suite's budget, the most it waits for another acceptance's lock (then HostBusy)
 
 
 def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db: str | None,
-                clock: Callable[[], float] | None = None
+                clock: Callable[[], float] | None = None, t0: float | None = None
                 ) -> tuple[list[RunRecord], dict[str, str], dict[str, float]]:
     """Every check in its own process within its time limit and what is left of the suite's budget, one
     after the other whatever became of the one before; their records, check -> why for every check
     that did not finish (``bounded``), and check -> its seconds. ``clock``: seconds, default
-    ``time.monotonic``."""
-    import time
-
+    ``time.monotonic``; ``t0``: when the budget began (default now; before the lock's wait)."""
     from dlscale.accept import bounded
 
     clock = clock or time.monotonic
-    t0 = clock()
+    t0 = clock() if t0 is None else t0
     records: list[RunRecord] = []
     missing: dict[str, str] = {}
     seconds: dict[str, float] = {}
@@ -225,15 +226,15 @@ def interrupted(acc_id: str, db: str | None) -> str:
             f"and judged nothing; `dlscale results list --tag {acc_id}` lists them; {again}")
 
 
-def host_lock(acc_id: str) -> Any:
-    """This host's acceptance lock (``lock.host_lock``: a second acceptance waits for the first); none
-    for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
+def host_lock(acc_id: str, wait_s: float | None = None) -> Any:
+    """This host's acceptance lock (``lock.host_lock``: a second acceptance waits for the first, at most
+    ``wait_s``); none for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
     from contextlib import nullcontext
 
     from dlscale.accept import lock
     from dlscale.distributed.env import launcher_of
 
-    return nullcontext() if launcher_of() else lock.host_lock(acc_id)
+    return nullcontext() if launcher_of() else lock.host_lock(acc_id, wait_s=wait_s)
 
 
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,

@@ -379,4 +379,11 @@ if __name__ == "__main__":
     from dlscale import importguard
 
     importguard.install()  # a Ctrl-C or SIGTERM during torch's first import is delivered after it, not lost
-    sys.exit(main(sys.argv[1:]))
+    # Leave without the interpreter's teardown, as a rank does (distributed/rank.py): the checks across
+    # the nodes ran in place in this process, and C++ destructors of gloo's threads at exit can abort
+    # it ("terminate called without an active exception", SIGABRT) after every check recorded; its
+    # torchrun then fails, and the other nodes' torchruns wait out their exit barrier.
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -304,10 +304,11 @@ def serving_config(spec: Spec, options: dict[str, Any]) -> Any:
     want = options.get("expected_goodput")
     if want is not None and (isinstance(want, bool) or not isinstance(want, (int, float)) or want <= 0):
         raise spec.fail(base + ("expected_goodput",), f"must be requests/s > 0, got {want!r}")
-    unknown = sorted(set(fields) - set(ServeConfig.__dataclass_fields__))
+    given = {name for name, f in ServeConfig.__dataclass_fields__.items() if f.init}  # not what a run records
+    unknown = sorted(set(fields) - given)
     if unknown:
         raise spec.fail(base + (unknown[0],), f"unknown option {unknown[0]!r} of serving; options: "
-                        f"{', '.join(sorted(set(ServeConfig.__dataclass_fields__) - {'tag'}))}, expected_goodput")
+                        f"{', '.join(sorted(given - {'tag'}))}, expected_goodput")
     for k in ("url", "model"):
         if k not in fields:
             raise spec.fail(base, f"needs {k}: the serving check measures the endpoint the spec names")

@@ -28,6 +28,7 @@ from typing import Any
 from dlscale.accept import spec as specs
 from dlscale.accept.figures import ACROSS_NODES as ACROSS
 from dlscale.errors import RunFailure, UsageError
+from dlscale.format import fmt_size
 from dlscale.log import info
 
 LINK = "1gbit"  # the emulated link rate where none is given
@@ -56,6 +57,30 @@ class Machine:
     no_emulation: str | None = None  # why emulated nodes cannot be made here, or None
     no_quota: str | None = None  # why CPU quotas cannot be set here, or None
     isa: dict[str, bool] = field(default_factory=dict)
+    gpu_memory: int | None = None  # bytes of the smallest GPU (None: unknown): sizes the defaults that fill one
+
+
+GIB = 2**30
+BIG_GPU = 32 * GIB  # from here the short test runs ResNet-50 at batch 256 (dlscale's healthy rows' batch)
+TOP_SIZE = 16 * GIB  # the collectives' largest message where a GPU holds it twice: the health checks' 16G
+
+
+def short_batch(m: Machine) -> int:
+    """The short test's batch on a GPU server: 256, as dlscale's healthy rows measured it, where every GPU
+    has ``BIG_GPU`` (ResNet-50 bf16 at 256 takes about a third of that); else, or unknown, 128."""
+    return 256 if (m.gpu_memory or 0) >= BIG_GPU else 128
+
+
+def top_size(m: Machine) -> int:
+    """The collectives' largest message on a GPU server: ``TOP_SIZE`` where the smallest GPU holds it twice
+    (an out-of-place collective's two buffers; the exact check works in pieces), else the largest power of
+    two it holds twice; 1G where the memory is unknown."""
+    if not m.gpu_memory:
+        return GIB
+    size = TOP_SIZE
+    while size > GIB and 2 * size > m.gpu_memory:
+        size //= 2
+    return size
 
 
 @dataclass(frozen=True)
@@ -117,10 +142,11 @@ def machine() -> Machine:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = detect() if launcher_of() else None
+    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus)) if gpus else None
     return Machine(gpus=gpus, capability=torch.cuda.get_device_capability(0) if gpus else None,
                    launcher=env.launcher if env else None, world_size=env.world_size if env else 1,
                    nodes=env.nnodes if env else 1, no_emulation=unavailable_reason(), no_quota=no_quota(),
-                   isa=cpu_info().get("isa") or {})
+                   isa=cpu_info().get("isa") or {}, gpu_memory=memory)
 
 
 def defaults(check: str, m: Machine, quick: bool, k: int | None = None) -> dict[str, Any]:
@@ -134,16 +160,17 @@ def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
     prec = "fp16" if low else "bf16"
     per = max(1, m.gpus // k) if k else m.gpus  # GPUs per node (emulated nodes: each its own GPUs)
     ranks = {} if m.launcher else {"nproc_per_node": per}
-    short = {"model": "resnet50", "batch_size": 128, "precision": prec, "steps": 30 if quick else 50,
+    short = {"model": "resnet50", "batch_size": short_batch(m), "precision": prec, "steps": 30 if quick else 50,
              "warmup_steps": 10, "breakdown_steps": 0, "min_duration": WINDOW_S[quick]}
     cell = CASE_S["collectives"][quick]
     across = {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce", "min_duration": cell}
+    top = fmt_size(top_size(m))  # the healthy rows' sizes: 1G..8G (Azure's tables), 16G (the health checks)
     return {
         "memory": {"min_duration": CASE_S["memory"][quick]},
         "p2p": {"min_duration": P2P_CASE_S},
         "gemm": {"precision": ["fp32", prec] if quick else ["fp32", "fp16"] if low else
                  ["fp32", "tf32", "bf16", "fp16"], "min_duration": CASE_S["gemm"][quick]},
-        "collectives": {"nproc_per_node": m.gpus, "sizes": "16M:256M" if quick else "1M:1G",
+        "collectives": {"nproc_per_node": m.gpus, "sizes": f"1G:{top}" if quick else f"1M:{top}",
                         "ops": "all_reduce" if quick else "all_reduce,all_gather,reduce_scatter", "min_duration": cell},
         "collectives_nodes": {**across, **ranks} if k else across,
         "links": {},
@@ -276,7 +303,9 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
     from dlscale import api
 
     if p.check == "health":
-        return [api.health(tag=tag, db=db)]
+        from dlscale.accept import xidhistory
+
+        return [api.health(tag=tag, db=db, xids_since=xidhistory.since(db))]
     if p.check == "inventory":
         return [api.inventory(tag=tag, db=db)]
     command, kind, _ = specs.CHECKS[p.check]

@@ -12,6 +12,12 @@ tokens/s, samples/s; ``domains.unit_bearing``) the unit is always part of the ke
 different units never share a mean or a ratio; each row says its ``unit``. ``check_metric``
 refuses a metric no run of a side has, and ``pct_table`` two sides with no group in common,
 rather than print an empty comparison.
+
+Serving runs (kind ``serving``) are compared load point by load point: a run gives one value per
+point of a metric it keeps per point (``<metric>_by_point``; ``throughput`` is the output tokens/s),
+and its API, streaming, load mode, load and cap in flight (``SERVING_KEYS``) always join the key,
+so unlike load points (rates and concurrencies, chat and completions, streamed or not) are never
+averaged together, and two sides with no load point in common are refused, naming theirs.
 """
 
 from __future__ import annotations
@@ -26,14 +32,19 @@ from dlscale.analysis.domains import system_label
 from dlscale.analysis.formulas import pct_difference, relative_score
 from dlscale.record import RunRecord
 
+SERVING_KEYS = ("api", "stream", "mode", "load", "max_concurrency")  # a serving load point, and how it was asked
 KEYS = ("model", "family", "unit", "batch_size", "precision", "image_size", "seq_len", "tokens_per_batch",
-        "model_config", "world_size", "nodes", "layout", "link", "system")
+        "model_config", "world_size", "nodes", "layout", "link", "system", *SERVING_KEYS, "prompt_len", "output_len")
 LOWER_IS_BETTER_UNITS = ("s", "epochs")
 
 
-def key_value(rec: RunRecord, key: str) -> Any:
-    """One grouping field of a record, wherever the record keeps it."""
+def key_value(rec: RunRecord, key: str, point: dict[str, Any] | None = None) -> Any:
+    """One grouping field of a record, wherever the record keeps it (``point``: a serving load point's own)."""
     c = rec.config
+    if key == "load":
+        return (point or {}).get("load")
+    if key in SERVING_KEYS:
+        return c.get(key) if rec.kind == "serving" else None
     if key == "model":
         return rec.workload
     if key == "world_size":
@@ -68,8 +79,10 @@ def check_metric(sides: dict[str, Sequence[RunRecord]], metric: str) -> None:
 
     for name, recs in sides.items():
         ok = [r for r in recs if r.status == "ok"]
-        if not any(value_of(r, metric) is not None for r in ok):
-            have = sorted({k for r in ok for k in r.metrics if value_of(r, k) is not None})
+        if not any(v is not None for _, v, _ in observations(ok, metric)):
+            have = sorted({k for r in ok for k in r.metrics if value_of(r, k) is not None}
+                          | {k.removesuffix("_by_point") for r in ok if r.kind == "serving" for k in r.metrics
+                             if k.endswith("_by_point") and k != "loads_by_point"})
             listed = ", ".join(have[:12]) + (", ..." if len(have) > 12 else "")
             raise UsageError(f"--metric {metric}: no run of {name} has a number for it; its runs have "
                              f"{listed or 'no numeric metrics'} (`dlscale results show RUN` lists a run's)")
@@ -83,6 +96,24 @@ def check_keys(by: Sequence[str]) -> None:
         raise UsageError(f"unknown --by {', '.join(bad)}; choose from {', '.join(KEYS)}")
 
 
+def observations(records: Iterable[RunRecord], metric: str) -> list[tuple[RunRecord, float | None, dict | None]]:
+    """(run, its value of ``metric``, its load point) for each ok run, one per load point for a serving run
+    whose ``metric`` is kept per point (``<metric>_by_point``; throughput: output_throughput_by_point)."""
+    out: list[tuple[RunRecord, float | None, dict | None]] = []
+    for r in records:
+        if r.status != "ok":
+            continue
+        per_point = r.metrics.get(f"{'output_throughput' if metric == 'throughput' else metric}_by_point")
+        loads = r.metrics.get("loads_by_point") or []
+        if r.kind == "serving" and isinstance(per_point, list) and len(per_point) == len(loads):
+            for load, v in zip(loads, per_point):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                out.append((r, float(v) if ok else None, {"load": load}))
+        else:
+            out.append((r, value_of(r, metric), None))
+    return out
+
+
 @dataclass
 class Group:
     key: tuple
@@ -94,9 +125,12 @@ class Group:
 
 def group_keys(by: Sequence[str], metric: str, records: Iterable[RunRecord] = ()) -> list[str]:
     """The fields a group is keyed on: ``by``, plus ``unit`` for metrics counted in sample units."""
+    records = list(records)
     keys = list(by)
     if "unit" not in keys and domains.unit_bearing(metric, records):
         keys.append("unit")
+    if any(r.kind == "serving" for r in records):  # a serving load point is never averaged with another
+        keys.extend(k for k in SERVING_KEYS if k not in keys)
     return keys
 
 
@@ -118,11 +152,10 @@ def group(records: Iterable[RunRecord], by: Sequence[str], metric: str = "throug
     vals: dict[tuple, list[float]] = {}
     imported: dict[tuple, int] = {}
     units: dict[tuple, str | None] = {}
-    for r in records:
-        v = value_of(r, metric)
-        if r.status != "ok" or v is None:
+    for r, v, point in observations(records, metric):
+        if v is None:
             continue
-        k = tuple(key_value(r, k) for k in keys)
+        k = tuple(key_value(r, k, point) for k in keys)
         vals.setdefault(k, []).append(v)
         imported[k] = imported.get(k, 0) + int(r.imported)
         units.setdefault(k, _metric_unit(r, metric, unit_key))
@@ -146,7 +179,7 @@ def pct_table(a: Iterable[RunRecord], b: Iterable[RunRecord], by: Sequence[str] 
     domains.check_same_unit(a, b, metric)
     keys = group_keys(by, metric, [*a, *b])
     ga, gb = group(a, by, metric), group(b, by, metric)
-    check_common(ga, gb, by)
+    check_common(ga, gb, by, keys)
     extra = {m: (group(a, keys, m), group(b, keys, m)) for m in efficiency_metrics([*a, *b], metric)}
     priced = (group_prices(a, keys, metric), group_prices(b, keys, metric)) if any(
         m in DOLLARS for m in extra) else None
@@ -172,9 +205,9 @@ def group_prices(records: Iterable[RunRecord], by: Sequence[str], metric: str) -
     records = list(records)
     keys = group_keys(by, metric, records)
     members: dict[tuple, list[RunRecord]] = {}
-    for r in records:
-        if r.status == "ok" and value_of(r, metric) is not None:
-            members.setdefault(tuple(key_value(r, k) for k in keys), []).append(r)
+    for r, v, point in observations(records, metric):
+        if v is not None:
+            members.setdefault(tuple(key_value(r, k, point) for k in keys), []).append(r)
     return {k: domains.prices(v) for k, v in members.items()}
 
 
@@ -183,8 +216,10 @@ def efficiency_metrics(records: Sequence[RunRecord], metric: str) -> list[str]:
     return [m for m in domains.EFFICIENCY.get(metric, ()) if any(m in r.metrics for r in records)]
 
 
-def check_common(ga: dict[tuple, Group], gb: dict[tuple, Group], by: Sequence[str]) -> None:
-    """Refuse A and B whose groups share no key: every row would have one side empty."""
+def check_common(ga: dict[tuple, Group], gb: dict[tuple, Group], by: Sequence[str],
+                 keys: Sequence[str] | None = None) -> None:
+    """Refuse A and B whose groups share no key: every row would have one side empty (``keys``: the
+    fields the groups are keyed on, ``by`` and what joined it)."""
     from dlscale.errors import UsageError
 
     if not ga or not gb or set(ga) & set(gb):
@@ -194,10 +229,37 @@ def check_common(ga: dict[tuple, Group], gb: dict[tuple, Group], by: Sequence[st
         keys = sorted({"/".join(str(x) for x in k[:len(by)]) for k in g})
         return ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
 
+    _serving(ga, gb, keys or by)
     what = "model" if list(by) == ["model"] else "/".join(by)
     fix = ("select runs of one model on both sides (model:NAME), or compare --by family" if what == "model"
            else "select runs that share them, or group by fewer fields (--by)")
     raise UsageError(f"A and B have no {what} in common (A: {names(ga)}; B: {names(gb)}); {fix}")
+
+
+def _serving(ga: dict[tuple, Group], gb: dict[tuple, Group], keys: Sequence[str]) -> None:
+    """Refuse two sides of serving runs with no load point in common, naming each side's (nothing to say
+    where no run is a serving run: ``check_common`` says it)."""
+    from dlscale.errors import UsageError
+
+    if not set(SERVING_KEYS) <= set(keys):
+        return
+    rest = [k for k in keys if k not in SERVING_KEYS]
+
+    def point(k: tuple) -> str:
+        f = dict(zip(keys, k))
+        if f["mode"] is None:
+            return "/".join(str(f[x]) for x in rest) + " (not serving)"
+        at = f" at {f['mode']} {f['load']:g}" if f["load"] is not None else f" ({f['mode']})"
+        return (f"{f['api']}{'' if f['stream'] else ' not streamed'}{at}"
+                + (f" capped at {f['max_concurrency']} in flight" if f["max_concurrency"] else ""))
+
+    def names(g: dict[tuple, Group]) -> str:
+        found = sorted({point(k) for k in g})
+        return ", ".join(found[:6]) + (", ..." if len(found) > 6 else "")
+
+    raise UsageError(f"A and B share no serving load point (A: {names(ga)}; B: {names(gb)}): unlike load points, "
+                     "APIs or streaming are never averaged; select runs measured at the same ones, or compare a "
+                     "figure of the whole run such as --metric max_load_meeting_slo")
 
 
 def score_table(selections: dict[str, Sequence[RunRecord]], reference: Sequence[RunRecord],

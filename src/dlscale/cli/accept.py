@@ -128,6 +128,8 @@ def accept(
                                                  "contains this, e.g. H100.", show_default=False)] = None,
     from_: Annotated[Optional[str], typer.Option("--from", help="refs export: the acceptances to export, a selector "
                                                  "such as kind:accept or system:HOST.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="refs export: replace --out if it exists (never a "
+                                        "database).")] = False,
     warn_fails: Annotated[Optional[bool], typer.Option("--warn-fails/--warn-passes", help="Whether a WARN exits 1 like "
                                                        "a FAIL (default: the spec's warn_fails, else no).",
                                                        show_default=False)] = None,
@@ -152,9 +154,9 @@ def accept(
                 "node_link_bandwidth": node_link_bandwidth or (), "node_cpu_quota": node_cpu_quota or ()}
     _check_args(action, target, running=quick or level is not None or drain_on_fail or resume_on_pass
                 or checks is not None, slurm=executor != "local" or {partition, nodes, gpus_per_node, time} != {None},
-                refs_only=bool(model or from_), emulated=any(emulated.values()))
+                refs_only=bool(model or from_ or force), emulated=any(emulated.values()))
     if action == "refs":
-        raise typer.Exit(_refs(target, model, from_, out_dir, refs, db, fmt))
+        raise typer.Exit(_refs(target, model, from_, out_dir, refs, db, fmt, force))
     if action == "verify":
         raise typer.Exit(_verify(target, fmt))
     if action == "judge":
@@ -189,7 +191,7 @@ def _check_args(action: str | None, target: str | None, *, running: bool, slurm:
     if action == "refs":
         return
     if refs_only:
-        raise UsageError("--model and --from are for `dlscale accept refs`")
+        raise UsageError("--model, --from and --force are for `dlscale accept refs`")
     if action is not None and not target:
         raise UsageError(f"`dlscale accept {action}` needs the {'folder' if action == 'verify' else 'acceptance id'}")
     if action is None and target:
@@ -235,7 +237,7 @@ def show(acc: Any, fmt: Format) -> None:
 
 
 def _refs(target: str | None, model: str | None, from_: str | None, out_file: str | None, refs: str | None,
-          db: str | None, fmt: Format) -> int:
+          db: str | None, fmt: Format, force: bool = False) -> int:
     """`dlscale accept refs`: the healthy figures as a table (or JSON); `refs export`: a lab's file."""
     from dlscale import accept as acceptance
     from dlscale.errors import UsageError
@@ -246,7 +248,7 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
     if target == "export":
         if not from_ or not out_file:
             raise UsageError("`dlscale accept refs export` needs --from SELECTOR (e.g. kind:accept) and --out FILE")
-        doc = acceptance.export_refs(from_, out_file, db)
+        doc = acceptance.export_refs(from_, out_file, db, force)
         n = sum(len(m["rows"]) for m in doc["models"])
         if fmt == Format.json:
             print_json({"file": out_file, "models": len(doc["models"]), "rows": n, "document": doc})
@@ -254,8 +256,8 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
             out.print(f"wrote {out_file}: {n} healthy figure(s) of {len(doc['models'])} model(s); judge with "
                       f"`dlscale accept --refs {out_file}`", markup=False)
         return 0
-    if from_:
-        raise UsageError("--from is for `dlscale accept refs export`")
+    if from_ or force:
+        raise UsageError(f"{'--from' if from_ else '--force'} is for `dlscale accept refs export`")
     rows = acceptance.list_refs(model, refs)
     if fmt == Format.json:
         print_json([r.to_dict() for r in rows])
@@ -265,7 +267,7 @@ def _refs(target: str | None, model: str | None, from_: str | None, out_file: st
     for r in rows:
         t.add_row(r.model, r.check, r.figure, f"{r.value:g} {r.unit}", r.basis,
                   "" if r.tolerance is None else f"{r.tolerance:g}",
-                  ", ".join(f"{k}={v}" for k, v in r.when.items()), r.source + (f" <{r.url}>" if r.url else ""))
+                  r.when_text, r.source + (f" <{r.url}>" if r.url else ""))
     out.print(t)
     if not rows:
         out.print(f"(no healthy figure of a model matching {model!r})", markup=False)

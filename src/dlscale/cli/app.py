@@ -91,6 +91,10 @@ def _register() -> None:
     from dlscale.cli import serve
 
     app.command("serve-bench", help=serve.HELP, epilog=serve.EPILOG)(serve.serve_bench)
+    from dlscale.cli import cluster
+
+    app.add_typer(cluster.app, name="cluster", help="A Slurm cluster of K nodes on this machine, to rehearse a "
+                                                   "cluster run: `dlscale cluster up`, `dlscale cluster down`.")
     dataset.app.command("digits", help=tta.DIGITS_HELP)(tta.digits)
 
 
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     importguard.install()  # a Ctrl-C during torch's first import is delivered after it, not lost
     debug = bool(os.environ.get("DLSCALE_DEBUG"))
     command = typer.main.get_command(app)
+    from dlscale.cli.badinput import guard_numbers
+
+    guard_numbers(command)  # every int/float option: finite, within limits.INTEGER (limits.number)
     code = 0
     try:
         rv = command.main(args=argv, prog_name="dlscale", standalone_mode=False)

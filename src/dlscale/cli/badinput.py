@@ -56,3 +56,31 @@ def _option(e: Any) -> str:
     """The option as declared first (its long form), or an argument's name in capitals."""
     long = [o for o in getattr(e.param, "opts", None) or [] if o.startswith("--")]
     return long[0] if long else (getattr(e.param, "name", None) or "value").upper()
+
+
+def guard_numbers(command: Any) -> None:
+    """Give every int and float option and argument of ``command`` and its subcommands ``limits.number``
+    as it is parsed: a NaN or infinite float, or a whole number past any count, size or seed, is one
+    line and exit 2 before anything runs, whichever command and option it is."""
+    import typing
+
+    from dlscale import limits
+
+    for sub in (getattr(command, "commands", None) or {}).values():
+        guard_numbers(sub)
+    for param in getattr(command, "params", ()):
+        kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        kinds = {kind, *typing.get_args(kind), *(a for k in typing.get_args(kind) for a in typing.get_args(k))}
+        if kinds & {int, float}:
+            param.callback = _checked(param, param.callback, limits.number)
+
+
+def _checked(param: Any, callback: Any, check: Any) -> Any:
+    long = [o for o in getattr(param, "opts", None) or [] if o.startswith("--")]
+    name = long[0] if long else (param.name or "value").upper()
+
+    def cb(ctx: Any, p: Any, value: Any) -> Any:
+        check(name, value)
+        return callback(ctx, p, value) if callback is not None else value
+
+    return cb

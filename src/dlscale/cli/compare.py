@@ -23,7 +23,10 @@ the scaling efficiency (speed-up / device ratio) and, with --reference, the scor
 reference system. A selector is filters joined by commas: tag:NAME (or a bare tag),
 system:NAME, model:NAME, run:ID+ID, ref:DATASET (a shipped reference dataset), imported:yes|no,
 kind:KIND. Selections take measured runs: predictions only with kind:prediction. A --metric no
-run of a side has, and A and B with no group (model) in common, are refused."""
+run of a side has, and A and B with no group (model) in common, are refused. Serving runs
+(serve-bench) are compared load point by load point: their API, streaming, rate or concurrency, load
+and cap in flight always join the group, so unlike load points are never averaged, and two sides
+with no load point in common are refused, naming each side's."""
 
 EPILOG = """Examples:\n\n
   dlscale compare ref:seed001-table5,system:SN-8xV100-16GB-SXM2 ref:seed001-table5,system:MN-C4140-K-V100-SXM2\n\n
@@ -35,7 +38,7 @@ EPILOG = """Examples:\n\n
 def compare(
     a: Annotated[str, typer.Argument(help="Selection A (e.g. tag:after).", show_default=False)],
     b: Annotated[Optional[str], typer.Argument(help="Selection B, the baseline (e.g. tag:before); optional with --domains.", show_default=False)] = None,
-    by: Annotated[str, typer.Option("--by", help="Group by these fields (comma-separated): model, family, unit, batch_size, precision, image_size, seq_len, tokens_per_batch, model_config, world_size, nodes, layout, link, system.")] = "model",
+    by: Annotated[str, typer.Option("--by", help="Group by these fields (comma-separated): model, family, unit, batch_size, precision, image_size, seq_len, tokens_per_batch, model_config, world_size, nodes, layout, link, system; serving: api, stream, mode, load, max_concurrency (always joined for serving runs), prompt_len, output_len.")] = "model",
     metric: Annotated[str, typer.Option("--metric", help="The metric compared (a key of the runs' metrics).")] = "throughput",
     reference: Annotated[Optional[str], typer.Option("--reference", help="Also score A and B relative to this selection (MLPerf v0.5 style).", show_default=False)] = None,
     domains: Annotated[bool, typer.Option("--domains", help="Seed 000's domain scaling table of A (and B): per family and model, by device count.")] = False,
@@ -82,17 +85,18 @@ def _pct(a: str, b: str, ra: list, rb: list, rref: list | None, reference: str |
                     "rows": rows, "reference": reference, "higher_is_better": hib, "scores": scores,
                     "ranking": ranked})
         return
-    out.print(pct_rich_table(rows, keys, metric, a, b))
+    shown = cmp.group_keys(keys, metric, [*ra, *rb, *(rref or [])])  # what a row is keyed on (serving: its point)
+    out.print(pct_rich_table(rows, shown, metric, a, b))
     if ranked:
         out.print(ranking_rich_table(ranked))
     if scores is not None:
         rule = "X / X_ref" if hib else "T_ref / T"
-        unit_col = ["unit"] if "unit" not in keys and any("unit" in r for r in scores) else []
-        t = Table(*keys, *unit_col, f"reference {metric}", "A score", "B score",
+        unit_col = ["unit"] if "unit" not in shown and any("unit" in r for r in scores) else []
+        t = Table(*shown, *unit_col, f"reference {metric}", "A score", "B score",
                   title=f"relative score over the reference ({rule}; MLPerf v0.5 style)\nreference = {reference}",
                   title_justify="left")
         for r in scores:
-            t.add_row(*[_s(r[k]) for k in keys], *[_s(r.get("unit")) for _ in unit_col], _num(r["reference"]),
+            t.add_row(*[_s(r.get(k)) for k in shown], *[_s(r.get("unit")) for _ in unit_col], _num(r["reference"]),
                       _x(r["A"]), _x(r["B"]))
         out.print(t)
 

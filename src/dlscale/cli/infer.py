@@ -24,8 +24,12 @@ samples/s; offline: samples/s) with the raw one beside it; a server run far abov
 sustains stops at LoadGen's max query count, INVALID. llm models with --prompt-len/--output-len
 measure prefill and decode with a KV cache instead of the forward sweep; --decode picks how a token
 is decoded: eager (DynamicCache, one Python forward per token), compiled (= --compile: a static KV
-cache and the one-token step under torch.compile, CUDA graphs on a GPU) or graph (static cache, the
-step captured as one CUDA graph; CUDA only). Compile/capture time is recorded apart from the figures."""
+cache and the one-token step under torch.compile: Inductor's fused kernels, as CUDA graphs on a GPU) or
+graph-eager (static cache, the eager step's unfused kernels captured as one CUDA graph; CUDA only).
+Compile/capture time is recorded apart from the figures. Each decode figure comes with the bytes a
+step reads (weights + KV cache) per second and its fraction of the device's copy bandwidth (measured
+first) and of its datasheet memory bandwidth; a model whose weights, KV cache and activations exceed
+the device's free memory is refused before it is built."""
 
 EPILOG = """Examples:\n\n
   dlscale infer resnet50 --batch-sizes 1,8,32\n\n
@@ -44,10 +48,11 @@ def infer(
     seq_len: sopt.SeqLenOpt = None,
     model_config: sopt.ModelConfigOpt = None,
     max_table_rows: sopt.MaxRowsOpt = None,
-    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | bf16 | fp16 (autocast) | int8 (PT2E, CPU).")] = "fp32",
+    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 (TF32 off) | tf32 (TF32 matmuls and convolutions; CUDA) | bf16 | fp16 (the model cast once; detection: autocast) | int8 (PT2E, CPU).")] = "fp32",
     runtime: Annotated[str, typer.Option("--runtime", help="torch | onnxruntime (ONNX export, CPU or CUDA provider).")] = "torch",
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up); llm decode: --decode compiled.")] = False,
     channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Image memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
+    cudnn_benchmark: sopt.CudnnBenchmarkOpt = True,
     warmup: Annotated[int, typer.Option("--warmup", help="Uncounted forwards before the timed ones, at each batch size.")] = 3,
     iters: Annotated[int, typer.Option("--iters", "-n", help="Timed forwards at each batch size.")] = 20,
     min_duration: MinDurationOpt = None,
@@ -66,7 +71,7 @@ def infer(
     samples_on: Annotated[Optional[str], typer.Option("--samples-on", help="Where the samples of the sweep and of LoadGen are held: device (default) | host (pinned memory, copied in per batch).", show_default=False)] = None,
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="llm: prompt tokens (prefill) per sequence.", show_default=False)] = None,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="llm: generated tokens (decode, KV cache) per sequence.", show_default=False)] = None,
-    decode: Annotated[Optional[str], typer.Option("--decode", help="llm: eager | compiled (static KV cache + torch.compile; CUDA graphs on a GPU) | graph (static KV cache + one CUDA graph; CUDA only). Default eager, compiled with --compile.", show_default=False)] = None,
+    decode: Annotated[Optional[str], typer.Option("--decode", help="llm: eager | compiled (static KV cache + torch.compile; CUDA graphs on a GPU) | graph-eager (static KV cache, the eager step's kernels in one CUDA graph; CUDA only). Default eager, compiled with --compile.", show_default=False)] = None,
     tag: TagOpt = None,
     db: DbOpt = None,
     price_per_hour: copt.PriceOpt = None,
@@ -81,8 +86,8 @@ def infer(
     cfg = InferConfig(
         model=model, batch_sizes=batch_sizes, image_size=image_size, seq_len=seq_len, model_config=model_config,
         max_table_rows=max_table_rows, precision=precision, runtime=runtime, compile=compile,
-        channels_last=channels_last, warmup=warmup, iters=iters, device=device, seed=seed, tag=tag,
-        find_max_batch=find_max_batch, max_memory=max_memory, scenario=scenario, find_peak=find_peak,
+        channels_last=channels_last, cudnn_benchmark=cudnn_benchmark, warmup=warmup, iters=iters, device=device,
+        seed=seed, tag=tag, find_max_batch=find_max_batch, max_memory=max_memory, scenario=scenario, find_peak=find_peak,
         latency_bound=latency_bound, target_qps=target_qps, mlperf_durations=mlperf_durations, duration=duration,
         batch_timeout=batch_timeout, scenario_runs=scenario_runs, samples_on=samples_on,
         prompt_len=prompt_len, output_len=output_len, decode=decode,
@@ -131,8 +136,10 @@ def batch_table(rec):
 _EXTRA = ("max_batch_size", "max_batch_peak_memory", "max_memory_cap", "scenario", "scenario_metric_name",
           "scenario_metric", "scenario_metric_runs", "mlperf_result_key", "latency_bound_s", "latency_bound_source",
           "batch_timeout_s", "probed_samples_per_s", "max_query_count", "samples_on", "valid", "prefill_tokens_per_s",
-          "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
-_LLM = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s")
+          "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s", "decode_memory_gbps",
+          "decode_fraction_of_copy", "decode_fraction_of_datasheet")
+_LLM = ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "time_per_output_token_s",
+        "decode_memory_gbps", "decode_fraction_of_copy", "decode_fraction_of_datasheet")
 
 
 def extra_table(rec):
@@ -157,9 +164,12 @@ def extra_table(rec):
         if k == "scenario_metric" and raw and m.get(raw) is not None:
             t.add_row(f"{raw.replace('_', ' ')} (raw, not MLPerf's figure)", format_metric(raw, m[raw], rec.units.get(raw)))
     if m.get("compile_s_by_batch"):
-        what = "capture" if mode == "graph" else "compile"
+        what = "capture" if mode == "graph-eager" else "compile"
         t.add_row(f"{what} time by batch (not in any figure)",
                   ", ".join(f"{b}: {fmt_seconds(s)}" for b, s in zip(m["batch_sizes"], m["compile_s_by_batch"])))
+    sheet = (rec.raw.get("memory_limit") or {}).get("datasheet_source")
+    if "decode_fraction_of_datasheet" in m and m["decode_fraction_of_datasheet"] is None and sheet:
+        t.add_row("decode fraction of datasheet", f"none: {sheet}")
     for what, words in energy_cost_rows(rec):
         t.add_row(what, words)
     return t

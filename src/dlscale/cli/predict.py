@@ -41,6 +41,7 @@ def predict(
     nics: Annotated[int, typer.Option("--nics-per-node", help="NICs per node, each at the --inter link's rate (an HGX H100 has 8 rails).")] = 1,
     overlap_cost: Annotated[Optional[float], typer.Option("--overlap-cost", help="Share of backward lost while an all-reduce is in flight, 0 (free) to 1 (none); default: fitted from a one-node multi-device run of the same test in the store, else 0.5 on GPUs, 0 on CPU.", show_default=False)] = None,
     find_unused: Annotated[Optional[bool], typer.Option("--find-unused-parameters/--no-find-unused-parameters", help="The target job's DDP flag (its buckets are then not rebuilt in ready order); default: as the --from run.", show_default=False)] = None,
+    shared_host: Annotated[Optional[bool], typer.Option("--shared-host/--own-hosts", help="The nodes share the --from run's machine and its cores (a rehearsal cluster on one machine); default: when the --inter link is emulated.", show_default=False)] = None,
     links: Annotated[bool, typer.Option("--links", help="List the datasheet links with their figures and sources, and exit.")] = False,
     tag: TagOpt = None,
     db: DbOpt = None,
@@ -58,7 +59,7 @@ def predict(
 
     recs = api.predict(from_run, parse_layouts(layouts), model=model, intra=intra, inter=inter,
                        algorithm=algorithm, host_cost=host_cost, nics=nics, overlap_cost=overlap_cost,
-                       find_unused_parameters=find_unused, tag=tag, db=db)
+                       find_unused_parameters=find_unused, tag=tag, shared_host=shared_host, db=db)
     if fmt == Format.json:
         print_json([r.to_dict() for r in recs])
         return

@@ -40,6 +40,8 @@ def report(
     title: Annotated[str, typer.Option("--title", help="The report's title.")] = "dlscale training performance report",
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="html | md | both.")] = ReportFormat.html,
     reference: Annotated[Optional[str], typer.Option("--reference", help="Score the domain table over this selection's runs (MLPerf v0.5 style), e.g. tag:p100 or ref:seed001-scaling,system:NAME.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the report's files in --out if they exist (never a "
+                                        "database).")] = False,
     db: DbOpt = None,
 ) -> None:
     from dlscale.analysis.select import select
@@ -60,7 +62,7 @@ def report(
         filters += f"; reference {reference}"
     rep = build.build(records, title, filters, str(path), reference=ref, reference_label=reference)
     try:
-        written = render.write(rep, out_dir, fmt.value)
+        written = render.write(rep, out_dir, fmt.value, force=force, db=db)
     except OSError as e:
         raise UsageError(f"cannot write the report into {out_dir}: {e.strerror}") from None
     info(f"report of {fmt_count(len(records), 'run')}")

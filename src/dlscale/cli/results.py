@@ -138,13 +138,22 @@ class ExportFormat(str, Enum):
     parquet = "parquet"
 
 
-@app.command("export", help="Export runs as CSV (one row a run: columns, config.*, metrics.*), JSON (full records) or Parquet (the CSV columns plus every record part as JSON; needs --out).\n\nExample: dlscale results export --format csv --tag baseline --out runs.csv")
+@app.command("export", help="Export runs as CSV (one row a run: columns, config.*, metrics.*), JSON (full records) or Parquet (the CSV columns plus every record part as JSON; needs --out). --out never replaces the database it reads or any database, and an existing file only with --force; the file is written whole or not at all.\n\nExample: dlscale results export --format csv --tag baseline --out runs.csv")
 def export(
     fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="csv | json | parquet.")] = ExportFormat.csv,
-    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write here instead of stdout.", show_default=False)] = None,
+    out_path: Annotated[Optional[str], typer.Option("--out", "-o", help="Write here instead of stdout (a new file; an existing one with --force).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists (never a database).")] = False,
     tag: TagsOpt = None, model: ModelOpt = None, kind: KindOpt = None, status: StatusOpt = None,
     db: DbOpt = None,
 ) -> None:
+    from dlscale.paths import check_output, write_atomic
+
+    if out_path:
+        check_output(out_path, "--out", db=db, force=force)
+    elif force:
+        from dlscale.errors import UsageError
+
+        raise UsageError("--force replaces an existing --out file: give --out FILE, or drop --force")
     recs = _query(db, tag, model, kind, status)
     if fmt == ExportFormat.parquet:  # binary: a file, never the terminal
         from dlscale.report.parquet import write_parquet
@@ -153,14 +162,7 @@ def export(
         return
     text = export_text(recs, fmt.value)
     if out_path:
-        from pathlib import Path
-
-        from dlscale.errors import UsageError
-
-        try:
-            Path(out_path).write_text(text)
-        except OSError as e:
-            raise UsageError(f"cannot write {out_path}: {e.strerror}") from None
+        write_atomic(out_path, text, "--out")
     else:
         sys.stdout.write(text)
 

@@ -13,15 +13,19 @@ HELP = """Measure an OpenAI-compatible LLM server under load and record it (kind
 
 Sends /v1/completions (or /v1/chat/completions with --api chat), streamed unless --no-stream,
 from one asynchronous client: Poisson arrivals at each of --rates (requests/s; --burstiness sets
-the gamma shape, < 1 burstier) or a fixed number in flight at each of --concurrencies. Every load
-point is bounded by --requests and --duration; --warmup requests go first and are not counted;
-every request has a --timeout. Prompts are made from the model's tokenizer (--tokenizer, or the
+the gamma shape, < 1 burstier), with one --concurrencies value the cap in flight at every rate
+(vLLM's --max-concurrency: an arrival past it waits for a slot), or a fixed number in flight at each
+of --concurrencies (at most --requests). Every load point is bounded by --requests and --duration;
+warm-up requests go first and are not counted (--warmup N of them, for --warmup-duration seconds,
+or --warmup-until-stable); every request has a --timeout. Prompts are made from the model's tokenizer (--tokenizer, or the
 model folder when --model is a local path) at --prompt-len tokens (N, uniform:LO:HI, normal:MEAN:STD,
 lognormal:MEDIAN:SIGMA), with --shared-prefix tokens shared by --prefixes groups, or read from a
 ShareGPT-format --dataset. Output length is fixed at --output-len (ignore_eos, min_tokens) where the
 server accepts it. Prints per load point TTFT, TPOT, ITL and latency (median, p99), requests/s,
 output tokens/s, tokens/s per user, goodput and errors by kind; the generator's lag behind its
-schedule; the client's own overhead measured against an instant local server. With --slo
+schedule; the client's own overhead measured against an instant local server. A percentile of too
+few requests is marked (a p99 needs 368), and a point that ran at two speeds (its first part slower
+than the rest: a server not yet warm) is said. With --slo
 (a preset such as mlperf-llama2-70b: p99 TTFT 2 s, TPOT 200 ms) each point is judged, and
 --find-max searches the highest rate (or concurrency) whose p99 TTFT and TPOT meet it, saying
 which SLO binds. The API key is read from the variable named by --api-key-env, never stored."""
@@ -31,6 +35,7 @@ EPILOG = """Examples:\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --concurrencies 1,2,4 --requests 20\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 1,16 --find-max --slo mlperf-llama2-70b\n\n
   dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 2 --loadgen --slo mlperf-llama2-70b\n\n
+  dlscale serve-bench http://127.0.0.1:8000 --model ./tiny-llama --rates 4,8 --concurrencies 16 --warmup-until-stable\n\n
   dlscale serve-bench https://api.example.com --model llama --api chat --rates 2 --dataset sharegpt.json"""
 
 
@@ -40,11 +45,13 @@ def serve_bench(
     api: Annotated[str, typer.Option("--api", help="completions (/v1/completions) | chat (/v1/chat/completions).")] = "completions",
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream the answers (server-sent events); TTFT, TPOT and ITL need it.")] = True,
     rates: Annotated[Optional[str], typer.Option("--rates", help="Arrival rates, requests/s, comma-separated (inf: all at once); with --find-max the lowest and highest to search.", show_default=False)] = None,
-    concurrencies: Annotated[Optional[str], typer.Option("--concurrencies", help="Requests in flight, comma-separated (default 1); with --find-max the lowest and highest to search.", show_default=False)] = None,
+    concurrencies: Annotated[Optional[str], typer.Option("--concurrencies", help="Requests in flight, comma-separated (default 1; at most --requests); with --find-max the lowest and highest to search; with --rates one value: the cap in flight at every rate.", show_default=False)] = None,
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape of the inter-arrival times: 1 Poisson, < 1 burstier.")] = 1.0,
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per load point (a bound).")] = 100,
     duration: Annotated[float, typer.Option("--duration", help="Seconds per load point (a bound: nothing sent after it).")] = 60.0,
-    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and not counted.")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent first and not counted (at least these).")] = 2,
+    warmup_duration: Annotated[float, typer.Option("--warmup-duration", help="Seconds of warm-up requests (at least this long).")] = 0.0,
+    warmup_until_stable: Annotated[bool, typer.Option("--warmup-until-stable", help="Warm up in rounds of 8 requests until a round's median TPOT is within 1.2x of the round before (at most --duration).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take, connection to last token.")] = 120.0,
     prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens: N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA.")] = "128",
     output_len: Annotated[str, typer.Option("--output-len", help="Output tokens (max_tokens; fixed where the server accepts ignore_eos/min_tokens), same forms.")] = "32",
@@ -60,7 +67,7 @@ def serve_bench(
     max_points: Annotated[int, typer.Option("--max-points", help="Load points the search may measure.")] = 8,
     loadgen: Annotated[bool, typer.Option("--loadgen", help="Let MLPerf LoadGen's server scenario drive the client at the one --rates value, with token latencies judged against --slo: MLPerf's TTFT/TPOT early-stopping verdicts and completed tokens/s.")] = False,
     calibrate: Annotated[bool, typer.Option("--calibrate/--no-calibrate", help="Measure the client's own overhead against an instant local server first.")] = True,
-    api_key_env: Annotated[str, typer.Option("--api-key-env", help="Environment variable holding the API key (sent as a Bearer token; never stored).")] = "OPENAI_API_KEY",
+    api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable holding the API key (sent as a Bearer token; never stored). Default: OPENAI_API_KEY where it is set; a variable named here must be set.", show_default=False)] = None,
     server_devices: Annotated[int, typer.Option("--server-devices", help="Devices (GPUs) the server occupies: the cost is --price-per-hour times these.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the prompts and arrivals.")] = 0,
     tag: TagOpt = None,
@@ -75,7 +82,8 @@ def serve_bench(
     from dlscale.serve.config import ServeConfig
 
     cfg = ServeConfig(url=url, model=model, api=api, stream=stream, rates=rates, concurrencies=concurrencies,
-                      burstiness=burstiness, requests=requests, duration=duration, warmup=warmup, timeout=timeout,
+                      burstiness=burstiness, requests=requests, duration=duration, warmup=warmup,
+                      warmup_duration=warmup_duration, warmup_until_stable=warmup_until_stable, timeout=timeout,
                       prompt_len=prompt_len, output_len=output_len, shared_prefix=shared_prefix, prefixes=prefixes,
                       dataset=dataset, tokenizer=tokenizer, fixed_output=fixed_output, slo=slo, slo_ttft=slo_ttft,
                       slo_tpot=slo_tpot, find_max=find_max, max_points=max_points, calibrate=calibrate, loadgen=loadgen,
@@ -99,22 +107,30 @@ def points_table(rec):
     m, c = rec.metrics, rec.config
     t = Table(title=f"dlscale serve-bench {rec.workload} at {c.get('url')}  [{rec.status}]  run {rec.run_id}",
               title_justify="left")
-    cols = ("rate" if c.get("mode") == "rate" else "concurrency", "done/sent", "req/s", "out tok/s", "tok/s/user",
-            "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "e2e p50", "goodput", "SLO")
+    load = "concurrency" if c.get("mode") != "rate" else f"rate (cap {c['max_concurrency']})" if c.get(
+        "max_concurrency") else "rate"
+    cols = (load, "done/sent", "req/s", "out tok/s", "tok/s/user", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+            "ITL p50", "e2e p50", "goodput", "SLO")
     for col in cols:
         t.add_column(col, justify="right")
     at = lambda k, i: (m.get(f"{k}_by_point") or [])[i] if i < len(m.get(f"{k}_by_point") or []) else None  # noqa: E731
     met = m.get("slo_met_by_point") or []
+    marked = False
     for i, load in enumerate(m.get("loads_by_point") or []):
         done, failed = at("completed", i) or 0, at("failed", i) or 0
         verdict = "" if i >= len(met) or met[i] is None else ("met" if met[i] else "[red]missed[/red]")
-        t.add_row(fmt_num(load), f"{done}/{done + failed}", fmt_num(at("request_throughput", i)),
-                  fmt_num(at("output_throughput", i)), fmt_num(at("tokens_per_s_per_user", i)),
-                  *(fmt_seconds(at(k, i)) for k in ("ttft_median_s", "ttft_p99_s", "tpot_median_s", "tpot_p99_s",
-                                                    "itl_median_s", "e2e_median_s")),
-                  fmt_num(at("goodput", i)), verdict)
-    if rec.status != "ok":
-        t.caption = f"error: {rec.error}"
+        few = at("too_few_for", i) or []  # a percentile of too few requests: shown, marked
+        cell = lambda k: fmt_seconds(at(k, i)) + ("*" if k.split("_")[1] in few else "")  # noqa: E731 - ttft_p99_s: p99
+        marked = marked or bool(few)
+        t.add_row(fmt_num(load) + (" (2 speeds)" if at("two_speed", i) else ""), f"{done}/{done + failed}",
+                  fmt_num(at("request_throughput", i)), fmt_num(at("output_throughput", i)),
+                  fmt_num(at("tokens_per_s_per_user", i)),
+                  *(cell(k) for k in ("ttft_median_s", "ttft_p99_s", "tpot_median_s", "tpot_p99_s", "itl_median_s",
+                                      "e2e_median_s")), fmt_num(at("goodput", i)), verdict)
+    notes = (["* too few requests for this percentile (see the warning)"] if marked else []) + (
+        [f"error: {rec.error}"] if rec.status != "ok" else [])
+    if notes:
+        t.caption = "; ".join(notes)
     return t
 
 

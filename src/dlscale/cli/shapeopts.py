@@ -25,3 +25,7 @@ ParallelOpt = Annotated[str, typer.Option(
                  "none (every rank trains its own model alone, all at once: each device's own throughput).")]
 CheckpointOpt = Annotated[bool, typer.Option(
     "--activation-checkpointing", help="Recompute each block's activations in backward instead of keeping them.")]
+CudnnBenchmarkOpt = Annotated[bool, typer.Option(
+    "--cudnn-benchmark/--no-cudnn-benchmark",
+    help="cuDNN's autotuner picks each convolution's fastest algorithm once per shape (a run's shapes are fixed); "
+         "--no-cudnn-benchmark takes cuDNN's heuristic choice.")]

@@ -22,7 +22,7 @@ nothing that finished. Exits 1 if a point failed.
 --executor slurm submits each point as a Slurm job (submitit) with the file's slurm: resources
 and waits for them all, recording a job Slurm ended (time limit, scancel) as failed with Slurm's
 reason; a controller that does not answer is waited for, not taken for lost jobs. --resume then
-also re-attaches to jobs still queued or running. `dlscale sweep status FILE|TAG` shows each
+also re-attaches to jobs still queued or running, and runs again a point whose job lost its node. `dlscale sweep status FILE|TAG` shows each
 point's Slurm job id and state (see docs/CLUSTER.md)."""
 
 EPILOG = """Examples:\n\n
@@ -147,7 +147,9 @@ class _Progress:
     """A Rich bar with ETA for terminals; one line per point otherwise (both on stderr)."""
 
     def __init__(self, total: int, fmt: Format):
-        self.total, self.n, self.t_sum = total, 0, 0.0
+        import time
+
+        self.total, self.n, self.t0 = total, 0, time.monotonic()
         self.bar = None
         self.enabled = interactive() and fmt == Format.human
 
@@ -168,14 +170,16 @@ class _Progress:
     def done(self, res) -> None:
         if res.status == "skipped":
             return
+        import time
+
         self.n += 1
-        self.t_sum += res.seconds
         if self.bar is not None:
             self.bar.update(self.task, advance=1)
             if res.status != "ok":
                 self.bar.console.print(f"[red]point {res.point.index + 1} failed:[/red] {res.error}", markup=True, highlight=False)
             return
-        eta = (self.total - self.n) * self.t_sum / self.n
+        # from the wall clock, not the points' own times: Slurm's points run at the same time
+        eta = (self.total - self.n) * (time.monotonic() - self.t0) / self.n
         what = "ok" if res.status == "ok" else f"FAILED: {res.error}"
         info(f"[{self.n}/{self.total}] {res.point.label}: {what} ({res.seconds:.1f} s; eta {eta:.0f} s)")
 

@@ -92,14 +92,16 @@ def _print_health(fmt: Format) -> None:
                 "remapped rows", "status"):
         t.add_column(col)
     for g in rep["gpus"]:
-        reasons = g["throttle_reasons"]
+        reasons, ecc = g.get("throttle_reasons"), g.get("ecc") or {}
         t.add_row(str(g["index"]), str(g["name"]), "-" if reasons is None else (", ".join(reasons) or "none"),
-                  _pair(g["ecc"], "uncorrected"), _pair(g["ecc"], "corrected"), _retired(g["retired_pages"]),
-                  _remapped(g["remapped_rows"]),
-                  "WARN" if g["warnings"] else "check setup" if g.get("advisories") else "ok")
+                  _pair(ecc, "uncorrected"), _pair(ecc, "corrected"), _retired(g.get("retired_pages")),
+                  _remapped(g.get("remapped_rows")),
+                  "LOST" if g.get("lost") else "WARN" if g["warnings"] else "unread" if g.get("unread")
+                  else "check setup" if g.get("advisories") else "ok")
     out.print(t)
     out.print(_links_table(rep["gpus"]))
     for line in [f"warning: {w}" for g in rep["gpus"] for w in g["warnings"]] + \
+            [f"unread: {w}" for g in rep["gpus"] for w in g.get("unread") or []] + \
             [f"setup: {w}" for g in rep["gpus"] for w in g.get("advisories") or []] + \
             [f"note: {n}" for n in rep.get("notes") or []]:
         out.print(line, markup=False, highlight=False)
@@ -117,11 +119,19 @@ def _links_table(gpus: list[dict[str, Any]]) -> Table:
         t.add_row(str(g["index"]),
                   f"{nv['active']} of {nv.get('nominal') or nv['present']}" if nv else "-",
                   "/".join(_dash(v) for v in (errs.get("replay"), errs.get("recovery"), crc)) if nv else "-",
-                  f"{fab['state']}{' (' + ', '.join(fab['health']) + ')' if fab['health'] else ''}" if fab else "-",
+                  _fabric(fab),
                   f"Gen{_dash(p.get('gen'))} x{_dash(p.get('width'))} "
                   f"(Gen{_dash(p.get('gen_max'))} x{_dash(p.get('width_max'))})" if p.get("gen_max") else "-",
                   f"{_dash(w.get('limit_w'))} W ({_dash(w.get('default_w'))} W)" if w.get("limit_w") else "-")
     return t
+
+
+def _fabric(fab: dict[str, Any] | None) -> str:
+    if not fab:
+        return "-"
+    if "state" not in fab:  # NVML would not read it: its error
+        return f"unreadable ({fab.get('error') or fab.get('unread')})"
+    return f"{fab['state']}{' (' + ', '.join(fab['health']) + ')' if fab['health'] else ''}"
 
 
 def _dash(v: Any) -> str:

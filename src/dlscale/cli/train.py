@@ -42,10 +42,11 @@ def train(
     tokens_per_batch: sopt.TokensOpt = None,
     model_config: sopt.ModelConfigOpt = None,
     max_table_rows: sopt.MaxRowsOpt = None,
-    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16 (autocast; fp16 with a grad scaler).")] = "fp32",
+    precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 (TF32 off) | tf32 (TF32 matmuls and convolutions) | bf16 | fp16 (autocast; fp16 with a grad scaler).")] = "fp32",
     channels_last: Annotated[Optional[bool], typer.Option("--channels-last/--no-channels-last", help="Memory format (default: channels_last on CPU and for reduced precision).", show_default=False)] = None,
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model (compiles during warm-up).")] = False,
     compile_mode: Annotated[Optional[str], typer.Option("--compile-mode", help="torch.compile mode, implies --compile: default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs; CUDA only).", show_default=False)] = None,
+    cudnn_benchmark: sopt.CudnnBenchmarkOpt = True,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before the measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps.")] = 100,
     min_duration_s: MinDurationOpt = None,
@@ -108,7 +109,9 @@ def train(
     with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
         rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step, price=price)
     if rec is None:
-        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+        from dlscale.distributed.job import done_elsewhere
+
+        info(done_elsewhere(layout))
     else:
         report(rec, fmt)
         show_hint(rec, db)

@@ -64,6 +64,7 @@ def tta(
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, shuffling and augmentation (run i of --runs uses seed + i).")] = 0,
     runs: Annotated[int, typer.Option("--runs", help="Independent runs; >= 3 adds MLPerf's olympic mean (drop fastest and slowest).")] = 1,
     mlperf_log: Annotated[Optional[str], typer.Option("--mlperf-log", help="Write MLPerf :::MLLOG lines here (rank 0; classifiers as resnet, closed division; other families as their benchmark, open division).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --mlperf-log (never a database; --resume continues its own).")] = False,
     checkpoint_dir: Annotated[Optional[str], typer.Option("--checkpoint-dir", help="Write an atomic checkpoint here after every epoch.", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from --checkpoint-dir's last checkpoint.")] = False,
     nproc_per_node: dopt.NprocOpt = None,
@@ -100,7 +101,9 @@ def tta(
     with failed_as_json(fmt, db):
         recs = api.tta(config=cfg, layout=layout, db=db, price=price)
     if not recs:
-        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+        from dlscale.distributed.job import done_elsewhere
+
+        info(done_elsewhere(layout))
         return
     if runs == 1:
         report(recs[0], fmt)

@@ -49,7 +49,8 @@ def tune(
     max_table_rows: sopt.MaxRowsOpt = None,
     data: dataopt.DataOpt = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Where the best configuration's YAML goes (default: tune-MODEL.yaml).", show_default=False)] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Where the best configuration's YAML goes (default: tune-MODEL.yaml); an existing file is refused before any trial unless --force.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists (never a database).")] = False,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Tag of the trials and the tune record (default: tune-MODEL).", show_default=False)] = None,
     db: DbOpt = None,
     fmt: FormatOpt = Format.human,
@@ -60,7 +61,7 @@ def tune(
                                     model_config=model_config, max_table_rows=max_table_rows, data=data).items()
              if v is not None}
     rec = api.tune(model, budget_s=budget, resume=resume, fix=fix or (), max_memory=max_memory, steps=steps,
-                   warmup_steps=warmup_steps, max_batch=max_batch, output=output, tag=tag, device=device, db=db,
+                   warmup_steps=warmup_steps, max_batch=max_batch, output=output, force=force, tag=tag, device=device, db=db,
                    batch_size=batch_size, **shape)
     for w in rec.warnings:
         warn(w)

@@ -1,4 +1,5 @@
-"""CPU quotas through Linux control groups: a program and every process it starts share N cores.
+"""CPU quotas through Linux control groups: a program and every process it starts share N cores; and
+(``cpuset``) the CPUs this process's own group allows it.
 
 A quota is a group ``<mount>/dlscale/<pid>-<id>`` under a parent dlscale owns, in whichever
 hierarchy has the cpu controller: cgroup v2 (``cpu.max`` = "QUOTA PERIOD", the cgroup2 mount
@@ -68,6 +69,37 @@ def find_hierarchy(mounts: str = MOUNTS) -> Hierarchy | None:
         if fstype == "cgroup" and "cpu" in options.split(",") and v1 is None:
             v1 = Hierarchy(1, mount)
     return v1
+
+
+def cpuset(proc: str = "/proc/self") -> tuple[str, str] | None:
+    """This process's cgroup cpuset: (the CPUs it allows, "FILE") from cgroup v2's
+    ``cpuset.cpus.effective`` or v1's ``cpuset.effective_cpus`` (else ``cpuset.cpus``) of the group
+    ``PROC/cgroup`` names, found under its mount by ``PROC/mountinfo`` (a container's mount root is
+    its own group); None where neither can be read."""
+    groups = {}
+    for line in _read(os.path.join(proc, "cgroup")).splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        groups["cgroup2" if controllers == "" else "cpuset" if "cpuset" in controllers.split(",") else "-"] = path
+    for line in _read(os.path.join(proc, "mountinfo")).splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mount, fstype = fields[3], fields[4], tail[0]
+        key = "cgroup2" if fstype == "cgroup2" else "cpuset" if fstype == "cgroup" and "cpuset" in tail[2].split(",") \
+            else None
+        if key is None or key not in groups:
+            continue
+        rel = groups[key][len(root):] if groups[key].startswith(root) and root != "/" else groups[key]
+        names = ("cpuset.cpus.effective",) if key == "cgroup2" else ("cpuset.effective_cpus", "cpuset.cpus")
+        parts = [p for p in rel.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # a v2 group without the cpuset controller has its parent's
+            for name in names:
+                path = os.path.join(mount, *parts[:depth], name)
+                text = _read(path).strip()
+                if text:
+                    return text, path
+    return None
 
 
 def unavailable_reason(hierarchy: Hierarchy | None = None) -> str | None:

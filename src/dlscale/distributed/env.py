@@ -199,11 +199,31 @@ def init_process_group(env: DistEnv, backend: str | None = None, device_type: st
     if device_type == "cuda" and torch.cuda.is_available():  # every rank owns its device, whatever the backend
         torch.cuda.set_device(device_index(env))
     export(env)
+    timeout = timedelta(seconds=timeout_s)
     with stdout_to_stderr():  # gloo of some torch releases (2.9) prints its connection banner to stdout
-        dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        if backend == "mpi":  # MPI's own transport and rendezvous: no store, no interface to choose
+            dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                                    timeout=timeout)
+        else:
+            _join_over_store(env, backend, timeout)
     _gather_places(env.world_size, device_type)
     return backend
+
+
+def _join_over_store(env: DistEnv, backend: str, timeout: timedelta) -> None:
+    """The process group over the rendezvous store, once the ranks have met there (``peers.join``: the
+    interface chosen and every pair of nodes tried); a failure to make it names every rank's address."""
+    import torch.distributed as dist
+
+    from dlscale.distributed import peers
+
+    store = peers.join(env, backend, timeout.total_seconds())
+    try:
+        dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - the same failure, with the addresses the ranks advertised
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise RuntimeError(f"{type(e).__name__}: {first[:500]}; advertised: {peers.addresses(peers.JOINED)}") from e
 
 
 def _gpu_id() -> str | None:

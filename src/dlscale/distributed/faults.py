@@ -41,16 +41,44 @@ def classify(message: str) -> str:
     return "error"
 
 
+def kind_of(cause: str, usage: bool = False, finding: bool = False) -> str:
+    """A failure's kind: 'usage' (bad input found before the run), 'finding', else ``classify``'s."""
+    return "usage" if usage else "finding" if finding else classify(cause)
+
+
+def cause_of(e: BaseException) -> tuple[str, str]:
+    """A failed rank's one-line cause and its kind: the error under a ``RunFailure`` as the harness
+    describes it, else the exception's own words (a ``Finding``'s names the ranks at fault)."""
+    from dlscale.errors import RunFailure, UsageError
+    from dlscale.harness.runner import describe_failure
+
+    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
+    finding = isinstance(inner, Finding)
+    cause = str(inner) if finding or inner is e else describe_failure(inner)
+    cause = " ".join((cause or type(e).__name__).split())
+    return cause, kind_of(cause, isinstance(e, UsageError), finding)
+
+
 def write_failure(job_dir: str | None, rank: int, node: int, cause: str, usage: bool = False,
                   finding: bool = False) -> None:
     """Report this rank's failure; ``usage`` marks bad input found before the run started,
     ``finding`` a ``Finding``."""
     if not job_dir:
         return
-    kind = "usage" if usage else "finding" if finding else classify(cause)
+    kind = kind_of(cause, usage, finding)
     entry = {"rank": rank, "node": node, "cause": cause, "kind": kind,
              "time": time.time()}
     _write(Path(job_dir) / f"failure-{rank}.json", json.dumps(entry))
+
+
+def note_elsewhere(job_dir: str | None, entries: list[dict[str, Any]]) -> None:
+    """The failures of ranks on other nodes (``peers.failures_elsewhere``: their rank, node, cause, kind
+    and time, as they published them), kept beside this node's reports, so that ``diagnose`` here names
+    the rank that caused a lost connection and not the one that lost it."""
+    for f in entries if job_dir else []:
+        path = Path(job_dir) / f"failure-{f['rank']}.json"
+        if not path.exists():
+            _write(path, json.dumps({k: f[k] for k in ("rank", "node", "cause", "kind", "time")}))
 
 
 def write_run_id(job_dir: str | None, run_id: str) -> None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -112,7 +114,7 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=path, job_dir=job_dir,
                     price=asdict(price) if price is not None else None)
     try:
-        res = _launch(spec, layout, placement.mode(layout, config))
+        res = _launch(spec, layout, placement.launch_env(layout, config))
         run_id, failures = faults.read_run_id(job_dir), faults.read_failures(job_dir)
         faults.take_over_spooled(job_dir)  # rank 0's spooled records: this process reports them
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the job is ended already
@@ -137,6 +139,18 @@ def run_job(family: str, config: dict[str, Any], layout: Layout, db: str | None,
     raise RunFailure(f"run {rec.run_id} failed: {msg}", run_id=rec.run_id)
 
 
+def done_elsewhere(layout: Layout) -> str:
+    """What a process whose job's run rank 0 records says at its end: its rank and node as the launcher
+    that started it numbered them (torchrun's GROUP_RANK, which c10d assigns, srun's SLURM_NODEID,
+    mpirun's node rank), else the node of ``layout`` (``--node-rank``, under dlscale's own launcher)."""
+    from dlscale.distributed.env import detect
+
+    env = detect(master_addr=layout.master_addr, master_port=layout.master_port)
+    if env is None:
+        return f"node {layout.node_rank}: done (node 0 records and prints the run)"
+    return f"rank {env.rank} (node {env.node_rank}): done (rank 0 records and prints the run)"
+
+
 def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any,
                  price: Any = None) -> Any:
     """This process is one rank of a job an external launcher started: run it here."""
@@ -151,21 +165,50 @@ def run_in_place(family: str, config: dict[str, Any], layout: Layout, db: str | 
     placement.check_mig(layout, config, env.world_size)  # two ranks on one GPU: found as the ranks join
     spec = RankSpec(family=family, config=config, layout=layout.to_dict(), db=db,
                     price=asdict(price) if price is not None else None)
-    return rank_function(family)(spec, env)
+    try:
+        return rank_function(family)(spec, env)
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - told to the other ranks, recorded by rank 0
+        _in_place_failure(family, config, layout, db, env, e)
+        raise
 
 
-def _launch(spec: RankSpec, layout: Layout, binding: str) -> Any:
-    """torchrun over the ranks, each told how it is bound to CPUs (``placement.mode``)."""
-    from dlscale.distributed.env import BINDING_ENV
+def _in_place_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, env: Any,
+                      e: BaseException) -> None:
+    """A rank of a launcher's job failed: the other ranks are told through the job's store (``peers``:
+    they end at once where they wait for this one); an error that no record holds yet (the ranks did
+    not meet, say) is recorded by rank 0 and raised as a ``RunFailure``, in one line, on every rank."""
+    from dlscale.distributed import peers
+
+    cause, kind = faults.cause_of(e)
+    peers.publish_failure(env, cause, kind)
+    if isinstance(e, (UsageError, KeyboardInterrupt)):
+        return
+    line = cause
+    elsewhere = peers.failures_elsewhere(env.rank) if kind in faults.SECONDARY else []
+    if elsewhere:  # a lost peer or a timeout caused by a rank on another node: name that rank and its cause
+        mine = {"rank": env.rank, "node": env.node_rank, "cause": cause, "kind": kind, "time": time.time()}
+        line = faults.diagnose([*elsewhere, mine], env.world_size)
+    if isinstance(e, RunFailure) and not elsewhere:  # recorded already, with its cause
+        return
+    if env.rank != 0:
+        raise RunFailure(f"rank {env.rank} (node {env.node_rank}): {line}") from e
+    rec = _record_failure(family, config, layout, db, e.run_id if isinstance(e, RunFailure) else None, line,
+                          network=peers.JOINED)
+    raise RunFailure(f"run {rec.run_id} failed: {line}", run_id=rec.run_id) from e
+
+
+def _launch(spec: RankSpec, layout: Layout, placed: dict[str, str]) -> Any:
+    """torchrun over the ranks, each told how it is bound to CPUs and the job's CPUs (``placement.launch_env``)."""
     from dlscale.distributed.launch import launch
 
-    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None, extra_env={BINDING_ENV: binding},
-                  numa_binding=binding == "torchrun")
+    return launch(RANK_MODULE, spec.to_args(), layout, timeout_s=None, extra_env=placed)
 
 
 def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str | None, run_id: str | None,
-                    msg: str, log_tail: list[str] | None = None) -> Any:
-    """Write the failure into rank 0's record, or a new one when rank 0 never recorded."""
+                    msg: str, log_tail: list[str] | None = None, network: list[dict[str, Any]] | None = None) -> Any:
+    """Write the failure into rank 0's record, or a new one when rank 0 never recorded (with ``network``,
+    every rank's interface and address as the ranks met, where they did: ``peers.JOINED``)."""
+    from dlscale.harness.runner import SWEEP_POINT_ENV
     from dlscale.record import RunRecord, utc_now
     from dlscale.store import Store
     from dlscale.system import collect_cached
@@ -175,6 +218,10 @@ def _record_failure(family: str, config: dict[str, Any], layout: Layout, db: str
         if rec is None:
             rec = RunRecord(kind=FAMILIES[family][1], workload=workload_of(family, config),
                             config={**config, **layout.config()}, system=collect_cached(), tag=config.get("tag"))
+            if network:
+                rec.config["rank_network"] = [dict(e) for e in network]
+            if os.environ.get(SWEEP_POINT_ENV):  # a sweep's point: found by its hash, as execute's records are
+                rec.raw["sweep_point"] = os.environ[SWEEP_POINT_ENV]
         rec.fail(msg)
         if log_tail:
             rec.raw["launcher_log"] = log_tail[-200:]

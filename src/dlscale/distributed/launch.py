@@ -95,8 +95,6 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
         master_port = _check_master_port(layout.master_addr, master_port)
     else:
         _check_master_reachable(layout.master_addr, master_port, float(rdzv_timeout))
-    if layout.nnodes == 1 and _is_loopback(layout.master_addr):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = _torchrun_cmd(module, module_args, layout.nproc_per_node, layout.nnodes, layout.node_rank,
                         layout.master_addr, master_port, rdzv_timeout, numa_binding)
     return _supervise([cmd], env, timeout_s)
@@ -118,7 +116,7 @@ def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: d
     from contextlib import ExitStack
 
     from dlscale.distributed.cgroup import CpuQuota
-    from dlscale.distributed.netns import IFNAME, EmulatedNodes
+    from dlscale.distributed.netns import EmulatedNodes
 
     k_nodes = layout.emulate_nodes
     port = layout.master_port or DEFAULT_PORT
@@ -126,7 +124,6 @@ def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: d
         quotas = {k: stack.enter_context(CpuQuota(cores)) for k, cores in layout.node_cpu_quota}
         en = stack.enter_context(EmulatedNodes(k_nodes, layout.link_bandwidth, layout.link_latency,
                                                dict(layout.node_link_bandwidth)))
-        env.setdefault("GLOO_SOCKET_IFNAME", IFNAME)
         cmds = []
         for k in range(k_nodes):
             cmd = (en.exec_prefix(k) + ["env", f"{DEVICE_OFFSET_ENV}={k * layout.nproc_per_node}"]
@@ -263,9 +260,10 @@ class LauncherFilter:
     """Which launcher output lines reach stderr: the ranks' own output, not torchrun's failure banner.
 
     A failed job makes torchrun print its log lines, a Python traceback ending in
-    ``ChildFailedError`` and a summary framed by '=' rules. dlscale names the failed rank in one
-    line of its own, and the launcher's output is kept in the failed record (``raw.launcher_log``),
-    so the banner is held back unless ``DLSCALE_DEBUG`` is set. Any other traceback is shown whole.
+    ``ChildFailedError`` and a summary framed by '=' rules; a job ended by Ctrl-C or SIGTERM (which
+    dlscale passes on to torchrun) makes it print a traceback ending in ``SignalException``. dlscale
+    names the failed rank, or the interruption, in one line of its own, and the launcher's output is
+    kept in the failed record (``raw.launcher_log``), so the banner is held back unless ``DLSCALE_DEBUG`` is set. Any other traceback is shown whole.
     Calling the filter with a line returns the lines to show now (possibly held-back ones).
     """
 
@@ -295,6 +293,9 @@ class LauncherFilter:
     def _traceback_line(self, line: str, text: str) -> list[str]:
         if "ChildFailedError" in text:  # torchrun's own: drop it, and its summary that follows
             self.held, self.rules = None, 0
+            return []
+        if "SignalException:" in text and not text.startswith((" ", "\t")):
+            self.held = None  # torchrun ended by the signal dlscale passed on: the interruption is one line
             return []
         if text.startswith((" ", "\t")) or not text:
             self.held.append(line)

@@ -11,6 +11,11 @@ has netem and is a one-line error where it does not.
 ``EmulatedNodes`` is a context manager: leaving it (normally, on an exception, on Ctrl-C) kills
 the processes still inside its namespaces and deletes them, which removes the veths and the bridge.
 Namespaces left by a dlscale process that died (SIGKILL) are removed by ``cleanup_stale()``.
+
+``subnet`` puts the nodes on another /24 than 10.77.0 and ``uplink`` joins the root namespace to the
+hub as well: a veth of that name in the root namespace at ``<subnet>.254``, unshaped, so that a
+process of this machine (a Slurm controller) reaches every node. The rehearsal Slurm cluster
+(``dlscale.cluster``) uses both; the veth goes with the hub's namespace.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class EmulatedNodes:
     node_bandwidth: dict[int, str] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     hub: str | None = None
+    subnet: str = SUBNET  # the nodes' /24: node k at <subnet>.(k+1)
+    uplink: str | None = None  # a veth of this name joining the root namespace to the hub at <subnet>.254
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nodes > 200:
@@ -92,7 +99,12 @@ class EmulatedNodes:
         return self.node_rate_bps.get(k, self.rate_bps)
 
     def address(self, k: int) -> str:
-        return f"{SUBNET}.{k + 1}"
+        return f"{self.subnet}.{k + 1}"
+
+    @property
+    def root_address(self) -> str:
+        """The root namespace's address on the nodes' subnet (with ``uplink``)."""
+        return f"{self.subnet}.254"
 
     def exec_prefix(self, k: int) -> list[str]:
         """The command prefix that runs a program inside node k's namespace."""
@@ -131,6 +143,8 @@ class EmulatedNodes:
                 _ip("-n", ns, "link", "set", "lo", "up")
                 self._shape(ns, IFNAME, self.rate_of(k))
                 self._shape(self.hub, peer, self.rate_of(k))
+            if self.uplink:
+                self._join_root(self.uplink)
         except BaseException:
             self.close()
             raise
@@ -140,10 +154,20 @@ class EmulatedNodes:
         self.close()
 
     def close(self) -> None:
-        """Kill what still runs inside the namespaces, then delete them (veths and bridge go too)."""
+        """Kill what still runs inside the namespaces, then delete them (veths and bridge go too; the
+        uplink's end in the root namespace is deleted first: a namespace goes once nothing holds it)."""
+        if self.uplink and self.hub:
+            subprocess.run(["ip", "link", "del", self.uplink], capture_output=True)
         for ns in [*self.names, *([self.hub] if self.hub else [])]:
             remove_namespace(ns)
         self.names, self.hub = [], None
+
+    def _join_root(self, name: str) -> None:
+        """A veth from the root namespace (``name``, at ``root_address``) to the hub's bridge, unshaped."""
+        _ip("link", "add", name, "type", "veth", "peer", "name", "up0", "netns", self.hub)
+        _ip("-n", self.hub, "link", "set", "up0", "master", "br0", "up")
+        _ip("addr", "add", f"{self.root_address}/24", "dev", name)
+        _ip("link", "set", name, "up")
 
     def _shape(self, ns: str, dev: str, rate_bps: float | None) -> None:
         parent = ["root"]

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from dlscale.distributed import faults
+from dlscale.distributed import faults, peers
 from dlscale.errors import RunFailure, UsageError
 
 
@@ -36,13 +36,12 @@ def run(spec: Any, env: Any) -> int:
 
 
 def _fail(spec: Any, env: Any, e: BaseException) -> None:
-    from dlscale.harness.runner import describe_failure
-
-    inner = e.__cause__ if isinstance(e, RunFailure) and e.__cause__ else e
-    finding = isinstance(inner, faults.Finding)
-    cause = str(inner) if finding or inner is e else describe_failure(inner)
-    faults.write_failure(spec.job_dir, env.rank, env.node_rank, " ".join((cause or type(e).__name__).split()),
-                         usage=isinstance(e, UsageError), finding=finding)
+    cause, kind = faults.cause_of(e)
+    finding = kind == "finding"
+    faults.write_failure(spec.job_dir, env.rank, env.node_rank, cause, usage=kind == "usage", finding=finding)
+    peers.publish_failure(env, cause, kind)  # the other nodes' ranks end too
+    if kind in faults.SECONDARY:  # a lost peer or a timeout: the cause may be a rank on another node
+        faults.note_elsewhere(spec.job_dir, peers.failures_elsewhere(env.rank))
     if isinstance(e, RunFailure) and env.rank == 0 and e.run_id:
         faults.write_run_id(spec.job_dir, e.run_id)
     faults.hand_over_spooled(spec.job_dir)

@@ -50,14 +50,17 @@ def run_rank(spec: Any, env: DistEnv) -> Any:
 
 def rank_layout_config(env: DistEnv, backend: str, layout: Any) -> dict[str, Any]:
     """The layout part of the recorded config, as the ranks found it (world, nodes, launcher), with how
-    the ranks were bound to CPUs and each rank's CPUs (placement.py)."""
+    the ranks were bound to CPUs and each rank's CPUs (placement.py), and each rank's interface and
+    address, and who chose them (peers.py)."""
     import torch
 
     from dlscale.distributed.env import RANK_CPUS, binding
+    from dlscale.distributed.peers import JOINED
 
     return {**layout.config(backend=backend, launcher=env.launcher, threads=torch.get_num_threads(),
                             world_size=env.world_size, nodes=env.nnodes, devices_per_node=env.local_world_size),
-            "cpu_binding": binding(), "rank_cpus": list(RANK_CPUS) or None}
+            "cpu_binding": binding(), "rank_cpus": list(RANK_CPUS) or None,
+            "rank_network": [dict(e) for e in JOINED] or None}
 
 
 def check_same_job(env: DistEnv, config: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from dlscale.errors import UsageError
 from dlscale.memsize import memory_spec
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
 RUNTIMES = ("torch", "onnxruntime")
 DEVICES = ("auto", "cpu", "cuda")
 SCENARIOS = ("single-stream", "multi-stream", "server", "offline")  # as dlscale.infer.loadgen_settings.SCENARIOS
@@ -39,6 +39,9 @@ def parse_batch_sizes(value: Any) -> tuple[int, ...]:
             raise UsageError(f"--batch-sizes {value!r}: expected comma-separated integers such as 1,2,4") from None
         if b < 1:
             raise UsageError(f"--batch-sizes {b}: every batch size must be >= 1")
+        from dlscale import limits
+
+        limits.limit("--batch-sizes", b)
         sizes.append(b)
     if not sizes:
         raise UsageError("--batch-sizes: give at least one batch size, such as 1,2,4")
@@ -59,6 +62,7 @@ class InferConfig:
     seed: int = 0
     tag: str | None = None
     channels_last: bool | None = None  # None: the train default (NHWC on CPU); image classifiers only
+    cudnn_benchmark: bool = True  # cuDNN's autotuner (harness.device.run_flags): the run's batch shapes are fixed
     # the shape of one sample (TrainConfig's fields; batch size is the sweep's)
     image_size: int | None = None
     seq_len: int | None = None
@@ -90,6 +94,9 @@ class InferConfig:
 
         w = workloads.get(self.model)  # unknown model -> UsageError listing the known ones
         object.__setattr__(self, "batch_sizes", parse_batch_sizes(self.batch_sizes))
+        from dlscale import limits
+
+        limits.fields(self)
         check_choice("--precision", self.precision, PRECISIONS)
         check_choice("--runtime", self.runtime, RUNTIMES)
         check_choice("--device", self.device, DEVICES)
@@ -113,13 +120,17 @@ class InferConfig:
                 _positive(opt, v)
         if (self.prompt_len is not None or self.output_len is not None) and w.family != "llm":
             raise UsageError(f"--prompt-len/--output-len apply to llm models; {self.model} is a {w.family} model")
+        if (self.prompt_len is None) != (self.output_len is None):
+            raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
+        if self.prompt_len is not None and self.seq_len is None:  # the sequence is the prompt: its options are named
+            from dlscale.infer.llm import llm_config
+
+            llm_config(self.model, self.model_config, self.prompt_len, self.output_len, "fp32")
         self.train_config()  # the workload checks the shape fields (family, minimum sizes)
         self._check_scenario()
         if self.output_len is not None and self.output_len < 2:
             raise UsageError(f"--output-len must be >= 2 (the first token comes from the prefill, then "
                              f"--output-len - 1 decode steps), got {self.output_len}")
-        if (self.prompt_len is None) != (self.output_len is None):
-            raise UsageError("--prompt-len and --output-len go together: give both (e.g. --prompt-len 128 --output-len 32)")
         self._check_runtime(w)
         self._check_llm()
 

@@ -1,8 +1,8 @@
 """How one greedy generation runs: the decode modes of ``dlscale infer LLM --decode MODE``.
 
 - ``eager``: a fresh ``transformers.DynamicCache`` per generation (it grows by concatenation) and
-  the model called from Python once per token. On a GPU each step is a few hundred kernel launches
-  from Python, so a small model's decode is bound by the host, not by the device.
+  the model called from Python once per token. On a GPU each step is a few hundred unfused kernel
+  launches from Python, so a small model's decode is bound by the host, not by the device.
 - ``compiled`` (``--compile``): a ``transformers.StaticCache`` preallocated for ``prompt_len +
   output_len`` positions and updated in place, and the one-token step (forward + argmax) compiled
   with ``torch.compile(fullgraph=True, dynamic=False)``: on CUDA in mode ``reduce-overhead`` (Inductor's
@@ -11,9 +11,14 @@
   recompile limit never turns a step back to eager), and the warm-up and measured generations run
   under ``torch.compiler.set_stance("fail_on_recompile")``: a recompile inside them is an error,
   not a silent slowdown.
-- ``graph`` (CUDA only): the same static cache and step, run eagerly once on a side stream and
+- ``graph-eager`` (CUDA only): the same static cache and step, run eagerly on a side stream and
   captured into one ``torch.cuda.CUDAGraph`` that also advances its own token and position
-  buffers; each decode step is one replay. No compiler, so it starts in about a second.
+  buffers; each decode step is one replay of the eager step's kernels, unfused (about 600 for
+  llama_small, where ``compiled`` replays Inductor's fused ones). No compiler, so it starts in about
+  a second. It is named for what it runs: against ``eager`` it shows what the host's launches cost,
+  against ``compiled`` what fusion gains, so the three split a decode step's overhead in two. A
+  graph of the fused step is ``compiled`` itself (reduce-overhead is Inductor's kernels under CUDA
+  graphs), so a second way to capture that would add nothing.
 
 The prefill is always eager (one forward over the prompt into the cache; its length varies
 between runs, so a graph of it would be rebuilt per length). transformers' ``StaticCache(config=,
@@ -41,7 +46,7 @@ from typing import Any
 
 from dlscale.errors import UsageError
 
-MODES = ("eager", "compiled", "graph")
+MODES = ("eager", "compiled", "graph-eager")
 GRAPH_WARMUP = 3  # eager runs of the step on a side stream before the capture, as torch.cuda.graphs advises
 # decode steps run while preparing: Inductor's CUDA graph trees run a compiled step once to warm up and
 # record it on the next call, so by the third every later call is a replay
@@ -59,15 +64,18 @@ class Generation:
 
 def resolve_mode(decode: str | None, compile: bool, device_type: str) -> str:
     """The decode mode a run uses: ``--decode``, else ``compiled`` with ``--compile``, else ``eager``;
-    a ``UsageError`` for an unknown mode, a contradiction, or ``graph`` without CUDA."""
+    a ``UsageError`` for an unknown mode, a contradiction, or ``graph-eager`` without CUDA."""
+    if decode == "graph":
+        raise UsageError("--decode graph is named graph-eager: it captures the eager step's unfused kernels in a "
+                         "CUDA graph; --decode compiled runs Inductor's fused kernels under CUDA graphs")
     if decode is not None and decode not in MODES:
         raise UsageError(f"unknown --decode {decode!r}; choose one of {', '.join(MODES)}")
     if compile and decode not in (None, "compiled"):
         raise UsageError(f"--compile means --decode compiled for LLM decode; drop one of --compile and "
                          f"--decode {decode}")
     mode = decode or ("compiled" if compile else "eager")
-    if mode == "graph" and device_type != "cuda":
-        raise UsageError("--decode graph captures a CUDA graph and needs --device cuda; on the CPU use "
+    if mode == "graph-eager" and device_type != "cuda":
+        raise UsageError("--decode graph-eager captures a CUDA graph and needs --device cuda; on the CPU use "
                          "--decode compiled (torch.compile) or eager")
     return mode
 
@@ -91,7 +99,7 @@ class EagerDecoder:
     """Greedy generation with a fresh DynamicCache and the model called once per token."""
 
     mode = "eager"
-    description = "eager: transformers DynamicCache, one Python forward per token"
+    description = "eager: transformers DynamicCache, one Python forward per token (unfused kernels, launched from Python)"
 
     def __init__(self, model: Any, device: Any, output_len: int):
         self.model, self.device, self.output_len = model, device, output_len
@@ -149,7 +157,7 @@ class EagerDecoder:
 
 
 class StaticDecoder(EagerDecoder):
-    """The static cache of the compiled and graph modes; the step itself is the subclass's."""
+    """The static cache of the compiled and graph-eager modes; the step itself is the subclass's."""
 
     def prepare(self, prompt: Any) -> None:
         """Allocate the cache for this batch, build the step, and run one generation untimed."""
@@ -200,8 +208,11 @@ class CompiledDecoder(StaticDecoder):
         self.compile_mode = "reduce-overhead" if getattr(device, "type", "cpu") == "cuda" else "default"
         if backend != "inductor":
             self.compile_mode = None  # modes are Inductor's
+        what = {"reduce-overhead": "Inductor's fused kernels replayed as CUDA graphs",
+                "default": "Inductor's fused kernels"}.get(self.compile_mode or "", f"Dynamo's {backend} backend")
         self.description = (f"compiled: transformers StaticCache, one-token step under torch.compile(backend="
-                            f"'{backend}', mode='{self.compile_mode}', fullgraph=True, dynamic=False); prefill eager")
+                            f"'{backend}', mode='{self.compile_mode}', fullgraph=True, dynamic=False): {what}; "
+                            "prefill eager")
         self._fn: Callable[..., Any] | None = None
 
     def _build(self, prompt: Any) -> None:
@@ -248,14 +259,14 @@ def capture_cuda_graph(body: Callable[[], None], warmup: int = GRAPH_WARMUP) -> 
 
 
 class GraphDecoder(StaticDecoder):
-    """The one-token step captured eagerly into one CUDA graph that advances its own inputs.
+    """The eager one-token step's kernels captured into one CUDA graph that advances its own inputs.
 
     ``capture`` turns the step's body into its replay (``capture_cuda_graph``; a test on a machine
     without CUDA passes one that runs the body eagerly)."""
 
-    mode = "graph"
-    description = ("graph: transformers StaticCache, one-token step captured into a torch.cuda.CUDAGraph "
-                   "(it feeds its own token and position forward); prefill eager")
+    mode = "graph-eager"
+    description = ("graph-eager: transformers StaticCache, the eager one-token step's kernels (unfused, no compiler) "
+                   "captured into a torch.cuda.CUDAGraph that feeds its own token and position forward; prefill eager")
 
     def __init__(self, model: Any, device: Any, output_len: int,
                  capture: Callable[[Callable[[], None]], Callable[[], None]] = capture_cuda_graph):
@@ -289,4 +300,5 @@ class GraphDecoder(StaticDecoder):
 
 def make_decoder(mode: str, model: Any, device: Any, output_len: int) -> EagerDecoder:
     """The decoder of a mode (``resolve_mode``'s answer)."""
-    return {"eager": EagerDecoder, "compiled": CompiledDecoder, "graph": GraphDecoder}[mode](model, device, output_len)
+    return {"eager": EagerDecoder, "compiled": CompiledDecoder, "graph-eager": GraphDecoder}[mode](model, device,
+                                                                                                 output_len)

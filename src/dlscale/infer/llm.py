@@ -2,16 +2,20 @@
 
 The model is the registered ``llm`` workload built from a ``TrainConfig`` (so ``--model-config``
 selects or varies it exactly as for training), random weights, eval mode, under
-``torch.inference_mode``. bf16/fp16 cast the model to that dtype (``model.to(dtype)``), as inference
-servers load their weights, and run without autocast: autocast over fp32 weights would re-cast every
-weight at every forward, because its weight-cast cache is off under ``inference_mode`` (a one-token
-decode step is mostly reading weights, so that made bf16 decode slower than fp32 on a CPU). The
+``torch.inference_mode``. The model is made directly on the device in the run's dtype
+(``LlamaLM.build_in``: its random init runs there, nothing is materialised in fp32 on the host
+first), as inference servers load their weights, and runs without autocast: autocast over fp32
+weights would re-cast every weight at every forward, because its weight-cast cache is off under
+``inference_mode`` (a one-token decode step is mostly reading weights, so that made bf16 decode
+slower than fp32 on a CPU). Before it is made, a run whose weights, KV cache and activations exceed
+the device's free memory is refused in one line (``check_memory``), and the device's copy bandwidth
+is measured (``dlscale.infer.limit``). The
 prompts are ``batch`` rows of ``prompt_len`` random token ids: the workload's own synthetic batch,
 deterministic from the seed.
 
 One generation of ``output_len`` tokens (all rows at once, no padding), in the decode mode
 ``--decode`` names (``dlscale.infer.decode``: eager DynamicCache, or a static cache with the
-one-token step compiled or captured as a CUDA graph):
+one-token step compiled, or its eager kernels captured as a CUDA graph):
 
 - **prefill**: one forward over the whole prompt into the KV cache that returns the logits of the
   last position only (``logits_to_keep=1``, as ``generate`` does); their argmax is the first
@@ -30,7 +34,7 @@ whole generations run and are not counted; then ``iters`` measured generations. 
 :func:`llm_figures`, and docs/METRICS.md): prefill tokens/s ``batch·prompt_len / mean TTFT``, decode
 tokens/s ``batch / mean step time``, time per output token (TPOT) the mean decode step time, p50/p90
 of the pooled step times; CIs are the t-intervals of the mean per-generation time, mapped through
-the reciprocal.
+the reciprocal; each batch size's decode against its memory-bandwidth limit (:func:`limit_figures`).
 """
 
 from __future__ import annotations
@@ -260,13 +264,15 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
                       seed: int = 0, decode: str = "eager"
                       ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[str]]:
     """(metrics, units, raw, warnings) of prefill and decode with a KV cache at each batch size, in the
-    decode mode ``decode`` (eager, compiled or graph: ``dlscale.infer.decode``)."""
+    decode mode ``decode`` (eager, compiled or graph-eager: ``dlscale.infer.decode``), with each batch
+    size's decode against its memory-bandwidth limit (``dlscale.infer.limit``)."""
     import torch
 
     from dlscale import workloads
     from dlscale.harness import energy
     from dlscale.harness.device import autocast_dtype, check_precision, set_matmul_precision
     from dlscale.harness.energy import EnergyMeter
+    from dlscale.infer import limit
 
     check_inputs(batch_sizes, prompt_len, output_len, precision, warmup, iters)
     cfg = llm_config(model, model_config, prompt_len, output_len, precision)
@@ -274,13 +280,14 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     mode = resolve_mode(decode, False, dev.type)
     check_precision(precision, dev)
     set_matmul_precision(precision, dev)
+    dtype = autocast_dtype(precision) or torch.float32
+    fields, nbytes = w.fields(cfg), torch.empty((), dtype=dtype).element_size()
+    check_memory(model, fields, nbytes, precision, max(batch_sizes), prompt_len, output_len, dev)
+    bandwidth = (limit.copy_bandwidth(dev), limit.datasheet_bandwidth(dev))  # before the model takes memory
     torch.manual_seed(seed)
-    dtype, per_batch, raw_runs, prepared = autocast_dtype(precision), [], [], []
-    net = w.build(cfg).to(dev).eval()
-    if dtype is not None:
-        net = net.to(dtype)  # cast, not autocast: see the module docstring
+    net = w.build_in(cfg, dev, dtype).eval()  # in its dtype on the device, no autocast: see the module docstring
     decoder = make_decoder(mode, net, dev, output_len)
-    energy_by_batch = []
+    per_batch, raw_runs, prepared, energy_by_batch = [], [], [], []
     with torch.inference_mode(), EnergyMeter(dev) as meter:
         for b in batch_sizes:
             gens = _measure_batch(w, cfg, decoder, b, output_len, dev, warmup, iters, seed, meter)
@@ -302,12 +309,51 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
         top = energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])]
         metrics.update(top[0])
         units.update(top[1], energy_per_unit_j_by_batch="J/tokens")
+    limit_metrics, limit_raw = limit_figures(fields, nbytes, metrics, bandwidth)
+    metrics.update(limit_metrics)
+    units.update(limit.UNITS)
     raw = {"by_batch": raw_runs, "decode_mode": mode, "decode": f"greedy (argmax) tokens, one per row per step; "
            f"{decoder.description}", "timing": _timing_words(dev),
            "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
-           "model_config": cfg.model_config, "precision": precision, "device": str(dev),
+           "model_config": cfg.model_config, "precision": precision, "device": str(dev), "memory_limit": limit_raw,
            **energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])][2]}
     return metrics, units, raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
+
+
+def check_memory(model: str, fields: dict[str, Any], nbytes: int, precision: str, batch: int, prompt_len: int,
+                 output_len: int, device: Any, free: int | None = None) -> None:
+    """Refuse in one line (exit 2), before anything is allocated, a run whose largest batch's weights, KV
+    cache and activations (``workloads.llm.inference_memory``) exceed the device's free memory (``free``:
+    measured where None)."""
+    from dlscale.infer import limit
+    from dlscale.workloads.llm import inference_memory
+
+    need = inference_memory(fields, nbytes, batch, prompt_len, output_len)
+    shape = f"batch {batch}, prompt {prompt_len} + output {output_len} tokens"
+    limit.check_fits(model, need, precision, shape, device, limit.free_memory(device) if free is None else free)
+
+
+def limit_figures(fields: dict[str, Any], nbytes: int, metrics: dict[str, Any],
+                  bandwidth: tuple[tuple[float | None, str], tuple[float | None, str]]
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metrics, raw) of every batch size's decode against the memory-bandwidth limit
+    (``dlscale.infer.limit``), the headline at the headline batch size."""
+    from dlscale.infer import limit
+    from dlscale.workloads.llm import kv_bytes_per_position
+
+    (copy_gbps, copy_how), (sheet_gbps, sheet_how) = bandwidth
+    weights, kv = limit.weight_bytes_read(fields, nbytes), kv_bytes_per_position(fields, nbytes)
+    rows = [limit.figures(limit.step_bytes(weights, kv, b, metrics["prompt_len"], metrics["output_len"]), b, tps,
+                          copy_gbps, sheet_gbps)
+            for b, tps in zip(metrics["batch_sizes"], metrics["decode_tokens_per_s_by_batch"])]
+    out: dict[str, Any] = {f"{k}_by_batch": [r[k] for r in rows] for k in rows[0]}
+    out.update(rows[metrics["batch_sizes"].index(metrics["headline_batch_size"])])
+    out.update(reference_copy_gbps=copy_gbps, datasheet_memory_gbps=sheet_gbps)
+    raw = {"weight_bytes_read_per_step": weights, "kv_bytes_per_position": kv,
+           "mean_context_positions": metrics["prompt_len"] + metrics["output_len"] / 2,
+           "bytes_per_step": "weights once + batch x KV bytes per position x (prompt_len + output_len / 2)",
+           "copy_source": copy_how, "datasheet_source": sheet_how}
+    return out, raw
 
 
 def _timing_words(dev: Any) -> str:

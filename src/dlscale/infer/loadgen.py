@@ -11,7 +11,13 @@ Batching in the SUT: single-stream runs its one sample; multi-stream runs the qu
 (LoadGen's 8) in batches of up to ``max_batch``; offline runs the one big query in batches of
 ``max_batch``; server queues each query and a batcher thread launches the oldest waiting query
 plus whatever arrives within the batch-fill timeout of it (``batch_timeout_s``; default 1/10 of
-the latency bound), up to ``max_batch``, with two batches in flight on a GPU.
+the latency bound), up to ``max_batch``, with four batches in flight on a GPU. On a GPU each batch
+runs at one of the scenario's shapes, warmed before the window (``loadgen_sut.shapes_for``).
+
+Offline also records the raw rate as LoadGen times it (``loadgen_sut.wall_rate``: full batches through
+the same feed, slots and completion thread, on the wall clock, just before each LoadGen test) and
+LoadGen's rate over it, ``raw_wall_ratio``: what LoadGen and the SUT's completions cost, beside the
+sweep's device-timed ``throughput`` at the same batch.
 
 Short runs (the default: 2 s, and the 64 or 662 queries LoadGen's early-stopping estimate needs)
 cannot always satisfy LoadGen's early-stopping rule, so their ``valid`` is often False for that
@@ -42,6 +48,7 @@ from dlscale.infer.loadgen_settings import (DEFAULT_LATENCY_BOUND_S, FIND_PEAK_S
 
 DETAIL_HEAD, DETAIL_TAIL = 20_000, 80_000  # characters of mlperf_log_detail.txt kept (start and end)
 BISECT_REL_TOL, BISECT_MAX_RUNS = 0.05, 10
+RAW_WALL_MAX_S = 2.0  # offline: the wall-clock raw rate's window, at most (LoadGen's short run: 2 s)
 _LOCK = threading.Lock()  # LoadGen is one process-wide test at a time
 
 
@@ -82,17 +89,24 @@ class _Run:
     energy: dict[str, Any] | None = None  # harness.energy reading over LoadGen's test, samples loaded
     store_bytes: int = 0
     batch_timeout_s: float | None = None  # server: the batch-fill timeout used
+    slots: int = 0  # batches the SUT had in flight at most
+    shapes: tuple[int, ...] | None = None  # the batch shapes it ran (a GPU's), None: each batch at its size
+    raw_wall: float | None = None  # offline: loadgen_sut.wall_rate just before this test
 
 
 def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Path) -> _Run:
     """One LoadGen test of ``session`` under ``ts``; logs in ``outdir``; the session's error re-raised.
     The energy window is LoadGen's test with its samples loaded (the QSL opens and closes it)."""
     from dlscale.harness.energy import EnergyMeter
-    from dlscale.infer.loadgen_sut import Qsl, Sut, completes_inline
+    from dlscale.infer.loadgen_sut import Qsl, Sut, completes_inline, shapes_for, wall_rate
 
+    raw_wall = None
+    if s.scenario == "offline":  # the raw rate as LoadGen times it, beside this test (loadgen_sut.wall_rate)
+        raw_wall = wall_rate(session, s.max_batch, s.samples, min(ts.min_duration_ms / 1000, RAW_WALL_MAX_S))
     meter = EnergyMeter(getattr(session, "device", None) if getattr(session, "runtime", "torch") == "torch" else None)
     timeout = batch_timeout(s, ts)[0] if s.scenario == "server" else None
-    qsl = Qsl(lg, session, s.samples, s.max_batch, completes_inline(session, s.scenario), meter)
+    shapes = shapes_for(session, s.scenario, s.max_batch)
+    qsl = Qsl(lg, session, s.samples, s.max_batch, completes_inline(session, s.scenario), meter, shapes)
     sut = Sut(qsl, s.scenario, s.max_batch, timeout)
     log = lg.LogSettings()
     out = lg.LogOutputSettings()
@@ -115,7 +129,8 @@ def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Pat
                          f"{type(qsl.error).__name__}: {qsl.error}") from qsl.error
     summary = (outdir / "mlperf_log_summary.txt").read_text()
     detail = (outdir / "mlperf_log_detail.txt").read_text()
-    return _Run(summary, detail, qsl.batches, qsl.ran, meter.reading(), qsl.store_bytes, timeout)
+    return _Run(summary, detail, qsl.batches, qsl.ran, meter.reading(), qsl.store_bytes, timeout, qsl.slots, shapes,
+                raw_wall)
 
 
 def run_scenario(session: Any, settings: ScenarioSettings) -> ScenarioResult:
@@ -167,8 +182,12 @@ def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: flo
         metrics["units_per_sample"], units["units_per_sample"] = per_sample, session.sample_unit
     metrics.update(max_batch=s.max_batch, sut_batches=run.batches,
                    sut_mean_batch=round(run.ran / run.batches, 3) if run.batches else None,
-                   samples_on=getattr(session, "samples_on", None), sample_store_bytes=run.store_bytes)
-    units.update(max_batch="samples", sut_batches="batches", sut_mean_batch="samples", sample_store_bytes="bytes")
+                   samples_on=getattr(session, "samples_on", None), sample_store_bytes=run.store_bytes,
+                   sut_slots=run.slots, sut_shapes=list(run.shapes) if run.shapes else None)
+    units.update(max_batch="samples", sut_batches="batches", sut_mean_batch="samples", sample_store_bytes="bytes",
+                 sut_slots="batches", sut_shapes="samples")
+    if run.raw_wall is not None:
+        _raw_figures(metrics, units, run.raw_wall)
     if s.scenario == "server" and ts is not None:
         metrics["batch_timeout_s"], metrics["batch_timeout_source"] = batch_timeout(s, ts)
         units["batch_timeout_s"] = "s"
@@ -186,6 +205,14 @@ def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: flo
         metrics.update({f"scenario_{k}": v for k, v in e_metrics.items()})
         units.update({f"scenario_{k}": v for k, v in e_units.items()})
     return ScenarioResult(metrics, units, bool(metrics.get("valid")), run.summary, _trim(run.detail), warnings)
+
+
+def _raw_figures(metrics: dict[str, Any], units: dict[str, str], raw_wall: float) -> None:
+    """Offline: the raw rate as LoadGen times it, and LoadGen's samples/s over it (what the harness costs)."""
+    metrics["raw_wall_samples_per_s"], units["raw_wall_samples_per_s"] = round(raw_wall, 3), units["scenario_metric"]
+    rate = metrics.get("scenario_metric")
+    metrics["raw_wall_ratio"] = round(rate / raw_wall, 4) if isinstance(rate, (int, float)) and raw_wall else None
+    units["raw_wall_ratio"] = "ratio"
 
 
 def _server_notes(lg: Any, session: Any, s: ScenarioSettings, metrics: dict[str, Any], units: dict[str, str],

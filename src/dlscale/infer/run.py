@@ -60,11 +60,11 @@ def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: An
     are (``infer.feed``: one tensor per input, the model's input dtype and layout): on the device they
     are gathered once and every step is a forward of that batch; in host memory on a GPU
     (``--samples-on host``) every step gathers them into pinned memory and copies them on a side
-    stream while the previous step computes (two batches in flight)."""
+    stream while the previous steps compute (the feed's slots in flight)."""
     import torch
 
     from dlscale.harness.timing import timed_loop
-    from dlscale.infer.feed import SLOTS, Feed, SampleStore
+    from dlscale.infer.feed import Feed, SampleStore
 
     store = SampleStore(session, batch_size)
     store.load(range(batch_size))
@@ -79,7 +79,7 @@ def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: An
     flying: list[Any] = []
 
     def step() -> None:
-        if len(flying) == SLOTS:
+        if len(flying) == len(feed.slots):
             feed.finish(flying.pop(0))
         flying.append(feed.launch(indices))
 
@@ -304,6 +304,17 @@ def _bytes(n: float) -> str:
 
 # -- the whole run ---------------------------------------------------------------------------------
 def run_inference(cfg: Any, device: Any, on_batch: Callable[[int, dict[str, Any]], None] | None = None) -> Outcome:
+    """The run under its precision's TF32 and cuDNN flags (``harness.device.run_flags``: set for the run,
+    recorded as they were at its end in the config's ``backend_flags``, restored after it)."""
+    from dlscale.harness.device import backend_flags, run_flags
+
+    with run_flags(cfg.precision, device, cfg.cudnn_benchmark):
+        out = _run_inference(cfg, device, on_batch)
+        out.config["backend_flags"] = backend_flags()
+    return out
+
+
+def _run_inference(cfg: Any, device: Any, on_batch: Callable[[int, dict[str, Any]], None] | None) -> Outcome:
     """Open the session, search the largest batch if asked, sweep the batch sizes, and add the
     LoadGen scenario and the LLM prefill/decode figures when asked for."""
     from dlscale.infer.session import open_session

@@ -11,10 +11,23 @@ What one forward is, per family (what ``dlscale infer`` measures):
 - llm: ``model(ids)`` over ``seq_len`` tokens per row (one prefill, no KV cache kept); units are
   tokens. Decoding with a KV cache is ``dlscale.infer.llm``.
 
+Precision (torch runtime): bf16 and fp16 cast the model once, before the run (``cast_once``), as
+``infer.llm`` does and as inference engines do, instead of autocast re-casting every fp32 weight on
+every forward: eval-mode BatchNorm is first folded into the convolution or linear layer that feeds
+it, in fp32 (TensorRT and onnxruntime's graph optimiser fold it too), so no BatchNorm statistic is
+held in 16 bits; then every weight is held in bf16/fp16. What changes against autocast: matmuls and
+unfolded convolutions see the same 16-bit weights (autocast rounds the same fp32 values, per forward),
+a folded convolution's are W x gamma / sqrt(var + eps) rounded once, with no BatchNorm op after it;
+all accumulate in fp32 in both; the ops autocast runs in fp32 (softmax, layer_norm, reductions) take
+16-bit inputs and give 16-bit outputs instead, each still computing in fp32 inside its kernel; a
+BatchNorm torch.fx cannot fold (a model it cannot trace) runs in 16 bits with 16-bit statistics.
+Detection keeps autocast: torchvision's box ops (NMS, RoIAlign) need fp32 boxes. fp32 and tf32 run
+the model as built (tf32: TF32 matmuls and convolutions, ``harness.device.run_flags``).
+
 A sample is one row of the workload's own synthetic batch (``make_batch`` at batch 1), seeded by
 (seed, index), so every runtime and precision sees the same inputs. Held for a run (``stored``), a
-sample is its input tensors in the model's input dtype: an image classifier's image in the autocast
-precision (bf16/fp16), which its first layer would cast it to anyway; everything else as made.
+sample is its input tensors in the model's input dtype: a cast model's floating inputs (images,
+dense features) in its bf16/fp16; everything else as made.
 ``inputs`` turns stacked rows into what the forward takes, and ``infer.feed`` gathers the batches of
 the sweep and of LoadGen from one preallocated tensor per input. ``run`` stacks samples into a batch
 on the device and returns when the outputs are ready (the largest-batch search).
@@ -55,10 +68,13 @@ class Family:
             return list(parts[0].unbind(0))
         return parts if len(parts) > 1 else parts[0]
 
-    def collate(self, samples: list[Any], device: Any, channels_last: bool) -> Any:
+    def collate(self, samples: list[Any], device: Any, channels_last: bool, dtype: Any = None) -> Any:
+        """The samples stacked on ``device`` as the forward takes them; floating inputs in ``dtype`` if given."""
         import torch
 
         cols = [torch.stack(col) for col in zip(*(self.parts(s) for s in samples))]
+        if dtype is not None:
+            cols = [c.to(dtype) if c.is_floating_point() else c for c in cols]
         if channels_last:
             cols = [c.contiguous(memory_format=torch.channels_last) if c.dim() == 4 else c for c in cols]
         return self.inputs(tuple(c.to(device) for c in cols))
@@ -100,14 +116,49 @@ class Translation(Family):
 
 
 def input_dtype(cfg: Any, w: Any) -> Any:
-    """The dtype an image classifier's images are held in: the autocast precision (bf16/fp16), the
-    dtype its first layer (a convolution, autocast's) would cast them to anyway; None (as made) for
-    every other model, precision and runtime (int8's quantised graph takes fp32)."""
-    if cfg.runtime != "torch" or not w.images_in:
+    """The dtype a model's floating inputs are held in: a cast model's (``casts``), else None (as made)."""
+    if not casts(cfg, w):
         return None
     from dlscale.harness.device import autocast_dtype
 
     return autocast_dtype(cfg.precision)
+
+
+def casts(cfg: Any, w: Any) -> bool:
+    """Whether the model is cast once to bf16/fp16 (module doc): the torch runtime, every family but detection."""
+    return cfg.runtime == "torch" and cfg.precision in ("bf16", "fp16") and w.family != "detection"
+
+
+def cast_once(model: Any, dtype: Any) -> tuple[Any, str]:
+    """``model`` with its BatchNorm folded in fp32 and then cast to ``dtype``, and what was done, in words."""
+    model, (folded, left) = fold_batchnorm(model)
+    words = f"{str(dtype).replace('torch.', '')} weights, cast once (no autocast)"
+    if folded:
+        words += f"; {folded} BatchNorm layers folded into the layer before each, in fp32"
+    if left:
+        words += f"; {left} BatchNorm layers not folded (torch.fx cannot trace the model), held in 16 bits"
+    return model.to(dtype), words
+
+
+def fold_batchnorm(model: Any) -> tuple[Any, tuple[int, int]]:
+    """(model with every eval-mode BatchNorm that follows a convolution or linear layer folded into it,
+    (folded, left)) through torch.fx; a model torch.fx cannot trace is returned as it is."""
+    import torch
+
+    def count(m: Any) -> int:
+        return sum(isinstance(x, torch.nn.modules.batchnorm._BatchNorm) for x in m.modules())
+
+    before = count(model)
+    if not before:
+        return model, (0, 0)
+    from torch.fx.experimental.optimization import fuse
+
+    try:
+        fused = fuse(model)
+    except Exception:  # noqa: BLE001 - symbolic tracing failed (data-dependent control flow): keep the model
+        return model, (0, before)
+    left = count(fused)
+    return fused, (before - left, left)
 
 
 def mix(seed: int, index: int) -> int:
@@ -154,7 +205,7 @@ class Session:
         """A batch of these samples, stacked on the device (or host arrays for onnxruntime)."""
         if self.runtime != "torch":  # onnxruntime reads contiguous host arrays
             return self.family.collate(samples, "cpu", False)
-        return self.family.collate(samples, self.device, self.channels_last)
+        return self.family.collate(samples, self.device, self.channels_last, self.input_dtype)
 
     def forward(self, batch: Any) -> Any:
         """One forward of a collated batch; on CUDA it may return before the kernels finish."""
@@ -197,7 +248,7 @@ def open_session(cfg: Any, device: Any) -> Session:
     if cfg.runtime == "onnxruntime":
         forward = _onnx_forward(model, family, cfg, device, info)
     else:
-        if cfg.precision in ("bf16", "fp16"):
+        if cfg.precision in ("bf16", "fp16", "tf32"):
             dev.check_precision(cfg.precision, device)
         forward = _torch_forward(model, family, cfg, device, info)
     return Session(cfg, device, family, forward, info)
@@ -236,12 +287,15 @@ def _calibration(family: Family, cfg: Any, batch: int, count: int) -> list[tuple
 
 
 def _torch_forward(model: Any, family: Family, cfg: Any, device: Any, info: dict[str, Any]) -> Any:
-    """A forward under inference_mode (and autocast for bf16/fp16); int8 through PT2E; --compile."""
+    """A forward under inference_mode of the model cast once to bf16/fp16 (``casts``; detection: under
+    autocast); int8 through PT2E; --compile."""
     import torch
 
     from dlscale.harness.device import autocast_dtype
 
     info["runtime_version"] = f"torch {torch.__version__}"
+    dtype = autocast_dtype(cfg.precision)
+    amp = None
     if cfg.precision == "int8":
         from dlscale.infer import quant
 
@@ -250,17 +304,21 @@ def _torch_forward(model: Any, family: Family, cfg: Any, device: Any, info: dict
         info.update(compile=True, quantization=f"PT2E X86InductorQuantizer, static int8, "
                     f"{quant.CALIBRATION_BATCHES} calibration batches of 4 ({quant.version()}), torch.compile")
     else:
+        if casts(cfg, family.w):
+            model, info["weights"] = cast_once(model, dtype)
+        elif dtype is not None:
+            amp = dtype
+            info["weights"] = f"fp32 weights under autocast {cfg.precision} (torchvision's box ops need fp32 boxes)"
         model = model.to(device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if cfg.compile:
             model = torch.compile(model)
-    dtype = autocast_dtype(cfg.precision)
     call = (lambda m, args: m(*args)) if cfg.precision == "int8" else family.call  # int8: the Flat wrapper
 
     def forward(batch: Any) -> Any:
         with torch.inference_mode():
-            ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
             with ctx:
                 return call(model, family.args(batch))
 

@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # Fields that say how a run is executed or recorded, not what it trains: two runs that differ
 # only in these are "the same config" (the reference for speed-up and for --resume checks).
 EXECUTION_FIELDS = frozenset({
-    "tag", "mlperf_log", "checkpoint_dir", "resume", "runs", "workers", "nproc_per_node", "nnodes",
+    "tag", "mlperf_log", "force", "checkpoint_dir", "resume", "runs", "workers", "nproc_per_node", "nnodes",
     "emulate_nodes", "world_size", "nodes", "devices_per_node", "backend", "launcher", "emulated_nodes",
     "link_bandwidth", "link_latency", "threads_per_rank", "dist_timeout_s", "device_name", "threads",
     "node_link_bandwidth", "node_cpu_quota",
@@ -55,6 +55,7 @@ class TTAConfig:
     seed: int = 0
     runs: int = 1
     mlperf_log: str | None = None
+    force: bool = False  # replace an existing --mlperf-log (never a database)
     checkpoint_dir: str | None = None
     resume: bool = False
     world_size: int = 1  # ranks of the job: set from its Layout (dlscale.layout) by api.tta
@@ -68,7 +69,11 @@ class TTAConfig:
         w = workloads.get(self.model)
         from dlscale import limits
 
+        if self.force and not self.mlperf_log:
+            raise UsageError("--force replaces an existing --mlperf-log: give --mlperf-log FILE, or drop --force")
+        limits.fields(self)
         limits.at_most("--max-epochs", self.max_epochs, limits.EPOCHS, "epochs of one run")
+        limits.limit("--batch-size", self.batch_size)
         limits.at_most("--runs", self.runs, limits.REPEAT, "runs of the test")
         limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
         defaults = _classification_checks(self) if w.family == "classification" else _task_checks(self, w.family)

@@ -38,9 +38,7 @@ def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
     """``cfg.runs`` runs (seed + i each), then the olympic record when runs > 1; the records
     (rank 0's; an empty list off node 0). ``price`` (cost.Price): each run's cost to the target."""
     if cfg.mlperf_log and layout.node_rank == 0:  # node 0's rank 0 writes it: a bad path now, not after the run
-        from dlscale.paths import check_writable_file
-
-        check_writable_file(cfg.mlperf_log, "--mlperf-log")
+        check_logs(cfg, str(store.path))
     if cfg.family == "classification":
         check_data(cfg.data)
     elif layout.distributed:  # a malformed file is one line here, not one failure per rank
@@ -123,6 +121,21 @@ def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:
 
     return execute(kind="tta", workload=resolved.model, config=resolved.to_dict(), tag=resolved.tag,
                    store=store, system=collect_cached(), body=body, price=price)
+
+
+def check_logs(cfg: Any, db: str) -> None:
+    """Every run's --mlperf-log (``paths.check_output``): never the database or a database; an existing
+    file only with --force or, continued, with --resume. Checked where rank 0 runs (the others do not write)."""
+    from dlscale.distributed.env import detect
+    from dlscale.paths import check_output, check_writable_file
+
+    env = detect()
+    for i in range(cfg.runs):
+        path = cfg.mlperf_log if cfg.runs == 1 else _nth(cfg.mlperf_log, i)
+        if env is None or env.rank == 0:
+            check_output(path, "--mlperf-log", db=db, force=cfg.force, append=cfg.resume)
+        else:
+            check_writable_file(path, "--mlperf-log")
 
 
 def _nth(path: str | None, i: int) -> str | None:

@@ -55,6 +55,8 @@ class MicroOptions:
             raise UsageError(f"--reps must be >= 1, got {self.reps}")
         from dlscale import limits
 
+        for opt, v in (("--case-budget", self.case_budget_s), ("--max-gflop", self.max_gflop), ("--cpu-ghz", self.cpu_ghz)):
+            limits.finite(opt, v)
         for opt, v in (("--warmup", self.warmup), ("--iters", self.reps)):
             limits.at_most(opt, v, limits.STEPS, "calls of one case")
         from dlscale.harness.window import check_min_duration

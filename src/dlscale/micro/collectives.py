@@ -23,6 +23,8 @@ from typing import Any
 
 ELEMENT = {"float": 4}  # the data type of the sweep and its size in bytes
 VALUES = 31  # data values are 1..VALUES
+PIECE = 1 << 26  # elements the fill and the check build at a time (256 MiB of float32), so a 16G sweep
+# needs its buffers and a few pieces, not a full-size copy of the expected result per rank
 
 
 def value(rank: int, idx: Any) -> Any:
@@ -157,7 +159,8 @@ class Buffers:
         self.whole.fill_(-1)
         if self.coll.name == "broadcast" and self.rank != self.root:
             return
-        self.send.copy_(values(self.rank, 0, self.send.numel(), self.device))
+        for lo, hi in pieces(self.send.numel()):
+            self.send[lo:hi].copy_(values(self.rank, lo, hi, self.device))
 
     def call(self) -> None:
         import torch.distributed as dist
@@ -190,31 +193,40 @@ class Buffers:
             return self.send if self.rank == self.root else None
         return self.recv
 
-    def expected(self) -> Any:
+    def expected(self, lo: int = 0, hi: int | None = None) -> Any:
+        """Elements [lo, hi) of this rank's exact result (default: all of it)."""
         import torch
 
-        n, rank, c, count, dev = self.n, self.rank, self.shard, self.count, self.device
+        n, rank, c, dev = self.n, self.rank, self.shard, self.device
         name = self.coll.name
+        hi = ({"all_gather": self.count, "reduce_scatter": c}.get(name, self.count)) if hi is None else hi
         if name in ("all_reduce", "reduce"):
-            return sum(values(r, 0, count, dev) for r in range(n))
+            return sum(values(r, lo, hi, dev) for r in range(n))
         if name == "broadcast":
-            return values(self.root, 0, count, dev)
-        if name == "all_gather":
-            return torch.cat([values(r, 0, c, dev) for r in range(n)])
+            return values(self.root, lo, hi, dev)
         if name == "reduce_scatter":
-            return sum(values(r, rank * c, (rank + 1) * c, dev) for r in range(n))
-        if name == "all_to_all":
-            return torch.cat([values(r, rank * c, (rank + 1) * c, dev) for r in range(n)])
+            return sum(values(r, rank * c + lo, rank * c + hi, dev) for r in range(n))
+        if name in ("all_gather", "all_to_all"):  # block r: rank r's shard, or rank r's block for this rank
+            at = 0 if name == "all_gather" else rank * c
+            return torch.cat([values(r, at + max(lo, r * c) - r * c, at + min(hi, (r + 1) * c) - r * c, dev)
+                              for r in range(n) if r * c < hi and (r + 1) * c > lo])
         if name == "sendrecv":
-            return values((rank - 1) % n, 0, count, dev)
+            return values((rank - 1) % n, lo, hi, dev)
         raise ValueError(name)
 
     def wrong(self) -> int:
-        """Elements of this rank's result that differ from the exact expected values."""
+        """Elements of this rank's result that differ from the exact expected values (compared a
+        ``PIECE`` at a time)."""
         got = self.result()
         if got is None:
             return 0
-        return int((got != self.expected()).sum().item())
+        return sum(int((got[lo:hi] != self.expected(lo, hi)).sum().item()) for lo, hi in pieces(got.numel()))
+
+
+def pieces(n: int, piece: int | None = None) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of at most ``piece`` (default ``PIECE``) elements covering 0..n."""
+    step = piece or PIECE
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
 def parse_size(text: str) -> int:

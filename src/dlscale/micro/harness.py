@@ -113,9 +113,10 @@ def row_energy(reading: dict[str, Any], flops: float | None, calls: int, update_
 
 def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any) -> Outcome:
     """The body of a microbenchmark run: plan, time every case, rows, summary, warnings."""
+    from dlscale.harness.device import flags_kept
     from dlscale.harness.energy import EnergyMeter
 
-    with EnergyMeter(device) as meter:
+    with flags_kept(), EnergyMeter(device) as meter:  # each case sets its precision's flags; restored after the run
         return _measure(bench, opts, device, system, record, meter)
 
 
@@ -133,6 +134,7 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     rows: list[dict[str, Any]] = []
     record.raw["rows"] = rows  # kept on the record if a case fails part-way
     times_all: list[list[float]] = []
+    flags: dict[str, Any] = {}  # each precision's TF32 and cuDNN flags, for the run's config
     node = Node(plan.cases)  # the cases run on every device at once, and the node's energy over them
     try:
         for group in schedule(plan.cases):
@@ -142,7 +144,8 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
                 if case.flops is not None and (where, prec) not in peaks:
                     peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
                 _clocks_of(where, clocks)
-            set_matmul_precision(group[0].precision or "fp32", group[0].device or device)
+            prec = group[0].precision or "fp32"  # every device's case of a group: one precision, global flags
+            flags[prec] = set_matmul_precision(prec, group[0].device or device)
             if node.runs(group):
                 timed = node.time(group, lambda c, gate: _time_case(c, opts, c.device, gate, clocks))
                 energy = [row_energy(r, c.flops, n, node.meter.update_s)
@@ -175,7 +178,7 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     row_units = {**ROW_UNITS, **{k: u for k, u in GPU_ROW_UNITS.items() if any(k in r for r in rows)}}
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in row_units.items()}},
                    raw={"rows": rows, "times_s": times_all, "energy": energy, **n_raw},
-                   warnings=_warnings(plan, rows))
+                   warnings=_warnings(plan, rows), config={"backend_flags": flags})
 
 
 def _clocks_of(where: Any, clocks: dict[Any, Any]) -> None:

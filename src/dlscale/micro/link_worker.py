@@ -25,12 +25,18 @@ class WrongLinkData(RuntimeError):
     pass
 
 
-def leaders(world: list[tuple[int, int]]) -> dict[int, int]:
-    """{node: the rank that measures its link}: the lowest rank of each node, from (rank, node) of every rank."""
+def leaders(world: list[tuple[int, int, str]]) -> dict[int, int]:
+    """{node: the rank that measures its link}: the lowest rank of each node, from (rank, node, host) of every rank."""
     out: dict[int, int] = {}
-    for rank, node in sorted(world):
+    for rank, node, _ in sorted(world):
         out.setdefault(node, rank)
     return out
+
+
+def node_hosts(world: list[tuple[int, int, str]]) -> dict[str, str]:
+    """{node: its host name} where the nodes are different hosts (real nodes; emulated ones share one)."""
+    hosts = {node: host for _, node, host in sorted(world)}
+    return {str(k): h for k, h in sorted(hosts.items())} if len(set(hosts.values())) == len(hosts) > 1 else {}
 
 
 def sweep(opts: LinkOptions, rank: int, nodes: dict[int, int], device: Any, record: Any | None = None) -> list[dict]:
@@ -127,8 +133,10 @@ def run_rank(spec: Any, env: Any) -> Any:
 
     opts, layout = LinkOptions(**spec.config), spec.layout_config
     backend, device = join(env, layout, device_for(opts.device, layout.launch_backend))
+    import socket
+
     world: list[Any] = [None] * env.world_size
-    dist.all_gather_object(world, (env.rank, env.node_rank))
+    dist.all_gather_object(world, (env.rank, env.node_rank, socket.gethostname().split(".")[0]))
     nodes = leaders(world)
     if len(nodes) < 2:
         raise UsageError("micro links measures the links between nodes and this job has one node; give "
@@ -138,6 +146,6 @@ def run_rank(spec: Any, env: Any) -> Any:
         return None
     config = {"sizes": opts.sizes, "warmup": opts.warmup, "iters": opts.iters, "budget_s": opts.budget,
               "type": "float", "device": device.type, "pairs": "all",
-              "node_ranks": {str(k): r for k, r in nodes.items()},
+              "node_ranks": {str(k): r for k, r in nodes.items()}, "node_hosts": node_hosts(world),
               **rank_layout_config(env, backend, layout)}
     return record(spec, "links", config, opts.tag, body(opts, 0, nodes, device, layout))

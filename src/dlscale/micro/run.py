@@ -169,7 +169,7 @@ def _run_one(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None
 
 def run_ranked(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = None) -> Any:
     """Every rank of the layout runs the kind (collectives, links, burnin); rank 0's record (None off node 0)."""
-    from dlscale.distributed.job import run_job
+    from dlscale.distributed.job import done_elsewhere, run_job
     from dlscale.layout import Layout
 
     layout = default_collectives_layout(layout or Layout())
@@ -183,7 +183,7 @@ def run_ranked(kind: str, cfg: Any, layout: Any, db: str | None, price: Any = No
         config["device"] = device_for(cfg.device, layout.launch_backend)
     rec = run_job(kind, config, layout, db, price)
     if rec is None:
-        info(f"node {layout.node_rank}: done (node 0 records and prints the run)")
+        info(done_elsewhere(layout))
     return rec
 
 

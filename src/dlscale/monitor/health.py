@@ -2,13 +2,17 @@
 and (``check_host``) the state of each GPU's links: its PCIe link's width against the most it can
 train to, and its active NVLinks against its peers of the same model on the host.
 
-A snapshot reads what NVML holds now. A run takes one snapshot before and one after, and at every
-monitor sample reads the clock-event (throttle) reasons and drains an NVML event set registered
-for Xid critical errors (a 0 ms wait, so it never blocks). ``run_warnings`` turns that into the
-record's warnings: a GPU that slowed itself down (thermal, power brake, HW slowdown), whose
-uncorrected ECC count grew, that has a page retirement or row remap pending or failed, or that
-raised an Xid. Every NVML call is guarded (nvml.probe): a counter the GPU lacks is null, anything
-unexpected is a note; nothing here raises into a run.
+A snapshot reads what NVML holds now; a GPU that NVML answers GPU_IS_LOST for (fallen off the bus)
+is ``lost``, a fault naming it, never a GPU with empty counters. A run takes one snapshot before
+and one after, and at every monitor sample reads the clock-event (throttle) reasons and drains an
+NVML event set registered for Xid critical errors (a 0 ms wait, so it never blocks; ``xid.XidWatch``,
+a MIG instance's own events only). ``run_warnings`` turns that into the record's faults: a GPU
+lost, that slowed itself down (thermal, power brake, HW slowdown), whose uncorrected ECC count
+grew, that has a page retirement or row remap pending or failed, or that raised a hardware or
+application Xid; ``run_advisories`` into what it recorded without a fault (Xid 63, 94: ``xid``'s
+classes). ``check_host(kernel=True)`` also reads the kernel's Xid history since a mark
+(``kernlog``) onto the GPUs it names. Every NVML call is guarded (nvml.probe): a counter the GPU
+lacks is null, anything unexpected is a note; nothing here raises into a run.
 """
 
 from __future__ import annotations
@@ -77,10 +81,28 @@ def _remapped(nv: Any, h: Any, notes: list[str], what: str) -> dict[str, Any] | 
     return {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failure": bool(failure)}
 
 
+def lost(nv: Any, h: Any) -> str | None:
+    """"GPU_IS_LOST" where NVML says the GPU fell off the bus or is otherwise inaccessible, else None."""
+    try:
+        nv.nvmlDeviceGetUUID(h)  # answered for a GPU and a MIG instance alike, while it is there
+    except Exception as e:  # noqa: BLE001
+        if nvml.error_code(nv, e) == getattr(nv, "NVML_ERROR_GPU_IS_LOST", 15):
+            return "GPU_IS_LOST"
+    return None
+
+
+def lost_warning(label: str, why: str = "GPU_IS_LOST") -> str:
+    return (f"{label} is lost: NVML answers {why} (it fell off the bus or is otherwise inaccessible, Xid 79): "
+            "drain the node, then reset the GPU or reboot")
+
+
 def snapshot(nv: Any, h: Any, notes: list[str], what: str = "GPU", name: str | None = None,
              pci_id: int | None = None) -> dict[str, Any]:
     """Throttle reasons now, ECC counts, retired pages and row remapping of one GPU, and its links and
-    limits (``fabric.snapshot``: NVLinks against the model ``name``'s, fabric, PCIe, power limits)."""
+    limits (``fabric.snapshot``: NVLinks against the model ``name``'s, fabric, PCIe, power limits);
+    only ``lost`` for a GPU NVML has lost."""
+    if lost(nv, h):
+        return {"lost": "GPU_IS_LOST"}
     mask = nvml.probe(nv, notes, f"{what} clock event reasons", lambda: throttle_mask(nv, h))
     return {
         "throttle_reasons": None if mask is None else decode_reasons(mask),
@@ -99,6 +121,8 @@ def model(nv: Any, h: Any, notes: list[str], label: str) -> tuple[str | None, in
 
 def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
     """What in one snapshot says the GPU should not be trusted with a benchmark."""
+    if snap.get("lost"):
+        return [lost_warning(label, snap["lost"])]
     out = []
     reasons = snap.get("throttle_reasons")
     bad = [r for r in reasons or [] if r in ALARMING]
@@ -132,9 +156,10 @@ def _pending(snap: dict[str, Any], label: str) -> list[str]:
 
 
 def run_warnings(report: dict[str, Any]) -> list[str]:
-    """Warnings for a run from its health report (see HealthWatch.report)."""
+    """A run's faults from its health report (see HealthWatch.report)."""
     label = report.get("gpu", "GPU")
-    out = []
+    gone = report.get("lost") or (report.get("after") or {}).get("lost")
+    out = [lost_warning(label, gone)] if gone else []
     counts, n = report.get("throttle_samples") or {}, report.get("samples") or 0
     bad = {r: c for r, c in counts.items() if r in ALARMING and c}
     if bad:
@@ -156,37 +181,9 @@ def run_warnings(report: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-class XidWatch:
-    """An NVML event set registered for Xid critical errors, drained without waiting."""
-
-    def __init__(self, nv: Any, handles: list[Any]):
-        self.nv = nv
-        self.set = nv.nvmlEventSetCreate()
-        try:
-            for h in handles:
-                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self.set)
-        except Exception:
-            self.close()
-            raise
-
-    def drain(self, limit: int = 64) -> list[int]:
-        """The Xid numbers of the events waiting now (NVML's 0 ms wait raises a timeout when none is)."""
-        out = []
-        for _ in range(limit):
-            try:
-                event = self.nv.nvmlEventSetWait(self.set, 0)
-            except self.nv.NVMLError:
-                break
-            out.append(int(event.eventData))
-        return out
-
-    def close(self) -> None:
-        if self.set is not None:
-            try:
-                self.nv.nvmlEventSetFree(self.set)
-            except Exception:  # noqa: BLE001
-                pass
-            self.set = None
+def run_advisories(report: dict[str, Any]) -> list[str]:
+    """What a run's GPU recorded without a fault (Xid 63, 94, ...: ``xid.RECORDED``): an acceptance WARNs."""
+    return xid.advisories(report.get("xid_events") or [], report.get("gpu", "GPU"))
 
 
 class HealthWatch:
@@ -200,15 +197,16 @@ class HealthWatch:
         self.counts: dict[str, int] = {}
         self.samples = 0
         self.xids: list[int] = []
-        self.xid: XidWatch | None = None
+        self.xid: xid.XidWatch | None = None
         self.pcie: dict[str, int] = {"samples": 0}  # the PCIe link under load: highest generation, narrowest width
         self.model: tuple[str | None, int | None] = (None, None)
+        self.closed: xid.XidWatch | None = None  # the watch after stop, for its lost and other instances' events
 
     def start(self) -> None:
         self.model = model(self.nv, self.gpu.handle, self.notes, self.label)
         self.before = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         self.xid = nvml.probe(self.nv, self.notes, f"{self.label} Xid event registration",
-                              lambda: XidWatch(self.nv, [self.gpu.handle]))
+                              lambda: xid.XidWatch(self.nv, self.gpu, self.notes))
 
     def poll(self) -> None:
         mask = nvml.probe(self.nv, self.notes, f"{self.label} clock event reasons",
@@ -232,16 +230,20 @@ class HealthWatch:
         self.after = snapshot(self.nv, self.gpu.handle, self.notes, self.label, *self.model)
         if self.xid is not None:
             self.xid.close()
-            self.xid = None
+            self.closed, self.xid = self.xid, None
 
     def report(self) -> dict[str, Any]:
+        watch = self.xid or self.closed
         return {"gpu": self.label, "nvml_index": self.gpu.index, "mig_instance": self.gpu.mig,
                 "matched_by": self.gpu.matched_by, "before": self.before, "after": self.after, "samples": self.samples,
                 "throttle_samples": dict(self.counts), "xid_events": list(self.xids),
-                "xid_classes": xid.describe(self.xids), "pcie_under_load": dict(self.pcie), "notes": list(self.notes)}
+                "xid_classes": xid.describe(self.xids), "pcie_under_load": dict(self.pcie), "notes": list(self.notes),
+                "lost": (watch.lost if watch else None) or self.after.get("lost") or self.before.get("lost"),
+                "xid_other_instances": list(watch.others) if watch else []}
 
     def warnings(self) -> list[str]:
-        return run_warnings(self.report())
+        """Faults, then advisories: the run's notes."""
+        return run_warnings(self.report()) + run_advisories(self.report())
 
 
 def watch_gpu(cuda_index: int, notes: list[str]) -> HealthWatch | None:
@@ -255,26 +257,36 @@ def watch_gpu(cuda_index: int, notes: list[str]) -> HealthWatch | None:
     return HealthWatch(nv, gpu, f"GPU {cuda_index}")
 
 
-def check_host() -> dict[str, Any]:
-    """``dlscale sysinfo --health``: a snapshot, the links' state and their warnings for every GPU NVML
-    sees on this host."""
+def check_host(kernel: bool = False, since: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``dlscale sysinfo --health``: a snapshot, the links' state and their faults (``warnings``), advisories
+    and what could not be read (``unread``) for every GPU NVML sees on this host, and every GPU it lost;
+    with ``kernel``, also the kernel's Xid history after the mark ``since`` (``kernlog.read``), on the
+    GPUs it names (``xid.attach_history``)."""
     nv = nvml.start()
     if nv is None:
         return {"gpus": [], "note": "no NVIDIA GPU visible to NVML here (no driver or no nvidia-ml-py): "
                                     "nothing to check"}
     notes: list[str] = []
+    lost_gpus: list[int] = []
     try:
         gpus = []
-        for g in nvml.host_gpus(nv, notes):
+        for g in nvml.host_gpus(nv, notes, lost_gpus):
             label = f"GPU {g.index}"
             name, pci_id = model(nv, g.handle, notes, label)
             snap = snapshot(nv, g.handle, notes, label, name, pci_id)
             gpus.append({"index": g.index, "name": name, "pci_bus_id": g.bus_id, "uuid": g.uuid,
                          "mig_mode": g.mig_mode, **snap, "warnings": snapshot_warnings(snap, label),
-                         "advisories": snapshot_advisories(snap, label)})
+                         "advisories": snapshot_advisories(snap, label), "unread": fabric.unread(snap, label)})
     finally:
         nvml.stop(nv)
-    out: dict[str, Any] = {"gpus": gpus, "notes": notes}
+    gpus += [{"index": i, "name": None, "lost": "GPU_IS_LOST", "warnings": [lost_warning(f"GPU {i}")],
+              "advisories": [], "unread": []} for i in lost_gpus]
+    out: dict[str, Any] = {"gpus": sorted(gpus, key=lambda g: g["index"]), "notes": notes}
+    if kernel and gpus:
+        from dlscale.monitor import kernlog
+
+        out["kernel_xids"] = kernlog.read(since)
+        xid.attach_history(out["gpus"], out["kernel_xids"])
     if not gpus:
         out["note"] = "NVML answered but lists no GPU: nothing to check"
     return out

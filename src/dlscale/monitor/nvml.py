@@ -75,13 +75,26 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def error_code(nv: Any, e: BaseException) -> int | None:
+    """The NVML return code an exception carries (``NVMLError.value``); None for any other exception."""
+    nvml_error = getattr(nv, "NVMLError", None)
+    if isinstance(nvml_error, type) and isinstance(e, nvml_error):
+        return int(getattr(e, "value", -1))
+    return None
+
+
+def error_name(nv: Any, code: int) -> str:
+    """NVML's name of a return code without its prefix: 15 -> "GPU_IS_LOST" (``NVML_ERROR_GPU_IS_LOST``)."""
+    names = [k[len("NVML_ERROR_"):] for k, v in vars(nv).items() if k.startswith("NVML_ERROR_") and v == code]
+    return min(names, key=len) if names else f"NVML error {code}"
+
+
 def probe(nv: Any, notes: list[str], what: str, fn: Callable[[], Any]) -> Any:
     """``fn()``; None when NVML says the GPU lacks it, None and a note on any other exception."""
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - an inventory or a run must outlive any NVML surprise
-        nvml_error = getattr(nv, "NVMLError", None)
-        if not (isinstance(nvml_error, type) and isinstance(e, nvml_error)):
+        if error_code(nv, e) is None:
             notes.append(f"{what}: {type(e).__name__}: {e}")
         return None
 
@@ -102,12 +115,19 @@ class NvmlGpu:
         return f"NVML GPU {self.index}" + ("" if self.mig is None else f" MIG instance {self.mig}")
 
 
-def host_gpus(nv: Any, notes: list[str]) -> list[NvmlGpu]:
-    """Every GPU NVML sees on this host, with its PCI address, UUID and MIG mode where NVML gives them."""
+def host_gpus(nv: Any, notes: list[str], lost: list[int] | None = None) -> list[NvmlGpu]:
+    """Every GPU NVML sees on this host, with its PCI address, UUID and MIG mode where NVML gives them.
+    A GPU NVML counts but whose handle it answers ``GPU_IS_LOST`` for (fallen off the bus) is left out,
+    and its index added to ``lost``."""
     gpus = []
     for i in range(probe(nv, notes, "NVML device count", lambda: nv.nvmlDeviceGetCount()) or 0):
-        h = probe(nv, notes, f"NVML GPU {i} handle", lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
-        if h is None:
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+        except Exception as e:  # noqa: BLE001 - a GPU NVML cannot open is reported, never raised
+            if lost is not None and error_code(nv, e) == getattr(nv, "NVML_ERROR_GPU_IS_LOST", 15):
+                lost.append(i)
+            elif error_code(nv, e) is None:
+                notes.append(f"NVML GPU {i} handle: {type(e).__name__}: {e}")
             continue
         pci = probe(nv, notes, f"NVML GPU {i} PCI info", lambda h=h: nv.nvmlDeviceGetPciInfo(h))
         uuid = probe(nv, notes, f"NVML GPU {i} UUID", lambda h=h: text(nv.nvmlDeviceGetUUID(h)))

@@ -58,20 +58,62 @@ def _free_phases(rec: Any) -> float | None:
 
 
 def contention(store: Any, base: Any, per_host: int) -> tuple[float | None, str]:
-    """Compute slowdown of ``per_host`` ranks sharing this host from a measured run's phases; (None, why)
-    where no such run is in the store."""
+    """Compute slowdown of ``per_host`` ranks sharing this host from a measured run's phases, else, on a
+    CPU host, from its cores (``oversubscription``); (None, why) where neither is known."""
     if per_host <= 1:
         return 1.0, "one rank per host"
     f0 = _free_phases(base)
     for rec in one_node_runs(store, base):
         if rec.config.get("devices_per_node") == per_host and _free_phases(rec) and f0:
             return _free_phases(rec) / f0, f"forward+optimizer of {rec.run_id} over {base.run_id}"
-    return None, f"not measured for {per_host} ranks per host (no {per_host}-rank run of this test with a breakdown)"
+    missing = f"not measured for {per_host} ranks per host (no {per_host}-rank run of this test with a breakdown)"
+    factor, why = oversubscription(base, per_host)
+    return (None, missing) if factor is None else (factor, f"{why}; {missing}")
+
+
+SATURATED_PCT = 95.0  # the host's CPUs this busy (monitor_cpu_total_pct_mean) are all taken
+
+
+def others_on_host(base: Any, threads: int, cores: int) -> float:
+    """Threads' worth of other work the source run's host carried while it ran, from its monitor: where
+    the host was saturated, what its rank's share says, ``t C / own - t`` (every runnable thread a
+    fair share); else the busy cores that were not its own, ``total C - own``; 0 where not recorded."""
+    m = base.metrics or {}
+    own, total = m.get("monitor_proc_cpu_cores_mean"), m.get("monitor_cpu_total_pct_mean")
+    if not own or total is None:
+        return 0.0
+    if total >= SATURATED_PCT:
+        return max(0.0, threads * cores / own - threads)
+    return max(0.0, total / 100 * cores - own)
+
+
+def oversubscription(base: Any, per_host: int) -> tuple[float | None, str]:
+    """A CPU host's cores taken in turn: ``per_host`` ranks of ``t`` threads (the source run's
+    ``threads_per_rank``) on its ``C`` usable cores (the source run's CPU affinity), beside ``D``
+    threads' worth of other work (``others_on_host``), each get ``min(1, C / (D + per_host t))`` of a
+    core, and run that much slower than the source run's one rank did (``min(1, C / (D + t))``). On an
+    otherwise idle host nothing is charged below ``C`` threads (memory-bandwidth contention is not
+    modelled). (None, why) for accelerator runs and where threads or cores are not recorded."""
+    if base.config.get("device") != "cpu":
+        return None, "not a CPU run"
+    threads = base.config.get("threads_per_rank")
+    cpu = (base.system or {}).get("cpu") or {}
+    cores = len(cpu["affinity"]) if cpu.get("affinity") else cpu.get("logical_cpus")
+    if not threads or not cores:
+        return None, "threads per rank or usable cores not recorded"
+    others = others_on_host(base, threads, cores)
+    factor = min(1.0, cores / (others + threads)) / min(1.0, cores / (others + per_host * threads))
+    what = f"{per_host} ranks x {threads} thread(s) on the {cores} usable cores of {base.run_id}'s host"
+    if others > 0:
+        what += f" beside {others:.2f} threads' worth of other work (its monitor)"
+    return factor, what + (f": they take the cores in turn, {factor:.3f}x" if factor > 1 else ": a core each")
 
 
 def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tuple[float | None, str]:
-    """The loaded CPU host's own all-reduce rate (``model.fit_host_bandwidth``) from a measured one-node
-    multi-rank run of the same test on the same host; (None, why) where there is none or not a CPU."""
+    """The loaded CPU host's own all-reduce rate: fitted (``model.fit_host_bandwidth``) from a measured
+    one-node multi-rank run of the same test on the same host, else the rate of the host's own
+    one-node (loopback) all-reduce, measured by ``micro collectives`` on it (``loopback_rate``);
+    (None, why) where neither is in the store, or not a CPU run."""
     from dlscale.predict.links import find_measured
 
     if base.config.get("device") != "cpu":
@@ -85,7 +127,23 @@ def host_bandwidth(store: Any, base: Any, buckets: list[int], intra: Any) -> tup
                 return None, f"host cost: none visible in {rec.run_id} (its link explains its all-reduce time)"
             return bw, (f"host cost: {bw / 1e9:.3f} GB/s fitted from {rec.run_id}'s in-training all-reduce time "
                         f"({m['allreduce_seconds_per_step'] * 1e3:.1f} ms per step) over {intra.name}")
-    return None, "host cost: not measured (no one-node multi-rank run of this test on this host)"
+    return loopback_rate(store, base, intra)
+
+
+def loopback_rate(store: Any, base: Any, intra: Any) -> tuple[float | None, str]:
+    """The host's own per-byte cost of an all-reduce, where no training run of several ranks shows it: a
+    ``micro collectives`` run of several ranks on one node of this host (its loopback: no wire at all, so
+    its fitted rate is the copies, reductions and TCP stack of the cores alone). Its fitted bandwidth
+    is ``beta_host``: under backward the cores that do that work are busy, so it adds to a bucket's
+    transfer instead of hiding behind it."""
+    fit = (intra.fit or {}) if intra is not None else {}
+    run = store.get(fit["run_id"]) if fit.get("run_id") else None
+    if run is None or fit.get("emulated_link") or run.hostname != base.hostname:
+        return None, ("host cost: not measured (no one-node multi-rank run of this test, nor a `micro collectives` "
+                      "run of several ranks on one node of this host)")
+    return intra.bandwidth, (f"host cost: {intra.bandwidth / 1e9:.3f} GB/s, the loopback all-reduce rate of "
+                             f"{run.run_id} on this host (the cores' own per-byte work, in series with every "
+                             "bucket's transfer while backward keeps them busy)")
 
 
 def _step_of(rec: Any) -> float | None:

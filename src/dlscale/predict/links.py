@@ -97,6 +97,13 @@ def _pcie_x16(gts: float) -> float:
     return gts * 1e9 * 16 / 8 * 128 / 130
 
 
+# What of a tc rate a TCP stream carries: the emulated nodes' veth has Linux's default MTU of 1500 bytes;
+# each segment carries IPv4's 20-byte header (RFC 791), TCP's 20 (RFC 793) and the timestamps option Linux
+# sends by default (net.ipv4.tcp_timestamps=1; RFC 7323: 10 bytes, padded to 12), so 1448 bytes of payload;
+# tbf counts the frame with its 14-byte Ethernet header (what the qdisc sees on egress), 1514 bytes.
+TCP_MSS, TCP_FRAME = 1500 - 20 - 20 - 12, 1500 + 14
+TCP_PAYLOAD_SHARE = TCP_MSS / TCP_FRAME
+
 _TYPICAL_P2P = ("alpha 5 us is a typical order of magnitude for GPU peer-to-peer message latency "
                 "(a few us), not a datasheet value")
 _TYPICAL_IB = "alpha 1 us is the typical MPI latency quoted in vendor material (~1 us), not a datasheet value"
@@ -193,9 +200,11 @@ def link(name_or_rate: str) -> Link:
         raise UsageError(f"unknown link {name_or_rate!r}: give one of {', '.join(DATASHEET)} "
                          f"(or {', '.join(a for a in ALIASES if a not in DATASHEET)}) or a tc rate like 1gbit, "
                          "10gbit or 100mbit") from None
-    return Link(f"emulated {key}", 0.0, rate / 8,
-                f"tc tbf rate {key} on the emulated nodes' link (--link-bandwidth {key}): "
-                f"{rate:,.0f} bit/s / 8 = {rate / 8:,.0f} B/s; alpha 0 (no --link-latency)")
+    payload = rate / 8 * TCP_PAYLOAD_SHARE
+    return Link(f"emulated {key}", 0.0, payload,
+                f"tc tbf rate {key} on the emulated nodes' link (--link-bandwidth {key}): {rate:,.0f} bit/s / 8 "
+                f"x {TCP_PAYLOAD_SHARE:.4f} (TCP payload {TCP_MSS} of the {TCP_FRAME} bytes tbf counts per frame) "
+                f"= {payload:,.0f} B/s; alpha 0 (no --link-latency)")
 
 
 # -- fitting ----------------------------------------------------------------------------------

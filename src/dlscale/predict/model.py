@@ -200,25 +200,34 @@ def spread(bucket_bytes: list[int]) -> list[Bucket]:
 
 
 class _Backward:
-    """Backward's progress against the wall clock, slowed while an all-reduce is in flight."""
+    """Backward's progress against the wall clock, at ``rate`` of its speed while an all-reduce flies."""
 
-    def __init__(self, start_s: float, rate_in_flight: float) -> None:
-        self.t, self.done, self.rate, self.lost = start_s, 0.0, rate_in_flight, 0.0
+    def __init__(self, start_s: float) -> None:
+        self.t, self.done, self.lost = start_s, 0.0, 0.0
+        self.flights: list[tuple[float, float, float]] = []  # (start, end, backward's rate), in order
 
-    def advance(self, to: float, busy_until: float) -> float:
-        """Run until ``to`` seconds of backward are done; an all-reduce is in flight until ``busy_until``."""
-        if to <= self.done:
-            return self.t
-        if self.t < busy_until:
-            wall = busy_until - self.t
-            if self.done + wall * self.rate >= to:
-                wall = (to - self.done) / self.rate
-            self.t, self.done = self.t + wall, self.done + wall * self.rate
-            self.lost += wall * (1.0 - self.rate)
-            if self.done >= to:
-                return self.t
-        self.t += to - self.done
-        self.done = to
+    def fly(self, start: float, end: float, rate: float) -> None:
+        self.flights.append((start, end, rate))
+
+    def _rate(self) -> tuple[float, float]:
+        """(backward's rate from now, until when it holds)."""
+        for start, end, rate in self.flights:
+            if start <= self.t < end:
+                return rate, end
+            if self.t < start:
+                return 1.0, start
+        return 1.0, math.inf
+
+    def advance(self, to: float) -> float:
+        """Run until ``to`` seconds of backward are done; the wall time then."""
+        while self.done < to:
+            rate, until = self._rate()
+            wall = (to - self.done) / rate if rate > 0 else math.inf
+            cut = self.t + wall > until  # the rate changes first
+            if cut:
+                wall = until - self.t
+            self.t, self.lost = self.t + wall, self.lost + wall * (1 - rate)
+            self.done = min(to, self.done + wall * rate) if cut else to
         return self.t
 
 
@@ -231,7 +240,9 @@ def predict_step(compute: Compute, buckets: list[Bucket] | list[int], nodes: int
     memory; 1.0 = none). Bucket i is ready once backward has done ``ready_i`` of its work (bytes
     given instead of ``Bucket``s: backward spread evenly over them); all-reduces run one at a
     time in launch order, and none starts before the buckets ahead of it. While one is in flight
-    backward runs at ``1 - overlap_cost`` of its speed. One rank: the step is the compute.
+    backward runs at ``1 - overlap_cost`` of its speed, and on a CPU host (``host_bandwidth``: each
+    bucket's transfer ``W`` takes ``H`` more of the cores' own work, ``host_cost_s``) at ``W / (W +
+    H)`` of that: the cores do the all-reduce's work instead. One rank: the step is the compute.
     """
     if not (math.isfinite(contention) and contention > 0):
         raise UsageError(f"contention must be a finite factor > 0 (1.0 = none), got {contention}")
@@ -241,19 +252,20 @@ def predict_step(compute: Compute, buckets: list[Bucket] | list[int], nodes: int
     _check_layout(nodes, per_node, intra, inter)
     plan = spread(buckets) if buckets and not isinstance(buckets[0], Bucket) else list(buckets)
     c = compute.scaled(contention)
-    bwd = _Backward(c.forward_s, 1.0 - overlap_cost)
+    bwd = _Backward(c.forward_s)
     schedule: list[dict[str, float]] = []
     end, launched = 0.0, 0.0
     if nodes * per_node > 1 and sum(b.nbytes for b in plan) > 0:
         for b in plan:
             launched = max(launched, b.ready)  # DDP launches its buckets in order
-            ready = bwd.advance(launched * c.backward_s, end)
-            t = allreduce_s(b.nbytes, nodes, per_node, intra, inter, algorithm, nics)
-            t += host_cost_s(b.nbytes, nodes * per_node, host_bandwidth)
+            ready = bwd.advance(launched * c.backward_s)
+            wire = allreduce_s(b.nbytes, nodes, per_node, intra, inter, algorithm, nics)
+            t = wire + host_cost_s(b.nbytes, nodes * per_node, host_bandwidth)
             start = max(ready, end)
             end = start + t
+            bwd.fly(start, end, (1.0 - overlap_cost) * (wire / t if t > 0 else 1.0))
             schedule.append({"bytes": b.nbytes, "ready_s": ready, "start_s": start, "end_s": end, "allreduce_s": t})
-    backward_end = bwd.advance(c.backward_s, end)
+    backward_end = bwd.advance(c.backward_s)
     exposed = max(0.0, end - backward_end) if schedule else 0.0
     comm = sum(b["allreduce_s"] for b in schedule)
     step = backward_end + exposed + c.optimizer_s + c.other_s

@@ -91,9 +91,11 @@ def emulated_rate(lk: Any) -> str | None:
 def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = None, intra: str | None = None,
             inter: str | None = None, algorithm: str = "ring", host_cost: bool = True, nics: int = 1,
             overlap_cost: float | None = None, find_unused_parameters: bool | None = None, tag: str | None = None,
-            db: str | None = None) -> list[Any]:
+            shared_host: bool | None = None, db: str | None = None) -> list[Any]:
     """Predict every layout from ``run``; one stored ``prediction`` record per layout (a layout given
-    twice is predicted once)."""
+    twice is predicted once). ``shared_host``: every node of the layouts runs on the source run's
+    machine and shares its cores (emulated nodes, a rehearsal cluster on one machine); None: so
+    when the inter-node link is an emulated one."""
     from dlscale.predict import fitted
     from dlscale.predict import model as step_model
     from dlscale.predict.grads import bucket_plan, profile
@@ -128,7 +130,7 @@ def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = Non
         if nics > 1 and hi is not None and hi.fit is not None:
             raise UsageError(f"--nics-per-node multiplies a datasheet NIC's rate; the measured inter-node link "
                              f"{hi.name} already ran over the NICs it had: drop --nics-per-node")
-        shared = emulated_rate(hi) is not None  # emulated nodes share this host's cores
+        shared = emulated_rate(hi) is not None if shared_host is None else shared_host  # nodes on one machine
         per_host = {n * g if shared else g for n, g in layouts} | {g for _, g in layouts} | {1}
         factors = {k: fitted.contention(store, base, k) for k in per_host}
         sizes = [b.nbytes for b in buckets]
@@ -149,7 +151,7 @@ def predict(run: str, layouts: list[tuple[int, int]], *, model: str | None = Non
         if fit_run is not None and (1, fit_run.config["devices_per_node"]) in layouts:
             notes.append(f"1x{fit_run.config['devices_per_node']} is the layout the overlap cost was fitted from "
                          f"({fit_run.run_id}): fitted, not predicted")
-        model_cfg = {"compute": compute.to_dict(), "nics_per_node": nics, "overlap_cost": cost,
+        model_cfg = {"compute": compute.to_dict(), "nics_per_node": nics, "overlap_cost": cost, "shared_host": shared,
                      "overlap_fitted_from": fit_run.run_id if fit_run is not None else None,
                      "find_unused_parameters": unused, "buckets_rebuilt": rebuilt,
                      "ddp_bucket_mb": base.config.get("ddp_bucket_mb")}

@@ -37,6 +37,7 @@ class Seed:
     intra: str
     inter: str
     cases: tuple[Case, ...]
+    csv: str | None = None  # the one-GPU row to import, where not seed 001's reference dataset
 
 
 def _eff(layout: str, devices: int) -> Callable[[Throughputs], float]:
@@ -58,12 +59,21 @@ SEED001 = Seed(
              "seed 001 Fig. 26: 2075 of the ideal 8 x 283 = 2264 images/s; tolerance: the issue's 5 points"),
     ))
 
+P100_ONE_GPU_CSV = ("system,model,batch_size,nodes,devices_per_node,throughput,note\n"
+                    "C4130-P100-16GB-PCIe,resnet50,128,1,1,283,the one P100-PCIe row of seed001-scaling (Fig. 26)\n")
+
+SEED001_ONE_GPU = Seed(
+    name="seed 001 (one-GPU figure alone)", one_gpu="a CSV of the one P100 figure (P100_ONE_GPU_CSV)",
+    system="C4130-P100-16GB-PCIe", layouts=SEED001.layouts, intra=SEED001.intra, inter=SEED001.inter,
+    cases=SEED001.cases, csv=P100_ONE_GPU_CSV)
+
 V100_ONE_GPU_CSV = ("system,model,precision,batch_size,nodes,devices_per_node,throughput,note\n"
                     "V100-SXM2-16GB,resnet50,fp16,128,1,1,626,one V100-SXM2-16GB: seed 001 Fig. 28 (seed 002 "
                     "publishes no one-GPU figure)\n")
 
 SEED002 = Seed(
     name="seed 002", one_gpu="a CSV of one V100-SXM2 figure (V100_ONE_GPU_CSV)", system="V100-SXM2-16GB",
+    csv=V100_ONE_GPU_CSV,
     layouts=((1, 4), (2, 2), (1, 8), (2, 8), (4, 4)), intra="nvlink2", inter="ib-edr",
     cases=(
         Case("8 -> 16 GPUs (2x8 over 1x8)", 1.70, 0.10, "x", lambda x: x["2x8"] / x["1x8"],
@@ -77,7 +87,7 @@ SEED002 = Seed(
              "each' (|X(1x4) - X(2x2)| / X(2x2)); tolerance 3 points"),
     ))
 
-SEEDS = {"001": SEED001, "002": SEED002}
+SEEDS = {"001": SEED001, "001-one-gpu": SEED001_ONE_GPU, "002": SEED002}
 
 
 def judge(seed: Seed, throughputs: Throughputs) -> list[dict[str, object]]:

@@ -49,7 +49,10 @@ def write_parquet(recs: Sequence[RunRecord], path: str | None) -> None:
     for row in data:
         cols.extend(k for k in row if k not in cols)
     table = pa.table({c: _column([row.get(c) for row in data]) for c in cols}) if data else pa.table({"run_id": pa.array([], pa.string())})
-    try:
-        pq.write_table(table, path)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e}") from None
+    from dlscale.paths import atomic_target
+
+    with atomic_target(path, "--out") as tmp:  # whole or not at all
+        try:
+            pq.write_table(table, str(tmp))
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e}") from None

@@ -130,20 +130,22 @@ def to_markdown(rep: Report, fig_dir: str = "figures") -> tuple[str, dict[str, b
     return "\n".join(lines) + "\n", files
 
 
-def write(rep: Report, out_dir: str | Path, fmt: str) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+def write(rep: Report, out_dir: str | Path, fmt: str, force: bool = False, db: str | None = None) -> list[Path]:
+    """The report's files in ``out_dir``: each checked first (``paths.check_output``: never the database,
+    an existing file only with ``force``), then each written whole or not at all."""
+    from dlscale.paths import check_output, make_dir, write_atomic
+
+    out = make_dir(out_dir)
+    files: dict[Path, str | bytes] = {}
     if fmt in ("html", "both"):
-        p = out / "report.html"
-        p.write_text(to_html(rep))
-        written.append(p)
+        files[out / "report.html"] = to_html(rep)
     if fmt in ("md", "both"):
-        text, files = to_markdown(rep)
-        for rel, data in files.items():
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out / rel).write_bytes(data)
-        p = out / "report.md"
-        p.write_text(text)
-        written.append(p)
-    return written
+        text, figures = to_markdown(rep)
+        files.update({out / rel: data for rel, data in figures.items()})
+        files[out / "report.md"] = text
+    for p in files:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        check_output(p, "--out", db=db, force=force)
+    for p, data in files.items():
+        write_atomic(p, data, "--out")
+    return [p for p in files if p.name in ("report.html", "report.md")]

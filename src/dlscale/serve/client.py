@@ -69,6 +69,7 @@ class Result:
     output_tokens: int | None = None
     count_source: str | None = None
     scheduled: float | None = None  # when the load generator meant to send it
+    arrival: float | None = None  # at a rate with a cap in flight: its arrival, before it waited for a slot
     text: list[str] = field(default_factory=list)
 
     @property

@@ -2,7 +2,14 @@
 
 ``ServeConfig`` is built from CLI options or ``api.serve_bench`` keywords and validated at
 construction: a bad value raises ``UsageError`` naming the option. The API key is never a field:
-``api_key_env`` names the environment variable it is read from when a request is sent.
+``api_key_env`` names the environment variable it is read from when a request is sent (none named:
+OPENAI_API_KEY where it is set; a variable named must be set, or the run is refused up front).
+
+The load: ``rates`` (arrivals per second), or ``concurrencies`` (requests in flight), or both: rates
+with one concurrency, the cap in flight at every rate (vLLM's ``--request-rate`` with
+``--max-concurrency``: an arrival finding the cap reached waits for a slot). A concurrency above
+``requests`` is capped at it (no more can ever be in flight), and the record says so
+(``concurrency_asked``).
 
 A length is ``N`` (fixed), ``uniform:LO:HI``, ``normal:MEAN:STD`` or ``lognormal:MEDIAN:SIGMA``
 (tokens; every draw rounded and kept >= 1). An SLO is a preset name (``SLO_PRESETS``) or
@@ -13,7 +20,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -152,13 +160,15 @@ class ServeConfig:
     model: str
     api: str = "completions"  # /v1/completions or /v1/chat/completions
     stream: bool = True
-    api_key_env: str = "OPENAI_API_KEY"  # the variable's name only: the key itself is never stored
+    api_key_env: str | None = None  # the variable's name only (None: OPENAI_API_KEY where set); never the key
     rates: Any = ()  # requests/s of Poisson (gamma) arrivals, one load point each; inf: all at once
-    concurrencies: Any = ()  # requests in flight, one load point each (default: 1)
+    concurrencies: Any = ()  # requests in flight, one load point each (default: 1); with rates: the one cap in flight
     burstiness: float = 1.0  # gamma shape of the inter-arrival times: 1 Poisson, < 1 burstier
     requests: int = 100  # per load point (a bound)
     duration: float = 60.0  # seconds per load point (a bound: no request is sent after it)
-    warmup: int = 2  # requests sent and left out before each run's points
+    warmup: int = 2  # requests sent and left out before each run's points (at least these)
+    warmup_duration: float = 0.0  # seconds of warm-up requests (at least this long)
+    warmup_until_stable: bool = False  # warm up until the last requests' speed settles (serve.warm), at most --duration
     timeout: float = 120.0  # seconds one request may take, connection to last token
     prompt_len: Any = "128"
     output_len: Any = "32"
@@ -177,6 +187,7 @@ class ServeConfig:
     server_devices: int = 1  # devices the server occupies (cost: price per device-hour x these)
     seed: int = 0
     tag: str | None = None
+    concurrency_asked: tuple = field(default=(), init=False)  # --concurrencies as given, where capped at --requests
 
     def __post_init__(self) -> None:
         parts = urlsplit(str(self.url))
@@ -188,18 +199,26 @@ class ServeConfig:
             raise UsageError(f"--api {self.api!r}: choose completions or chat")
         object.__setattr__(self, "rates", _numbers(self.rates, "--rates", _rate))
         object.__setattr__(self, "concurrencies", _numbers(self.concurrencies, "--concurrencies", int))
-        if self.rates and self.concurrencies:
-            raise UsageError("give --rates (arrivals per second) or --concurrencies (requests in flight), not both")
-        if not self.rates and not self.concurrencies:
-            object.__setattr__(self, "concurrencies", (1,))
+        from dlscale import limits
+
+        limits.fields(self, skip=("rates",))  # an infinite rate is one: every request at once
+        if self.rates and len(self.concurrencies) > 1:
+            raise UsageError("--concurrencies with --rates is the cap in flight at every rate: give one value "
+                             f"(got {', '.join(str(c) for c in self.concurrencies)})")
         for name, v, lo in (("--requests", self.requests, 1), ("--warmup", self.warmup, 0),
                             ("--max-points", self.max_points, 2), ("--prefixes", self.prefixes, 1),
                             ("--shared-prefix", self.shared_prefix, 0), ("--server-devices", self.server_devices, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise UsageError(f"{name} must be an integer >= {lo}, got {v!r}")
+        limits.limit("--requests", self.requests)
+        self._cap_concurrencies()
         for name, v in (("--duration", self.duration), ("--timeout", self.timeout), ("--burstiness", self.burstiness)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise UsageError(f"{name} must be a number > 0, got {v!r}")
+        if not (isinstance(self.warmup_duration, (int, float)) and 0 <= self.warmup_duration <= self.duration):
+            raise UsageError(f"--warmup-duration must be seconds from 0 to --duration ({self.duration:g}), got "
+                             f"{self.warmup_duration!r}")
+        self._check_key()
         object.__setattr__(self, "prompt_len", Lengths.parse(self.prompt_len, "--prompt-len"))
         object.__setattr__(self, "output_len", Lengths.parse(self.output_len, "--output-len"))
         slo = self.slo_bounds  # a bad SLO is refused here, searched for or not
@@ -208,12 +227,42 @@ class ServeConfig:
                              "ttft=S,tpot=S) or --slo-ttft/--slo-tpot")
         if self.find_max and math.inf in self.rates:
             raise UsageError("--find-max searches finite rates: drop inf from --rates")
+        if self.loadgen and self.cap is not None:
+            raise UsageError("--loadgen issues the queries on LoadGen's own schedule: drop the cap in flight "
+                             "(--concurrencies)")
         if self.loadgen:
             from dlscale.serve.mlperf import check
 
             check(self)
         if self.dataset is not None and self.shared_prefix:
             raise UsageError("--dataset takes its prompts from the file: drop --shared-prefix")
+
+    def _cap_concurrencies(self) -> None:
+        """No more than --requests are ever in flight: a concurrency (or cap) above it is that many (said)."""
+        if not self.rates and not self.concurrencies:
+            object.__setattr__(self, "concurrencies", (1,))
+        capped = tuple(sorted({min(c, self.requests) for c in self.concurrencies}))
+        if capped != self.concurrencies:
+            object.__setattr__(self, "concurrency_asked", self.concurrencies)
+            object.__setattr__(self, "concurrencies", capped)
+
+    def _check_key(self) -> None:
+        """A key variable named must hold a key: else every request would go without one (401s, or worse, a
+        run that measures the refusal); the default OPENAI_API_KEY is used where set."""
+        name = self.api_key_env
+        if name is not None and not os.environ.get(name):
+            raise UsageError(f"--api-key-env {name}: the variable is not set (or empty) here; export {name}=KEY, "
+                             "or leave --api-key-env out for a server that needs no key")
+
+    @property
+    def key_env(self) -> str:
+        """The variable the key is read from."""
+        return self.api_key_env or "OPENAI_API_KEY"
+
+    @property
+    def cap(self) -> int | None:
+        """The cap in flight at every rate (rates with one concurrency), else None."""
+        return self.concurrencies[0] if self.rates and self.concurrencies else None
 
     @property
     def slo_bounds(self) -> SLO:
@@ -239,6 +288,7 @@ class ServeConfig:
         d["rates"] = [None if math.isinf(r) else r for r in self.rates] if self.rates else []
         d["concurrencies"] = list(self.concurrencies)
         slo = self.slo_bounds
+        d["concurrency_asked"] = list(self.concurrency_asked)
         d.update(slo_ttft=slo.ttft_s, slo_tpot=slo.tpot_s, slo_source=slo.source or None, mode=self.mode,
-                 family="llm-serving", sample_unit="tokens")
+                 max_concurrency=self.cap, family="llm-serving", sample_unit="tokens")
         return d

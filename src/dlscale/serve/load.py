@@ -1,11 +1,16 @@
-"""Load as the field generates it: arrivals at a rate (Poisson, or gamma for burstiness) or a fixed concurrency.
+"""Load as the field generates it: arrivals at a rate (Poisson, or gamma for burstiness), with or without a
+cap in flight, or a fixed concurrency.
 
 One asyncio loop sends every request, so hundreds in flight cost one core. A load point is bounded
 twice: no more than ``requests`` requests and no request sent after ``duration`` seconds (those in
 flight then finish under their own timeout). Each result keeps when the generator meant to send it
 (``scheduled``): the arrival time of the schedule at a rate, the moment a slot freed at a
-concurrency; ``sent - scheduled`` is the generator's lag behind its schedule. A request that
-cannot connect stops the point: the server is gone and sending more would only count refusals.
+concurrency; ``sent - scheduled`` is the generator's lag behind its schedule. At a rate with a cap in
+flight (vLLM's ``--max-concurrency``), an arrival that finds the cap reached waits for a slot: its
+``arrival`` is the schedule's time, its ``scheduled`` the moment the slot freed (``scheduled - arrival``
+its wait in the client's queue, apart from the lag); arrivals stop at ``duration``, those waiting then
+are still sent. A request that cannot connect stops the point: the server is gone and sending more
+would only count refusals.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Point:
     mode: str
     load: float
     results: list[Result] = field(default_factory=list)
+    cap: int | None = None  # at a rate: the cap in flight (None: none)
     start: float = 0.0
     stop: float = 0.0
     planned: int = 0
@@ -68,10 +74,21 @@ class _Sender:
 
 
 async def at_rate(session: Any, ep: Endpoint, reqs: list[Request], rate: float, *, n: int, duration: float,
-                  timeout: float, burstiness: float = 1.0, seed: int = 0, counter: Any = None) -> Point:
-    """``n`` requests arriving at ``rate`` per second (gamma inter-arrival times), at most ``duration`` s of arrivals."""
+                  timeout: float, burstiness: float = 1.0, seed: int = 0, counter: Any = None,
+                  cap: int | None = None) -> Point:
+    """``n`` requests arriving at ``rate`` per second (gamma inter-arrival times), at most ``duration`` s of
+    arrivals; with ``cap``, at most that many in flight (an arrival past it waits for a slot)."""
     s = _Sender(session, ep, reqs, timeout, counter)
-    pt = Point("rate", rate, planned=n)
+    pt = Point("rate", rate, planned=n, cap=cap)
+    slots = asyncio.Semaphore(cap) if cap else None
+
+    async def capped(i: int, due: float) -> Result:
+        waits = slots.locked()
+        async with slots:
+            r = await s.one(i, time.perf_counter() if waits else due)
+        r.arrival = due
+        return r
+
     pt.start = time.perf_counter()
     deadline = pt.start + duration
     tasks = []
@@ -86,7 +103,7 @@ async def at_rate(session: Any, ep: Endpoint, reqs: list[Request], rate: float, 
         if s.down.is_set():
             pt.stopped_by = "server_down"
             break
-        tasks.append(asyncio.create_task(s.one(i, due)))
+        tasks.append(asyncio.create_task(capped(i, due) if slots else s.one(i, due)))
     pt.results = list(await asyncio.gather(*tasks))
     if s.down.is_set():
         pt.stopped_by = "server_down"

@@ -22,7 +22,8 @@ J_PER_KWH = 3.6e6
 HEADLINE_SKIP = ("errors", "token_count_source")
 BY_POINT = ("request_throughput", "output_throughput", "total_token_throughput", "tokens_per_s_per_user", "goodput",
             "ttft_median_s", "ttft_p99_s", "tpot_median_s", "tpot_p99_s", "itl_median_s", "e2e_median_s",
-            "completed", "failed", "lag_p99_s", "energy_per_unit_j", "kwh_per_million_output_tokens")
+            "completed", "failed", "lag_p99_s", "energy_per_unit_j", "kwh_per_million_output_tokens",
+            "output_throughput_per_user", "in_flight_max", "queue_wait_p99_s", "two_speed", "too_few_for")
 TOKEN_TIMES_CAP = 200_000  # arrival times of text events kept in raw per point; past it only first and end
 LAG_WARN_S = 0.010  # a generator 10 ms behind its schedule (p99) changes the load it claims
 
@@ -36,9 +37,15 @@ def _columns(pt: Any) -> dict[str, Any]:
             "end": [rel(r.end) for r in rs], "first": [rel(r.first) for r in rs],
             "output_tokens": [r.output_tokens for r in rs], "prompt_tokens": [r.prompt_tokens for r in rs],
             "count_source": [r.count_source for r in rs], "error": [r.error for r in rs],
+            "arrival": [rel(r.arrival) for r in rs],
             "detail": [r.detail for r in rs],
             "token_times": ([[rel(t) for t in r.times] for r in rs]
                             if sum(len(r.times) for r in rs) <= TOKEN_TIMES_CAP else None)}
+
+
+def users_of(pt: Any) -> float | None:
+    """The users a point was run at: its concurrency, or its cap in flight at a rate (None: an uncapped rate)."""
+    return pt.load if pt.mode == "concurrency" else pt.cap
 
 
 def _judged_points(cfg: ServeConfig, state: dict[str, Any]) -> search.Answer | None:
@@ -85,7 +92,7 @@ def build(cfg: ServeConfig, state: dict[str, Any]) -> Outcome:
     s = state.get("session")
     points = s.points if s is not None else []
     bounds = cfg.slo_bounds.bounds()
-    pfs = [figs.point_figures(pt.results, bounds, cfg.stream) for pt in points]
+    pfs = [figs.point_figures(pt.results, bounds, cfg.stream, users_of(pt)) for pt in points]
     out = Outcome(units=dict(figs.UNITS))
     unit = "requests/s" if cfg.mode == "rate" else "requests in flight"
     for i, (pt, f) in enumerate(zip(points, pfs)):
@@ -122,10 +129,11 @@ def build(cfg: ServeConfig, state: dict[str, Any]) -> Outcome:
         out.metrics.update(lg["metrics"])
         out.units.update(lg["units"])
         out.raw.update(loadgen_summary=lg["summary"], loadgen_errors=lg["errors"])
-    out.raw.update(points=[{"mode": pt.mode, "load": pt.load, "planned": pt.planned, "stopped_by": pt.stopped_by,
+    out.raw.update(points=[{"mode": pt.mode, "load": pt.load, "cap": pt.cap, "planned": pt.planned,
+                            "stopped_by": pt.stopped_by,
                             "figures": f, "requests": _columns(pt)} for pt, f in zip(points, pfs)],
                    errors_total=dict(totals), probe=state.get("probe"), calibration=state.get("calibration"),
-                   warmup_errors=state.get("warmup_errors") or [],
+                   warmup_errors=state.get("warmup_errors") or [], warmup=state.get("warmup"),
                    goodput_slices=figs.goodput_slices(points[h].results, bounds) if h >= 0 else [])
     tok = state.get("tokens")
     out.config.update(tokenizer_path=tok.path if tok is not None else None,
@@ -149,6 +157,34 @@ def _answer(out: Outcome, ans: search.Answer | None, bounds: dict[str, float], u
     out.units.update(max_load_meeting_slo=unit, slo_ttft_s="s", slo_tpot_s="s")
     out.metrics.update({f"slo_{k}_s": v for k, v in bounds.items()})
     out.raw["answer"] = search.answer_dict(ans)
+
+
+def point_warnings(cfg: ServeConfig, state: dict[str, Any], points: list[Any], pfs: list[dict[str, Any]]) -> list[str]:
+    """What the load points' own figures need said: a concurrency capped at --requests, a point of too few
+    requests for its percentiles, a two-speed point, a warm-up that did not settle."""
+    w = []
+    if cfg.concurrency_asked:
+        what = "--concurrencies" if cfg.mode == "concurrency" else "the cap in flight (--concurrencies)"
+        w.append(f"{what} {','.join(str(c) for c in cfg.concurrency_asked)} capped at --requests {cfg.requests}: a load "
+                 f"point of {cfg.requests} requests never has more in flight (recorded as "
+                 f"{','.join(str(c) for c in cfg.concurrencies)})")
+    need = {k: search.needed(q) for k, q in figs.QUANTILES.items()}
+    few = [(pt, f) for pt, f in zip(points, pfs) if f["too_few_for"]]
+    if few:
+        marks = ", ".join(f"{pt.load:g} ({f['completed']} completed: {', '.join(f['too_few_for'])})" for pt, f in few)
+        w.append(f"too few requests for their percentiles at load point(s) {marks}: a median needs {need['median']}, "
+                 f"a p90 {need['p90']}, a p99 {need['p99']} for a 95% interval inside the sample (more --requests)")
+    for pt, f in zip(points, pfs):
+        if f.get("two_speed"):
+            what = "TPOT" if cfg.stream else "end-to-end latency"
+            w.append(f"load point {pt.load:g} ran at two speeds: the median {what} of its first {f['two_speed_first']} "
+                     f"requests is {f['two_speed_ratio']:.2f}x the rest's (Mann-Whitney p = {f['two_speed_p']:.2g}): the "
+                     "server was not warm, or changed speed; warm it longer (--warmup-until-stable, --warmup-duration)")
+    warm = state.get("warmup") or {}
+    if warm.get("stable") is False:
+        w.append(f"the warm-up did not settle in {warm['seconds']:.3g} s ({warm['requests']} requests, --duration "
+                 "bounds it): the first load point may still be warming the server")
+    return w
 
 
 def _calibration(out: Outcome, cal: dict[str, Any] | None) -> None:
@@ -180,9 +216,11 @@ def _warnings(cfg: ServeConfig, state: dict[str, Any], pfs: list[dict[str, Any]]
                  f"({ttft * 1e3:.3g} ms)")
     if state.get("warmup_errors"):
         w.append(f"{len(state['warmup_errors'])} warm-up requests failed: {state['warmup_errors'][0][:160]}")
-    short = [f"{pt.load:g}" for pt in (state["session"].points if state.get("session") else []) if pt.stopped_by == "duration"]
+    points = state["session"].points if state.get("session") else []
+    short = [f"{pt.load:g}" for pt in points if pt.stopped_by == "duration"]
     if short:
         w.append(f"--duration ended load point(s) {', '.join(short)} before all --requests were sent")
+    w.extend(point_warnings(cfg, state, points, pfs))
     lg = state.get("loadgen")
     if lg:
         from dlscale.infer.loadgen_log import parse_summary

@@ -1,6 +1,11 @@
 """A serving run: the endpoint checked, the client calibrated, warm-up, the load points (a list, or
 the search for the highest load meeting the SLOs), each point's energy, and the ``serving`` record.
 
+The warm-up (``warm_up``) sends at least ``--warmup`` requests, for at least ``--warmup-duration``
+seconds, and with ``--warmup-until-stable`` rounds of ``WARM_ROUND`` requests until one round's median
+speed is within 1.2x of the round before's (``figures.settled``), for at most ``--duration`` seconds;
+none of them is counted.
+
 The record's headline figures are those of the answer (the highest load that met the SLOs) where
 SLOs are given, else of the highest load measured; ``*_by_point`` lists hold every point in the
 order measured; ``raw.points`` every request's timestamps. A server that stops answering during
@@ -10,6 +15,7 @@ the run leaves a failed record holding every point measured until then, the part
 from __future__ import annotations
 
 import asyncio
+import time
 from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,8 +25,10 @@ from dlscale.serve import figures as figs
 from dlscale.serve import search
 from dlscale.serve.client import Endpoint
 from dlscale.serve.config import ServeConfig
+from dlscale.serve.outcome import users_of
 from dlscale.serve.load import Point, at_concurrency, at_rate, session
 
+WARM_ROUND = 8  # requests of one round of a warm-up until stable
 
 
 class ServerGone(RuntimeError):
@@ -71,14 +79,14 @@ class Session:
         self.meter.begin()
         if c.mode == "rate":
             pt = await at_rate(self.http, self.ep, self.reqs, load, n=c.requests, duration=c.duration, timeout=c.timeout,
-                               burstiness=c.burstiness, seed=c.seed + len(self.points), counter=self.counter)
-        else:
-            pt = await at_concurrency(self.http, self.ep, self.reqs, int(load), n=c.requests, duration=c.duration,
-                                      timeout=c.timeout, counter=self.counter)
+                               burstiness=c.burstiness, seed=c.seed + len(self.points), counter=self.counter, cap=c.cap)
+        else:  # never more in flight than requests sent (a search's load too: ServeConfig caps the given ones)
+            pt = await at_concurrency(self.http, self.ep, self.reqs, min(int(load), c.requests), n=c.requests,
+                                      duration=c.duration, timeout=c.timeout, counter=self.counter)
         self.meter.end()
         self.energy.append(self.meter.take(f"point {len(self.points)}"))
         self.points.append(pt)
-        f = figs.point_figures(pt.results, c.slo_bounds.bounds(), c.stream)
+        f = figs.point_figures(pt.results, c.slo_bounds.bounds(), c.stream, users_of(pt))
         info(f"  {pt.mode} {load:g}: {f['completed']}/{f['requests_sent']} completed in {f['duration_s']:.3g} s, "
              f"{_g(f['output_throughput'])} tokens/s, TTFT p99 {_g(f['ttft_p99_s'])} s, TPOT p99 {_g(f['tpot_p99_s'])} s"
              + (f", errors {f['errors']}" if f["errors"] else ""))
@@ -111,17 +119,14 @@ async def _go(cfg: ServeConfig, state: dict[str, Any]) -> None:
     reqs = workload.requests_for(cfg, tokens, cfg.requests)
     state.update(tokens=tokens, reqs=reqs)
     async with session() as http:
-        ep0 = Endpoint(cfg.base_url, cfg.model, cfg.api, cfg.stream, cfg.api_key_env)
+        ep0 = Endpoint(cfg.base_url, cfg.model, cfg.api, cfg.stream, cfg.key_env)
         ep, found = await probe.check(http, ep0, cfg.timeout, cfg.fixed_output)
         state["probe"] = found
         if cfg.calibrate:
-            top = max(cfg.concurrencies) if cfg.mode == "concurrency" else 16
+            top = max(cfg.concurrencies) if cfg.mode == "concurrency" else cfg.cap or 16
             mean_out = sum(r.output_len for r in reqs) / len(reqs)
             state["calibration"] = await calibrate(ep, min(64, round(mean_out)), min(top, 256))
-        if cfg.warmup:
-            warm = await at_concurrency(http, ep, reqs, min(cfg.warmup, max(cfg.loads) if cfg.mode == "concurrency" else 1),
-                                        n=cfg.warmup, duration=cfg.duration, timeout=cfg.timeout, counter=tokens)
-            state["warmup_errors"] = [f"{r.error}: {r.detail}" for r in warm.results if not r.ok]
+        await warm_up(http, ep, reqs, cfg, tokens, state)
         with energy_meter(cfg) as meter:
             s = Session(cfg, ep, reqs, tokens, meter, http)
             state["session"] = s
@@ -136,11 +141,39 @@ async def _go(cfg: ServeConfig, state: dict[str, Any]) -> None:
                 s.points.append(pt)
             elif cfg.find_max:
                 lo, hi = cfg.loads[0], (cfg.loads[-1] if len(cfg.loads) > 1 else None)
+                if cfg.mode == "concurrency":  # a search past --requests in flight would measure the same point
+                    hi = min(hi or cfg.requests, cfg.requests)
                 state["answer"] = await search.find_max(s.measure, bounds, lo, hi, cfg.mode == "concurrency",
                                                         cfg.max_points)
             else:
                 for load in cfg.loads:
                     await s.point(load)
+
+
+async def warm_up(http: Any, ep: Endpoint, reqs: list[Any], cfg: ServeConfig, counter: Any,
+                  state: dict[str, Any]) -> None:
+    """The warm-up of the module doc, before every point; what it did in ``state["warmup"]``."""
+    if not (cfg.warmup or cfg.warmup_duration or cfg.warmup_until_stable):
+        return
+    top = max(cfg.loads) if cfg.mode == "concurrency" else 1
+    size = WARM_ROUND if cfg.warmup_until_stable else max(cfg.warmup, 1)
+    t0 = time.perf_counter()
+    rounds: list[list[Any]] = []
+    stable = None
+    while True:
+        pt = await at_concurrency(http, ep, reqs, min(size, top), n=size, duration=cfg.duration, timeout=cfg.timeout,
+                                  counter=counter)
+        rounds.append(pt.results)
+        elapsed = time.perf_counter() - t0
+        if cfg.warmup_until_stable:
+            stable = len(rounds) >= 2 and figs.settled(rounds[-2], rounds[-1], cfg.stream)
+        sent = sum(len(r) for r in rounds)
+        if pt.server_down or elapsed >= cfg.duration or (
+                sent >= cfg.warmup and elapsed >= cfg.warmup_duration and stable is not False):
+            break
+    every = [r for rs in rounds for r in rs]
+    state["warmup_errors"] = [f"{r.error}: {r.detail}" for r in every if not r.ok]
+    state["warmup"] = {"requests": len(every), "seconds": round(elapsed, 3), "stable": stable, "rounds": len(rounds)}
 
 
 def run_serving(cfg: ServeConfig, rec: Any) -> Any:

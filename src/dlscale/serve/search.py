@@ -44,6 +44,18 @@ def p99_interval(xs: Sequence[float], q: float = 0.99, confidence: float = CONFI
     return s[min(max(lo, 1), n) - 1], s[min(max(hi, 1), n) - 1]
 
 
+def needed(q: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples whose ``p99_interval`` of the ``q`` quantile has both ends among them (ranks 1..n):
+    ``(1 - q)^n < alpha/2`` (a sample below it, rank l >= 1) and ``1 - q^n >= 1 - alpha/2`` (one above,
+    u <= n). Fewer, and the quantile is a point estimate with no interval: a p99 of one request is that
+    request. q = 0.5: 6; 0.9: 36; 0.99: 368."""
+    a = (1 - confidence) / 2
+    n = max(1, math.floor(max(math.log(a) / math.log(q), math.log(a) / math.log(1 - q))))
+    while not ((1 - q) ** n < a and 1 - q ** n >= 1 - a):
+        n += 1
+    return n
+
+
 def judge_one(xs: Sequence[float], bound: float) -> str:
     """'meets', 'fails' or 'unsure' for the p99 of ``xs`` against ``bound`` (no samples: 'meets', nothing missed)."""
     iv = p99_interval(xs)

@@ -8,7 +8,9 @@ so a finished point is known by the store alone. A point that dies without writi
 (timeout, crash, bad option) is recorded here as failed with its error. The child is killed if
 the sweep itself dies (``procs.die_with_parent``), and a point's torchrun and ranks die with the
 point, so a ``kill -9`` of the sweep leaves no orphan that could record a point twice;
-``--resume`` then skips every point the store already holds (by its latest record).
+``--resume`` then skips every point the store already holds (by its latest record), except a point
+whose Slurm job Slurm ended for a cause outside it (``lost_points``: a node lost, preemption, a
+node that would not boot), which runs again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from dlscale.sweep.fields import record_kind
 from dlscale.sweep.spec import Point, Sweep
 
 KILL_GRACE_S = 5.0
+# Slurm ended the job for a cause outside the point (sweep.squeue's states): its point runs again on --resume
+LOST_BY_SLURM = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
 
 
 @dataclass
@@ -55,9 +59,19 @@ def sweep_cost(results: Sequence[PointResult]) -> tuple[float | None, int, int]:
 
 def finished_points(store: Store, sweep: Sweep) -> dict[str, tuple[str, str, str | None]]:
     """Point hash -> (run id, status, error) for every point of the sweep the store holds: its latest
-    record, where it has several (``latest_by_point``)."""
+    record, where it has several (``latest_by_point``); not a point whose job Slurm lost (``lost_points``)."""
     latest = latest_by_point(store.query(kind=record_kind(sweep.command)), {p.hash for p in sweep.points})
-    return {h: (rec.run_id, rec.status, rec.error) for h, rec in latest.items()}
+    return {h: (rec.run_id, rec.status, rec.error) for h, rec in latest.items()
+            if rec.raw.get("slurm_state") not in LOST_BY_SLURM}
+
+
+def lost_points(store: Store, sweep: Sweep) -> dict[str, str]:
+    """Point hash -> Slurm job id of the points whose latest record says Slurm ended their job for a
+    cause outside the point (``LOST_BY_SLURM``: its node lost, preempted, a node that did not boot):
+    ``--resume`` runs them again in a new job."""
+    latest = latest_by_point(store.query(kind=record_kind(sweep.command)), {p.hash for p in sweep.points})
+    return {h: str(rec.raw.get("slurm_job_id")) for h, rec in latest.items()
+            if rec.raw.get("slurm_state") in LOST_BY_SLURM}
 
 
 def latest_by_point(records: Sequence[RunRecord], wanted: Collection[str]) -> dict[str, RunRecord]:
@@ -225,8 +239,8 @@ def record_failure(point: Point, store: Store, sweep_name: str, error: str, stde
         system=collect(with_torch=False), tag=point.options.get("tag"),
         raw={"sweep_point": point.hash, "stderr_tail": (stderr or "").splitlines()[-20:]},
     )
-    if os.environ.get("SLURM_JOB_ID"):  # written inside a Slurm job (the Slurm executor): which one
-        rec.raw["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    if rec.system.get("slurm"):  # written inside a Slurm job (the Slurm executor): which one
+        rec.raw["slurm_job_id"] = rec.system["slurm"]["job_id"]
     rec.fail(error)
     rec.finished_at = utc_now()
     store.insert(rec)

@@ -41,7 +41,7 @@ from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
 from dlscale.sweep import squeue
-from dlscale.sweep.run import PointResult, finished_points, newest_record, record_failure, run_point
+from dlscale.sweep.run import PointResult, finished_points, lost_points, newest_record, record_failure, run_point
 from dlscale.sweep.slurmspec import SlurmOptions
 from dlscale.sweep.spec import Point, Sweep
 from dlscale.sweep.squeue import ENDED_BY_SLURM, JOB_PREFIX, JobState, slurm_reason
@@ -73,9 +73,11 @@ def resources(name: str, nodes: int, time_min: int, opts: SlurmOptions, gpus: in
     task's job step asks for every resource the job has on its node (``srun --whole``, Slurm >= 20.11):
     the ranks it starts share what the job was given, not the one CPU a step's task gets by default.
     ``whole_node``: the job asks for whole nodes, every CPU and all memory (``--exclusive --mem=0``),
-    whatever their count, which the submitting host cannot know."""
+    whatever their count, which the submitting host cannot know. The job is never requeued
+    (``--no-requeue``, whatever the cluster's ``JobRequeue``): one that lost a node ends NODE_FAIL and
+    is recorded so, instead of running again behind the submitter's back (``--resume`` runs it again)."""
     params: dict[str, Any] = {"job_name": name, "nodes": nodes, "ntasks_per_node": 1, "time": time_min,
-                              "srun_args": ["--whole"]}
+                              "srun_args": ["--whole"], "additional_parameters": {"no_requeue": True}}
     for key in ("partition", "cpus_per_task", "account", "constraint", "qos", "mem"):
         if getattr(opts, key) is not None:
             params[key] = getattr(opts, key)
@@ -181,7 +183,7 @@ def settle(point: Point, js: JobState, store: Store, sweep_name: str, st: SweepS
     entry = st.points.get(point.hash) or {}
     rec = newest_record(store, point, entry.get("submitted_at"))
     if rec is not None and (rec.status == "ok" or js.state not in ENDED_BY_SLURM):
-        return _result(point, rec)
+        return _result(point, rec, js)
     error = slurm_reason(js) if js.state in ENDED_BY_SLURM else f"Slurm job {js.job_id} {js.state} without recording a run"
     if rec is not None:  # the point's own record of the same end (e.g. killed by SIGTERM): Slurm says why
         rec.fail(f"{error} ({rec.error})" if rec.error else error)
@@ -192,11 +194,14 @@ def settle(point: Point, js: JobState, store: Store, sweep_name: str, st: SweepS
         rec = record_failure(point, store, sweep_name, error, _log_tail(entry, js.job_id))
         rec.raw.update(slurm_job_id=js.job_id, slurm_state=js.state)
         store.insert(rec)
-    return _result(point, rec)
+    return _result(point, rec, js)
 
 
-def _result(point: Point, rec: RunRecord) -> PointResult:
+def _result(point: Point, rec: RunRecord, js: JobState) -> PointResult:
+    """The point's result: its record's outcome, and its time as Slurm counted the job's (start to end,
+    every node's task; the queue's wait not counted), else the record's own (created to finished)."""
     return PointResult(point, rec.status, run_id=rec.run_id, error=rec.error, record=rec,
+                       seconds=js.run_s if js.run_s is not None else max(0.0, rec.seconds or 0.0),
                        throughput=rec.metrics.get("throughput"), unit=rec.units.get("throughput"))
 
 
@@ -227,7 +232,7 @@ def run_slurm_sweep(sweep: Sweep, store: Store, resume: bool, state_dir: str | P
         if p.hash in done and p.hash not in results:
             run_id, status, error = done[p.hash]
             results[p.hash] = PointResult(p, "skipped", run_id=run_id, error=error)
-    waiting = _reattach(sweep, st, results) if resume else {}
+    waiting = _reattach(sweep, st, results, lost_points(store, sweep)) if resume else {}
     for p in sweep.points:
         if p.hash not in results and p.hash not in waiting:
             if on_start:
@@ -259,15 +264,18 @@ def _given_reasons(sweep: Sweep, done: dict[str, tuple[str, str, str | None]], s
             if p.hash in jobs and jobs[p.hash] in states and states[jobs[p.hash]].state in ENDED_BY_SLURM}
 
 
-def _reattach(sweep: Sweep, st: SweepState, results: dict[str, PointResult]) -> dict[str, str]:
+def _reattach(sweep: Sweep, st: SweepState, results: dict[str, PointResult], lost: dict[str, str]) -> dict[str, str]:
     """Point hash -> job id of the jobs an earlier submitter left, for the points the store lacks:
-    from the state file, else found queued or running by name. Ended ones are settled by ``_wait``."""
+    from the state file, else found queued or running by name. Ended ones are settled by ``_wait``.
+    A job already recorded as lost by Slurm (``lost``) is not waited for again: its point is submitted anew."""
     by_name = squeue.active_jobs_by_name()
     jobs = {}
     for p in sweep.points:
         if p.hash in results:
             continue
         jid = st.job_of(p)
+        if jid is not None and lost.get(p.hash) == jid:
+            jid = None
         if jid is None and p.hash in by_name:  # submitted just before the submitter died, not yet written down
             jid = by_name[p.hash]
             st.points[p.hash].update(job_id=jid, submitted_at=None)

@@ -2,7 +2,8 @@
 jobs by name (``squeue``), why Slurm ended one, and the loop that waits for jobs to end.
 
 Job states come from ``scontrol show job`` (the controller's memory, ``MinJobAge``) and then
-``sacct`` (the accounting database, where there is one). A controller that does not answer (down,
+``sacct`` (the accounting database, where there is one), each with how long the job ran (a point's
+time in the sweep's table). A controller that does not answer (down,
 restarting) is not a job Slurm has forgotten: the state is ``unreachable``, the waiting loop says
 so once and waits for it, and ``--resume`` does not submit again a job it cannot ask about.
 
@@ -38,6 +39,7 @@ class JobState:
     reason: str = ""
     time_limit: str = ""
     unreachable: str = ""  # why Slurm could not be asked (controller down): the job's state is not known
+    run_s: float | None = None  # how long the job has run (ran, once ended): scontrol's RunTime, sacct's Elapsed
 
     @property
     def phase(self) -> str:
@@ -77,19 +79,30 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
         text, error = _ask(["scontrol", "show", "job", "-o", jid]) if not down else (None, down)
         fields = dict(re.findall(r"(\w+)=(\S*)", text or ""))
         if fields.get("JobState"):
-            out[jid] = JobState(jid, fields["JobState"], fields.get("Reason", ""), fields.get("TimeLimit", ""))
+            out[jid] = JobState(jid, fields["JobState"], fields.get("Reason", ""), fields.get("TimeLimit", ""),
+                                run_s=run_seconds(fields.get("RunTime", "")))
         elif text is None and "invalid job id" not in error.lower():
             down = error  # the controller does not answer: the other jobs' calls would wait as long
     rest = [j for j in job_ids if j not in out]
     if rest:
-        text = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Reason,Timelimit", "-j", ",".join(rest)]) or ""
+        text = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Reason,Timelimit,ElapsedRaw", "-j", ",".join(rest)]) or ""
         for line in text.splitlines():
             parts = line.split("|")
-            if len(parts) >= 4 and parts[0] in rest:
-                out[parts[0]] = JobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", parts[2], parts[3])
+            if len(parts) >= 5 and parts[0] in rest:
+                out[parts[0]] = JobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", parts[2], parts[3],
+                                         run_s=float(parts[4]) if parts[4].isdigit() else None)
     if down:
         out.update({j: JobState(j, "", unreachable=down) for j in rest if j not in out})
     return out
+
+
+def run_seconds(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; None where it is not one (``INVALID``, empty)."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if m is None:
+        return None
+    days, hours, mins, secs = (int(g or 0) for g in m.groups())
+    return float(((days * 24 + hours) * 60 + mins) * 60 + secs)
 
 
 def active_jobs_by_name() -> dict[str, str]:

@@ -165,12 +165,13 @@ def run_short_test(
     Samples per step are ``units_per_batch * world_size`` (sample units of a rank's batch times data-parallel
     ranks); a distributed caller passes per-rank step times through its own aggregation.
     """
-    dev.set_matmul_precision(cfg.precision, device)
-    obs = RunObserver(cfg, device, world_size)  # monitor + real-data feed; closed whatever happens
-    try:
-        done = _measure(cfg, device, obs, on_step, wrap_model, sync)
-    finally:
-        obs.close()
+    with dev.run_flags(cfg.precision, device, cfg.cudnn_benchmark):  # restored after the run
+        obs = RunObserver(cfg, device, world_size)  # monitor + real-data feed; closed whatever happens
+        try:
+            done = _measure(cfg, device, obs, on_step, wrap_model, sync)
+        finally:
+            obs.close()
+        flags = dev.backend_flags()  # as the run ran: the config records them
 
     w = workloads.get(cfg.model)
     metrics, warnings = summarize_steps(w.units_per_batch(cfg) * world_size, done.step_times)
@@ -203,7 +204,8 @@ def run_short_test(
              **({"window": done.window} if done.window else {})},
         warnings=warnings,
         config={"device_name": device_name(device), "sample_unit": w.sample_unit, "family": w.family,
-                "units_per_batch": w.units_per_batch(cfg), "data_source": cfg.data or "synthetic"},
+                "units_per_batch": w.units_per_batch(cfg), "data_source": cfg.data or "synthetic",
+                "backend_flags": flags},
     )
 
 

@@ -92,5 +92,7 @@ def dump(values: dict[str, Any], path: str | Path, header: str = "") -> None:
     bad = [k for k in values if k not in known]
     if bad:
         raise UsageError(f"cannot write {', '.join(bad)} to a config file; it takes: {', '.join(known)}")
+    from dlscale.paths import write_atomic
+
     comment = "".join(f"# {line}\n" for line in header.splitlines())
-    Path(path).write_text(comment + yaml.safe_dump(dict(values), sort_keys=False, default_flow_style=False))
+    write_atomic(path, comment + yaml.safe_dump(dict(values), sort_keys=False, default_flow_style=False), "--output")

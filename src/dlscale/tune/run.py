@@ -223,7 +223,7 @@ def search_body(search: Search, output: str | None, model: str, not_searched: li
         out.not_searched = list(not_searched) + [f"{s.knob}: budget spent" for s in out.steps
                                                  if s.note == "budget spent"]
         best = best_config(out.best.settings)
-        path = Path(output or f"tune-{model}.yaml")
+        path = Path(output or f"tune-{model}.yaml")  # checked before the search (tune: check_output)
         configfile.dump(best, path, header=f"dlscale tune {model}: {fmt_gain(out.gain, out.gain_ci)} over the "
                                            f"default configuration, side by side\nuse: dlscale train {model} --config {path}")
         unit = search.unit
@@ -259,15 +259,19 @@ def gain_warnings(gain: float | None, ci: tuple[float, float] | None) -> list[st
 
 def tune(model: str, *, db: str | None = None, budget_s: float | None = None, resume: bool = False,
          fix: dict[str, Any] | None = None, max_memory: str | None = None, steps: int = 10, warmup_steps: int = 3,
-         max_batch: int = 1024, output: str | None = None, tag: str | None = None, device: str = "auto",
-         runner: TrialRunner | None = None, clock: Callable[[], float] | None = None, **options: Any) -> RunRecord:
+         max_batch: int = 1024, output: str | None = None, force: bool = False, tag: str | None = None,
+         device: str = "auto", runner: TrialRunner | None = None, clock: Callable[[], float] | None = None, **options: Any) -> RunRecord:
     """Search the knobs of ``model``'s short test; the ``tune`` record (raw: ablation, trials, best config)."""
     from dlscale.harness.runner import execute
     from dlscale.store import Store
     from dlscale.system import collect_cached
 
+    from dlscale import limits
+
+    limits.number("--budget", budget_s)  # a NaN or infinite budget never runs out
     if budget_s is not None and budget_s <= 0:
         raise UsageError(f"--budget must be > 0 seconds, got {budget_s}")
+    limits.limit("--max-batch", max_batch)
     if steps < 2:
         raise UsageError(f"--steps must be >= 2 (a trial needs a confidence interval), got {steps}")
     device_type = _device_type(device)
@@ -278,6 +282,9 @@ def tune(model: str, *, db: str | None = None, budget_s: float | None = None, re
     trial = {"steps": steps, "warmup_steps": warmup_steps, "breakdown_steps": 0, "monitor_interval": 0.0,
              "device": device_type, "tag": tag}
     start, cands, left = plan(model, options, fix, device_type, trial)
+    from dlscale.paths import check_output
+
+    output = str(check_output(output or f"tune-{model}.yaml", "--output", db=db, force=force))  # before any trial
     config = {"model": model, "start": {k: v for k, v in start.items() if k != "tag"}, "fix": fix,
               "budget_s": budget_s, "max_memory_bytes": limit, "max_batch": max_batch, "resume": resume,
               "candidates": cands}

@@ -221,7 +221,7 @@ class Search:
                 return t
         if key in self.done:
             res = result_of(self.done[key], settings, key, self.max_memory, reused=True)
-            res.seconds = record_seconds(self.done[key])
+            res.seconds = self.done[key].seconds
         else:
             timeout = self.trial_timeout_s
             if not self.closing and self.deadline is not None:
@@ -372,18 +372,6 @@ class Search:
                 break
             lo, hi = (mid, hi) if r.fits else (lo, mid)
         return tried, measured
-
-
-def record_seconds(rec: RunRecord) -> float | None:
-    """A stored trial's wall time from its timestamps (None when it has no finish time)."""
-    from datetime import datetime
-
-    if not rec.finished_at:
-        return None
-    try:
-        return (datetime.fromisoformat(rec.finished_at) - datetime.fromisoformat(rec.created_at)).total_seconds()
-    except ValueError:
-        return None
 
 
 def why_none(pairs: list[Pair], budget_spent: bool) -> str:

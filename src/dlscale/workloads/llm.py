@@ -7,6 +7,11 @@ rotary position embeddings, grouped-query attention and a SwiGLU MLP. Named size
 - ``llama_tiny``: 4 layers, hidden 128, 4 heads / 2 KV heads, vocab 2048, seq 256 (tests, quick runs);
 - ``llama_small``: 12 layers, hidden 768, 12 heads / 4 KV heads, vocab 32000, seq 1024 (~125M
   parameters, ~100M without the input embedding; trains in this machine's memory);
+- ``llama_7b``: the shape of Llama 2 7B (meta-llama/Llama-2-7b-hf ``config.json``: hidden 4096, 32
+  layers, 32 heads and 32 KV heads, intermediate 11008, vocab 32000, 4096 positions, rope theta
+  10000, RMSNorm eps 1e-5, untied; 6.74B parameters, 13.5 GB in bf16): the size at which batch-1
+  decode is bound by memory bandwidth on a GPU (meant for GPUs; inference builds it directly in its
+  dtype on the device, and refuses it in one line where the device's free memory is short);
 - ``llama3.2_1b`` and ``llama3.1_8b``: the shapes of Meta's published Hugging Face configs
   (meta-llama/Llama-3.2-1B and meta-llama/Llama-3.1-8B ``config.json``: hidden 2048 / 4096,
   16 / 32 layers, 32 heads, 8 KV heads, head dim 64 / 128, intermediate 8192 / 14336, vocab
@@ -66,6 +71,10 @@ SIZES: dict[str, dict[str, Any]] = {
     "llama_small": {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
                     "num_attention_heads": 12, "num_key_value_heads": 4, "max_position_embeddings": 2048,
                     "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
+    # meta-llama/Llama-2-7b-hf config.json
+    "llama_7b": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+                 "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
     # meta-llama/Llama-3.2-1B config.json
     "llama3.2_1b": {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
@@ -197,6 +206,21 @@ class LlamaLM(Workload):
 
         return LlamaForCausalLM(self.llama_config(cfg))
 
+    def build_in(self, cfg: Any, device: Any, dtype: Any) -> "torch.nn.Module":
+        """The model made directly on ``device`` in ``dtype`` (its random init runs there), never
+        materialised in fp32 on the host first: what inference builds (a 7B model is 27 GB in fp32)."""
+        import torch
+        from transformers import LlamaForCausalLM
+
+        conf = self.llama_config(cfg)
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                return LlamaForCausalLM(conf)
+        finally:
+            torch.set_default_dtype(before)
+
     def make_batch(self, cfg: Any, device: Any, seed: int = 0) -> tuple[Any, Any]:
         """Random token ids: inputs are a row's first seq_len tokens, targets the next token of each."""
         import torch
@@ -271,6 +295,32 @@ def param_counts(f: dict[str, Any]) -> tuple[int, int]:
     return n, vocab * d
 
 
+def kv_bytes_per_position(f: dict[str, Any], dtype_bytes: int) -> int:
+    """Bytes one position of one sequence holds in the KV cache: K and V, per layer, per KV head, head dim."""
+    heads = f["num_attention_heads"]
+    q = f["head_dim"] or f["hidden_size"] // heads
+    return 2 * f["num_hidden_layers"] * (f["num_key_value_heads"] or heads) * q * dtype_bytes
+
+
+def inference_memory(f: dict[str, Any], dtype_bytes: int, batch: int, prompt_len: int, output_len: int
+                     ) -> dict[str, int]:
+    """Bytes a generation needs on its device, estimated from the shape before anything is allocated.
+
+    weights: every parameter (the input embedding too); kv_cache: ``batch`` sequences of ``prompt_len +
+    output_len`` positions; activations: the prefill's widest moment, its hidden states and MLP
+    intermediates (4·d + 3·I per token), one layer's attention scores (b·H·P², where the attention
+    kernel materialises them) and the fp32 logits of the last position (b·V·4). No allowance for the
+    runtime itself (CUDA context, allocator slack): the estimate is a floor.
+    """
+    n, emb = param_counts(f)
+    weights = (n + (0 if f["tie_word_embeddings"] else emb)) * dtype_bytes
+    kv = kv_bytes_per_position(f, dtype_bytes) * batch * (prompt_len + output_len)
+    d, inter, heads = f["hidden_size"], f["intermediate_size"], f["num_attention_heads"]
+    act = (batch * prompt_len * (4 * d + 3 * inter) * dtype_bytes + batch * heads * prompt_len ** 2 * dtype_bytes
+           + batch * f["vocab_size"] * 4)
+    return {"weights": weights, "kv_cache": kv, "activations": act, "total": weights + kv + act}
+
+
 def _smoke_file(name: str, overrides: dict[str, Any]) -> str:
     """A config.json of the smoke test's overrides in the temp directory (rewritten atomically each call)."""
     path = os.path.join(tempfile.gettempdir(), f"dlscale-smoke-{name}-{os.getuid()}.json")
@@ -285,6 +335,9 @@ register(LlamaLM("llama_tiny", SIZES["llama_tiny"], 256,
                  "Llama-style decoder, 4 layers, hidden 128, GQA 4/2 heads, vocab 2048 (tests, quick runs)"))
 register(LlamaLM("llama_small", SIZES["llama_small"], 1024,
                  "Llama-style decoder, 12 layers, hidden 768, GQA 12/4 heads, vocab 32000 (~125M parameters)",
+                 smoke_overrides=_SMOKE_OVERRIDES))
+register(LlamaLM("llama_7b", SIZES["llama_7b"], 2048,
+                 "Llama 2 7B shape (Meta's config): 32 layers, hidden 4096, 32 heads (MHA), 6.74B (GPU-sized)",
                  smoke_overrides=_SMOKE_OVERRIDES))
 register(LlamaLM("llama3.2_1b", SIZES["llama3.2_1b"], 2048,
                  "Llama 3.2 1B shape (Meta's config): 16 layers, hidden 2048, GQA 32/8, tied embeddings",
