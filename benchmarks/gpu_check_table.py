@@ -9,7 +9,8 @@ Each decode row also gives the bytes per second the decode read (weights + KV ca
 of the device's datasheet memory bandwidth and of the copy bandwidth measured before it; the second
 call's rows (gpu_check.sh --llm) add llama_7b's decode, LLM training's MFU beside its plain loop, and
 the served LLM's goodput and joules per token.
-A step that failed, timed out or was skipped shows its state instead of a figure.
+A step that failed, timed out or was skipped shows its state instead of a figure; the last line names
+the steps --quick dropped and those the budget skipped for time.
 """
 
 from __future__ import annotations
@@ -203,11 +204,26 @@ def main(argv: list[str]) -> int:
     print("| what | dlscale | peer | ratio |\n| --- | --- | --- | --- |")
     for what, mine, peer, r in rows(folder):
         print(f"| {what} | {mine} | {peer} | {r} |")
-    steps = [ln.split("\t") for ln in (folder / "steps.tsv").read_text().splitlines()] if (folder / "steps.tsv").is_file() else []
-    bad = [f"{s[0]} ({s[1]})" for s in steps if len(s) > 1 and s[1] != "ok"]
-    print(f"\nsteps: {len(steps)}, " + (f"not ok: {', '.join(bad)}" if bad else "all ok")
-          + f"; {sum(int(s[2]) for s in steps if len(s) > 2)} s")
+    print("\n" + steps_line(folder))
     return 0
+
+
+LEFT_OUT = ("dropped (--quick)", "skipped (time)")  # by the check's budget (gpu_check.sh), not failures
+
+
+def steps_line(folder: Path) -> str:
+    """How the steps ended: how many ran ok, which were dropped by --quick or skipped for time (each
+    named), which did not end ok, and the seconds they took."""
+    path = folder / "steps.tsv"
+    steps = [ln.split("\t") for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    parts = [f"{sum(1 for s in steps if s[1:2] == ['ok'])} of {len(steps)} ran ok"]
+    for how in LEFT_OUT:
+        names = [s[0] for s in steps if s[1:2] == [how]]
+        if names:
+            parts.append(f"{how}: {', '.join(names)}")
+    bad = [f"{s[0]} ({s[1]})" for s in steps if len(s) > 1 and s[1] != "ok" and s[1] not in LEFT_OUT]
+    parts.append(f"not ok: {', '.join(bad)}" if bad else "none failed")
+    return "steps: " + "; ".join(parts) + f"; {sum(int(s[2]) for s in steps if len(s) > 2)} s"
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True  # cuDNN's autotuner: a step's shapes are fixed (harness.device.run_flags)
     warmup_steps: int = 10
     steps: int = 100
+    min_duration_s: float | None = None  # the measured window lasts at least this (steps from a probe; harness/window.py)
     optimizer: str = "sgd"
     optimizer_impl: str = "default"  # default | foreach | fused (torch.optim's foreach=True / fused=True)
     lr: float | None = None  # None: the model's default (0.01 for most; Workload.default_lr)
@@ -115,6 +116,9 @@ class TrainConfig:
             limits.at_most(opt, v, limits.STEPS, "steps of one short test")
         limits.at_most("--repeat", self.repeat, limits.REPEAT, "repeats of the short test")
         limits.limit("--batch-size", self.batch_size)
+        from dlscale.harness.window import check_min_duration
+
+        check_min_duration("--min-duration", self.min_duration_s)
         limits.at_most("--seq-len", self.seq_len, limits.TOKENS, "tokens of a sequence")
 
     def _check_knobs(self) -> None:

@@ -31,7 +31,7 @@ def memory_figures(rec: RunRecord, check: str) -> list[Figure]:
         out.append(Figure(check, f"{row['op']} (host memory)" if host else row["op"], row["gbps"], "GB/s", rec.run_id,
                           subject, [r / 1e9 for r in rates(row["bytes"], t)], ci95=scaled(row_ci(row["bytes"], t), 1e-9),
                           model=None if host else _device_model(rec, row["where"]), peers=not host,
-                          context={"op": row["op"], "device": row["where"]}))
+                          context={"op": row["op"], "device": row["where"], **node_context(rec, row)}))
     return out
 
 
@@ -53,7 +53,7 @@ def gemm_figures(rec: RunRecord, check: str) -> list[Figure]:
                           device_subject(where) if gpu else None, [r / 1e12 for r in rates(row["flops"], t)],
                           ci95=scaled(row_ci(row["flops"], t), 1e-12), model=_device_model(rec, where) if gpu else None,
                           peers=gpu, context={"precision": prec, "device": where,
-                                              "shape": f"{row['m']}x{row['n']}x{row['k']}"}))
+                                              "shape": f"{row['m']}x{row['n']}x{row['k']}", **node_context(rec, row)}))
     return out
 
 
@@ -275,6 +275,14 @@ def scenario_energy_context(rec: RunRecord, rate: float) -> dict[str, Any]:
     if isinstance(cost, (int, float)) and isinstance(thr, (int, float)) and rate > 0:
         got["cost_per_million_units"] = {"value": cost * thr / rate, "unit": u.get("cost_per_million_units", "")}
     return {"energy": got} if got else {}
+
+
+def node_context(rec: RunRecord, row: dict[str, Any]) -> dict[str, Any]:
+    """A case run on every GPU at once: how many, and the node's power over all such windows (micro/node.py)."""
+    if not row.get("at_once"):
+        return {}
+    power = (rec.metrics or {}).get("node_avg_power_w")
+    return {"at_once": row["at_once"], **({"node_avg_power_w": power} if isinstance(power, (int, float)) else {})}
 
 
 def _match(rec: RunRecord, world_size: int) -> dict[str, Any]:

@@ -35,6 +35,16 @@ LINK = "1gbit"  # the emulated link rate where none is given
 ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # under a launcher: the checks its ranks run in place
 FAULTS = ("node_link_bandwidth", "node_cpu_quota")  # a node set apart: the emulated machine's state, not the suite
 SCENARIO_RUNS = 3  # inference: LoadGen offline runs, whose spread is the figure's noise
+# GPUs: the least a measured window lasts (seconds, quick and full; harness/window.py counts its steps or
+# iterations from a probe), so a fast GPU's figure is not a second's worth. A training run's measured
+# steps, a scale rung's, each LoadGen run, an inference batch size's forwards: WINDOW_S; a GEMM or memory
+# case's timed calls on every GPU at once, a collective's (size, mode): CASE_S (many cases: the check
+# measures tens of seconds in all, and its node power over them); p2p's n^2 x 6 cases: P2P_CASE_S.
+# CPUs keep the counts their defaults give (their steps are slow already).
+WINDOW_S = {True: 3.0, False: 5.0}
+SWEEP_S = {True: 1.0, False: 2.0}
+CASE_S = {"gemm": {True: 0.1, False: 0.25}, "memory": {True: 0.25, False: 1.0}, "collectives": {True: 0.5, False: 0.5}}
+P2P_CASE_S = 0.05
 
 
 @dataclass
@@ -151,23 +161,25 @@ def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
     per = max(1, m.gpus // k) if k else m.gpus  # GPUs per node (emulated nodes: each its own GPUs)
     ranks = {} if m.launcher else {"nproc_per_node": per}
     short = {"model": "resnet50", "batch_size": short_batch(m), "precision": prec, "steps": 30 if quick else 50,
-             "warmup_steps": 10, "breakdown_steps": 0}
-    across = {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce"}
+             "warmup_steps": 10, "breakdown_steps": 0, "min_duration": WINDOW_S[quick]}
+    cell = CASE_S["collectives"][quick]
+    across = {"sizes": "16M:256M" if quick else "1M:1G", "ops": "all_reduce", "min_duration": cell}
     top = fmt_size(top_size(m))  # the healthy rows' sizes: 1G..8G (Azure's tables), 16G (the health checks)
     return {
-        "memory": {},
-        "p2p": {},
-        "gemm": {"precision": ["fp32", prec] if quick else ["fp32", "fp16"] if low else ["fp32", "tf32", "bf16", "fp16"]},
+        "memory": {"min_duration": CASE_S["memory"][quick]},
+        "p2p": {"min_duration": P2P_CASE_S},
+        "gemm": {"precision": ["fp32", prec] if quick else ["fp32", "fp16"] if low else
+                 ["fp32", "tf32", "bf16", "fp16"], "min_duration": CASE_S["gemm"][quick]},
         "collectives": {"nproc_per_node": m.gpus, "sizes": f"1G:{top}" if quick else f"1M:{top}",
-                        "ops": "all_reduce" if quick else "all_reduce,all_gather,reduce_scatter"},
+                        "ops": "all_reduce" if quick else "all_reduce,all_gather,reduce_scatter", "min_duration": cell},
         "collectives_nodes": {**across, **ranks} if k else across,
         "links": {},
         "train_alone": {**short, **ranks},
         "train": {**short, **ranks},
         "scale": {**short, "steps": 30, "devices": [d for d in (1, 2, 4, 8, 16) if d < per] + [per],
                   **({"layouts": [f"{n}x{per}" for n in range(2, k + 1)]} if k else {})},
-        "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": 2 if quick else 5,
-                      "iters": 20, "scenario_runs": SCENARIO_RUNS},
+        "inference": {"model": "resnet50", "batch_sizes": [64], "precision": prec, "duration": WINDOW_S[quick],
+                      "iters": 20, "min_duration": SWEEP_S[quick], "scenario_runs": SCENARIO_RUNS},
         "burnin": {"duration": 60 if quick else 300, **ranks},
     }.get(check, {})
 

@@ -39,6 +39,10 @@ DbOpt = Annotated[
 ]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="human: tables; json: one JSON document on stdout.")]
 TagOpt = Annotated[Optional[str], typer.Option("--tag", help="Label stored with the run, for filtering and comparing.")]
+MinDurationOpt = Annotated[Optional[float], typer.Option(
+    "--min-duration", help="Seconds each measured window lasts at least: its steps (or iterations) are counted from a "
+    "short probe after the warm-up, never fewer than asked; the record keeps the target, the probe and the count.",
+    show_default=False)]
 
 
 def print_json(obj: Any) -> None:

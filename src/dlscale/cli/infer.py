@@ -8,7 +8,7 @@ import typer
 
 from dlscale.cli import costopts as copt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, emit
+from dlscale.cli.common import DbOpt, Format, FormatOpt, MinDurationOpt, TagOpt, emit
 
 HELP = """Measure MODEL's inference throughput and latency at each batch size and record it.
 
@@ -55,6 +55,7 @@ def infer(
     cudnn_benchmark: sopt.CudnnBenchmarkOpt = True,
     warmup: Annotated[int, typer.Option("--warmup", help="Uncounted forwards before the timed ones, at each batch size.")] = 3,
     iters: Annotated[int, typer.Option("--iters", "-n", help="Timed forwards at each batch size.")] = 20,
+    min_duration: MinDurationOpt = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and synthetic samples.")] = 0,
     find_max_batch: Annotated[bool, typer.Option("--find-max-batch", help="Find the largest batch that fits (doubling, then bisection).")] = False,

@@ -8,7 +8,7 @@ import typer
 
 from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, MinDurationOpt, TagOpt, out, print_json, warn
 
 HELP = """Run phase-1 microbenchmarks and record each as a `micro` run.
 
@@ -76,63 +76,63 @@ def _kernel(kind: str, **kw: Any) -> None:
 
 
 @app.command("gemm", help="GEMM on DeepBench training shapes: TFLOP/s and % of the dense peak.")
-def gemm(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+def gemm(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None,
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
          case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, cache: CacheOpt = None,
          seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
          price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
          system: copt.SystemOpt = None) -> None:
-    _kernel("gemm", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+    _kernel("gemm", device=device, precisions=precision, warmup=warmup, reps=iters, min_duration_s=min_duration, full=full, max_gflop=max_gflop,
             shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, every_device=every_device or None,
             cache=cache, seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("rnn", help="Recurrent layers (LSTM/GRU/vanilla) on DeepBench training shapes, per pass.")
-def rnn(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+def rnn(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None,
         full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None, cpu_ghz: CpuGhzOpt = None,
         case_budget: CaseBudgetOpt = None, cache: CacheOpt = None, seed: SeedOpt = 0, tag: TagOpt = None,
         db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
         systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
-    _kernel("rnn", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+    _kernel("rnn", device=device, precisions=precision, warmup=warmup, reps=iters, min_duration_s=min_duration, full=full, max_gflop=max_gflop,
             shapes=shapes, cpu_ghz=cpu_ghz, case_budget_s=case_budget, cache=cache, seed=seed, tag=tag, db=db,
             fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("conv", help="Convolutions on DeepBench training shapes, per pass (fwd, bwd_data, bwd_weights).")
-def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None,
+def conv(device: DeviceOpt = "auto", precision: PrecisionOpt = "fp32", warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None,
          full: FullOpt = False, max_gflop: MaxGflopOpt = None, shapes: ShapesOpt = None,
          channels_last: ChannelsLastOpt = None, cpu_ghz: CpuGhzOpt = None, case_budget: CaseBudgetOpt = None,
          cache: CacheOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
          fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
          systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
-    _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, full=full, max_gflop=max_gflop,
+    _kernel("conv", device=device, precisions=precision, warmup=warmup, reps=iters, min_duration_s=min_duration, full=full, max_gflop=max_gflop,
             shapes=shapes, channels_last=channels_last, cpu_ghz=cpu_ghz, case_budget_s=case_budget, cache=cache,
             seed=seed, tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("memory", help="STREAM copy/scale/add/triad; on GPUs also H2D/D2H (pinned, pageable) and D2D.")
-def memory(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+def memory(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None, mem_mib: MemMibOpt = None,
            case_budget: CaseBudgetOpt = None, every_device: EveryDeviceOpt = False, seed: SeedOpt = 0,
            tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None,
            systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None) -> None:
-    _kernel("memory", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget,
+    _kernel("memory", device=device, warmup=warmup, reps=iters, min_duration_s=min_duration, mem_mib=mem_mib, case_budget_s=case_budget,
             every_device=every_device or None, seed=seed, tag=tag, db=db, fmt=fmt,
             price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("p2p", help="GPU-GPU bandwidth and latency matrices with the peer-access matrix (needs >= 2 GPUs).")
-def p2p(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, mem_mib: MemMibOpt = None,
+def p2p(device: DeviceOpt = "auto", warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None, mem_mib: MemMibOpt = None,
         case_budget: CaseBudgetOpt = None, seed: SeedOpt = 0, tag: TagOpt = None, db: DbOpt = None,
         fmt: FormatOpt = Format.human, price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None,
         system: copt.SystemOpt = None) -> None:
-    _kernel("p2p", device=device, warmup=warmup, reps=iters, mem_mib=mem_mib, case_budget_s=case_budget, seed=seed,
+    _kernel("p2p", device=device, warmup=warmup, reps=iters, min_duration_s=min_duration, mem_mib=mem_mib, case_budget_s=case_budget, seed=seed,
             tag=tag, db=db, fmt=fmt, price=copt.price(price_per_hour, systems_file, system))
 
 
 @app.command("collectives", help="torch.distributed collectives on every rank of a layout: nccl-tests' columns, "
              "exact correctness check, busbw per collective.", epilog=COLL_EPILOG)
 def collectives(
-    sizes: SizesOpt = None, ops: OpsOpt = None, warmup: WarmupOpt = None, iters: ItersOpt = None,
+    sizes: SizesOpt = None, ops: OpsOpt = None, warmup: WarmupOpt = None, iters: ItersOpt = None, min_duration: MinDurationOpt = None,
     budget: BudgetOpt = 0.5, min_busbw: MinBusbwOpt = None, plant_wrong: PlantOpt = None,
     device: DeviceOpt = "auto", tag: TagOpt = None, db: DbOpt = None, fmt: FormatOpt = Format.human,
     price_per_hour: copt.PriceOpt = None, systems_file: copt.SystemsFileOpt = None, system: copt.SystemOpt = None,
@@ -147,8 +147,8 @@ def collectives(
                          link_bandwidth, link_latency, timeout, threads_per_rank,
                          node_link_bandwidth=node_link_bandwidth, node_cpu_quota=node_cpu_quota,
                          cpu_binding=cpu_binding)
-    options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, budget=budget, min_busbw=min_busbw,
-                   plant_wrong=plant_wrong, device=device, tag=tag)
+    options = dict(sizes=sizes, ops=ops, warmup=warmup, iters=iters, min_duration_s=min_duration, budget=budget,
+                   min_busbw=min_busbw, plant_wrong=plant_wrong, device=device, tag=tag)
     _run("collectives", {k: v for k, v in options.items() if v is not None}, layout, db, fmt,
          copt.price(price_per_hour, systems_file, system))
 
@@ -239,8 +239,9 @@ def report(rec, fmt: Format | None) -> dict[str, Any]:
     doc = {"run_id": rec.run_id, "status": rec.status, "error": rec.error, "kind": rec.kind,
            "workload": rec.workload, "tag": rec.tag, "config": rec.config, "metrics": rec.metrics,
            "units": rec.units, "warnings": rec.warnings, "rows": rec.raw.get("rows", [])}
-    if "links" in rec.raw:
-        doc["links"] = rec.raw["links"]
+    for key in ("links", "node"):  # every node's link; the GPUs run at once and the node's energy
+        if key in rec.raw:
+            doc[key] = rec.raw[key]
     if rec.workload == "burnin":
         doc["ranks"] = [{k: v for k, v in r.items() if k != "series"} for r in rec.raw.get("ranks", [])]
     if fmt != Format.human:

@@ -110,8 +110,16 @@ def _config_words(c: dict, m: dict) -> str:
     parts = [f"{c.get('family') or 'classification'}: batch {c.get('batch_size')} x {m.get('world_size', 1)} rank(s)",
              *shape, c.get("precision"), fmt, par, "compiled" if c.get("compile") else None,
              "activation checkpointing" if c.get("activation_checkpointing") else None,
-             f"{c.get('warmup_steps')} warm-up + {c.get('steps')} steps x {c.get('repeat')} repeat(s)"]
+             f"{c.get('warmup_steps')} warm-up + {_steps_words(c, m)} x {c.get('repeat')} repeat(s)"]
     return ", ".join(str(p) for p in parts if p)
+
+
+def _steps_words(c: dict, m: dict) -> str:
+    """The measured steps: as asked, or with --min-duration how many the window took to last it."""
+    if c.get("min_duration_s") is None or not m.get("measured_steps"):
+        return f"{c.get('steps')} steps"
+    return (f"{c.get('steps')}+ steps ({m['measured_steps']} measured in all, each window >= "
+            f"{c['min_duration_s']:g} s)")
 
 
 _SHOWN = {

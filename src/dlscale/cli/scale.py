@@ -10,7 +10,7 @@ from rich.table import Table
 from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, out, print_json, warn
+from dlscale.cli.common import DbOpt, Format, FormatOpt, MinDurationOpt, out, print_json, warn
 from dlscale.cli.render import fmt_num, fmt_pct
 from dlscale.errors import RunFailure, UsageError
 
@@ -48,6 +48,7 @@ def scale(
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32 | tf32 | bf16 | fp16.")] = "fp32",
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before each measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps per point.")] = 100,
+    min_duration: MinDurationOpt = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda.")] = "auto",
     backend: dopt.BackendOpt = None,
     emulate_nodes: dopt.EmulateOpt = None,
@@ -90,7 +91,8 @@ def scale(
                      model_config=model_config, max_table_rows=max_table_rows, parallel=parallel,
                      ddp_bucket_mb=ddp_bucket_mb, ddp_grad_as_bucket_view=ddp_grad_as_bucket_view,
                      ddp_static_graph=ddp_static_graph, ddp_broadcast_buffers=ddp_broadcast_buffers,
-                     precision=precision, warmup_steps=warmup_steps, steps=steps, device=device, tag=tag)
+                     precision=precision, warmup_steps=warmup_steps, steps=steps, min_duration_s=min_duration,
+                     device=device, tag=tag)
     rungs = [r for r in recs if r.kind == "train"]
     ok = [r for r in rungs if r.status == "ok"]
     if ok:

@@ -10,8 +10,8 @@ from dlscale.cli import costopts as copt
 from dlscale.cli import dataopts as dataopt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
-from dlscale.cli.common import (DbOpt, Format, FormatOpt, TagOpt, config_options, err, info, interactive, out,
-                                print_json, warn)
+from dlscale.cli.common import (DbOpt, Format, FormatOpt, MinDurationOpt, TagOpt, config_options, err, info,
+                                interactive, out, print_json, warn)
 
 HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
 
@@ -49,6 +49,7 @@ def train(
     cudnn_benchmark: sopt.CudnnBenchmarkOpt = True,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Uncounted steps before the measured window.")] = 10,
     steps: Annotated[int, typer.Option("--steps", "-n", help="Measured steps.")] = 100,
+    min_duration_s: MinDurationOpt = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (momentum 0.9) | adamw.")] = "sgd",
     optimizer_impl: Annotated[str, typer.Option("--optimizer-impl", help="default | foreach (multi-tensor) | fused: torch.optim's implementation.")] = "default",
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: the model's, 0.01 for most; `dlscale models --format json` lists it).", show_default=False)] = None,
@@ -193,6 +194,7 @@ class _progress:
     def __init__(self, fmt: Format, cfg, enabled: bool = True) -> None:
         self.enabled = enabled and interactive() and fmt == Format.human
         self.total = (cfg.warmup_steps + cfg.steps) * cfg.repeat
+        self.cfg = cfg
         self.bar = None
 
     def __enter__(self):
@@ -206,6 +208,8 @@ class _progress:
         task = self.bar.add_task("warm-up", total=self.total)
 
         def on_step(phase: str, done: int, total: int) -> None:
+            if phase == "measure" and done == 1:  # --min-duration: the window's steps are known once it opens
+                self.bar.update(task, total=self.bar.tasks[0].total + total - self.cfg.steps)
             self.bar.update(task, advance=1, description="warm-up" if phase == "warmup" else "measuring")
 
         return on_step

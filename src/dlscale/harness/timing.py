@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dlscale.harness.window import PROBE_STEPS
+
 StepCallback = Callable[[str, int, int], None]  # (phase, steps done, phase total)
 
 
@@ -63,6 +65,7 @@ def timed_loop(
     on_step: StepCallback | None = None,
     sync: Callable[[], None] | None = None,
     meter: Any = None,
+    window: Any = None,
 ) -> tuple[list[float], list[Any]]:
     """Run ``warmup_steps`` uncounted steps, then ``steps`` timed ones.
 
@@ -71,15 +74,31 @@ def timed_loop(
     synchronise; a distributed caller passes one that also waits for every rank. ``on_step``
     runs between steps, outside every timed interval. ``meter`` (harness.energy.EnergyMeter) reads
     its energy counters right after the synchronisation that opens the window and right after the
-    one that closes it.
+    one that closes it. ``window`` (harness.window.Window) with a target duration: the last warm-up
+    steps (at most ``window.PROBE_STEPS``; one more uncounted step where there is no warm-up) are
+    timed between synchronisations, and ``steps`` becomes the count ``window.size`` chooses from them
+    (at least ``steps``).
     """
     from dlscale.harness.device import synchronize
 
     sync = sync or (lambda: synchronize(device))
-    for i in range(warmup_steps):
+    probing = window is not None and window.target_s is not None
+    probe = max(1, min(PROBE_STEPS, warmup_steps)) if probing else 0
+    plain = max(0, warmup_steps - probe)
+    for i in range(plain):
         step()
         if on_step:
             on_step("warmup", i + 1, warmup_steps)
+    if probing:
+        sync()
+        t0 = time.perf_counter()
+        for i in range(probe):
+            step()
+        sync()
+        steps = window.size(steps, (time.perf_counter() - t0) / probe, probe)
+        if on_step:
+            for i in range(plain, warmup_steps):
+                on_step("warmup", i + 1, warmup_steps)
     sync()
     if meter is not None:
         meter.begin()

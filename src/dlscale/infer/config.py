@@ -57,6 +57,7 @@ class InferConfig:
     compile: bool = False
     warmup: int = 3  # uncounted batches before the timed ones, at each batch size
     iters: int = 20  # timed batches at each batch size
+    min_duration_s: float | None = None  # each batch size's timed forwards last at least this (harness/window.py)
     device: str = "auto"
     seed: int = 0
     tag: str | None = None
@@ -106,6 +107,9 @@ class InferConfig:
 
         for opt, v in (("--iters", self.iters), ("--warmup", self.warmup)):
             limits.at_most(opt, v, limits.STEPS, "iterations of a measurement")
+        from dlscale.harness.window import check_min_duration
+
+        check_min_duration("--min-duration", self.min_duration_s)
         for opt, v in (("--prompt-len", self.prompt_len), ("--output-len", self.output_len), ("--seq-len", self.seq_len)):
             limits.at_most(opt, v, limits.TOKENS, "tokens of a sequence")
         object.__setattr__(self, "max_memory", memory_spec(self.max_memory))
@@ -142,7 +146,7 @@ class InferConfig:
             return
         resolve_mode(self.decode, self.compile, "cuda")  # an unknown mode or a contradiction; the device comes later
         others = {"--scenario": self.scenario is not None, "--find-max-batch": self.find_max_batch,
-                  "--runtime onnxruntime": self.runtime != "torch"}
+                  "--runtime onnxruntime": self.runtime != "torch", "--min-duration": self.min_duration_s is not None}
         given = [opt for opt, on in others.items() if on]
         if given:
             raise UsageError(f"{given[0]} does not apply to LLM prefill/decode (--prompt-len/--output-len); run it "

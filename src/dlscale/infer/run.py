@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscale.harness.runner import Outcome
+from dlscale.harness.window import Window
 from dlscale.log import info
 
 BATCH_LIMIT = 1 << 16  # the search stops here even if memory is left (a tiny model at 32 px fits ~10^5)
@@ -52,7 +53,8 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
             "latency_max": m["step_time_max"], "latency_mean": m["step_time_mean"]}, warnings
 
 
-def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None) -> list[float]:
+def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None,
+               window: Any = None) -> list[float]:
     """Seconds of each of ``iters`` timed forwards of one batch, after ``warmup`` uncounted ones
     (``meter``: an EnergyMeter read at the window's edges). The batch's samples are held as LoadGen's
     are (``infer.feed``: one tensor per input, the model's input dtype and layout): on the device they
@@ -71,7 +73,8 @@ def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: An
     clock_device = session.device if session.runtime == "torch" else torch.device("cpu")
     if not store.pinned:
         batch = feed.batch(indices)
-        times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter)
+        times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter,
+                              window=window)
         return times
     flying: list[Any] = []
 
@@ -81,7 +84,7 @@ def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: An
         flying.append(feed.launch(indices))
 
     try:
-        times, _ = timed_loop(step, warmup, iters, clock_device, meter=meter)
+        times, _ = timed_loop(step, warmup, iters, clock_device, meter=meter, window=window)
     finally:
         for t in flying:
             feed.finish(t)
@@ -105,10 +108,11 @@ def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None
     rows: list[tuple[int, dict[str, Any]]] = []
     raw: dict[str, Any] = {"batch_times": {}, "energy_by_batch": {}}
     warnings: list[str] = []
+    window = Window(cfg.min_duration_s)  # --min-duration: each batch size's forwards from a probe
     for b in cfg.batch_sizes:
         try:
             with EnergyMeter(session.device if session.runtime == "torch" else None) as meter:
-                times = time_batch(session, b, cfg.warmup, cfg.iters, meter)
+                times = time_batch(session, b, cfg.warmup, cfg.iters, meter, window)
         except Exception as e:  # noqa: BLE001 - only out-of-memory ends the sweep early
             if not is_oom(e) or not rows:
                 raise
@@ -116,7 +120,7 @@ def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None
                             f"batch {rows[-1][0]}: use --find-max-batch to find the largest that fits")
             break
         fig, warns = batch_figures(session.units(b), times)
-        e_metrics, e_raw = batch_energy(session, b, cfg.iters, meter)
+        e_metrics, e_raw = batch_energy(session, b, len(times), meter)
         fig.update(energy=e_metrics)
         warnings += [f"batch {b}: {w}" for w in warns]
         raw["batch_times"][str(b)] = times
@@ -125,6 +129,8 @@ def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None
         if on_batch:
             on_batch(b, fig)
     metrics = by_batch(rows, session)
+    if window.sizings:
+        raw["window_by_batch"] = {str(b): w for (b, _), w in zip(rows, window.sizings)}
     best = str(metrics["best_batch_size"])
     raw.update(raw["energy_by_batch"][best])  # the headline energy is the best batch size's, as its throughput
     return metrics, raw, warnings

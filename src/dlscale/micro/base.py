@@ -28,6 +28,7 @@ class MicroOptions:
     precisions: tuple[str, ...] = ("fp32",)
     warmup: int = 2
     reps: int = 10
+    min_duration_s: float | None = None  # a case's timed calls last at least this (count from a probe: harness/window)
     case_budget_s: float | None = None  # CPU: fewer reps (>= 3) for slow cases; None: 0.5 s on CPUs
     full: bool = False  # every shape in the set, whatever its size
     max_gflop: float | None = None  # per call; None: the device's default (docs/METRICS.md)
@@ -35,7 +36,7 @@ class MicroOptions:
     channels_last: bool | None = None  # conv layout; None: NHWC on CPU and for reduced precision
     mem_mib: int | None = None  # memory: array size; None: 4x the last-level cache (STREAM's rule)
     cpu_ghz: float | None = None  # the CPU clock for the ISA peak, where the model name has none
-    every_device: bool = False  # gemm, memory: the device cases on every visible GPU in turn (one device on CPUs)
+    every_device: bool = False  # gemm, memory: the device cases on every visible GPU at once (one device on CPUs)
     cache: str = "hot"  # GPUs: hot (operands reused) or cold (rotating operand copies past the L2)
     seed: int = 0
     tag: str | None = None
@@ -58,6 +59,9 @@ class MicroOptions:
             limits.finite(opt, v)
         for opt, v in (("--warmup", self.warmup), ("--iters", self.reps)):
             limits.at_most(opt, v, limits.STEPS, "calls of one case")
+        from dlscale.harness.window import check_min_duration
+
+        check_min_duration("--min-duration", self.min_duration_s)
         if self.case_budget_s is not None and not self.case_budget_s > 0:
             raise UsageError(f"--case-budget must be > 0 seconds, got {self.case_budget_s}")
         if self.max_gflop is not None and not self.max_gflop > 0:
@@ -72,7 +76,7 @@ class MicroOptions:
 
 def run_devices(opts: MicroOptions, device: Any) -> list[Any]:
     """The devices a kernel or memory benchmark measures: ``device``, or with ``every_device`` every
-    visible CUDA device in turn (a CPU is one device)."""
+    visible CUDA device (a CPU is one device); the plan groups the cases that run on all at once."""
     if not opts.every_device or getattr(device, "type", "cpu") != "cuda":
         return [device]
     import torch
@@ -91,6 +95,7 @@ class Case:
     precision: str | None = None  # for % of peak
     device: Any = None  # where it runs and is timed; None: the run's device
     capture: bool = False  # GPUs: its call can be captured into a CUDA graph (tried; launched one by one if not)
+    group: Any = None  # cases sharing a key, one per GPU, run on every GPU at once (micro/node.py); None: alone
 
 
 @dataclass

@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dlscale.harness.window import MOST, Window
+from dlscale.micro.gputiming import MAX_WINDOWS
 from dlscale.micro.collectives import COLLECTIVES, ELEMENT, MODES, Buffers, CollectiveOptions, count_for, parse_sizes
 
 UNITS = {"avg_busbw": "GB/s", "max_busbw": "GB/s", "wrong": "elements", "world_size": "ranks", "rows": "rows",
@@ -35,12 +37,14 @@ class BelowMinBusBw(RuntimeError):
 
 
 def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, reduce_max,
-                    device: Any = None) -> tuple[list[float], dict[str, Any]]:
+                    device: Any = None, window: Any = None) -> tuple[list[float], dict[str, Any]]:
     """(seconds per call on this rank, one per timed window; the cell's timing fields).
 
     CPUs: one window of the iterations, timed by the host clock (``{"iters": n}``). CUDA devices:
     ``cuda_windows``. Every decision is taken on values all-reduced over the ranks (the slowest
-    rank's time), so every rank makes the same number of calls.
+    rank's time), so every rank makes the same number of calls. ``window`` (harness.window.Window)
+    with a target duration: as many iterations (CUDA: windows) as the first call's time (CUDA: the last
+    calibration window) says the target needs, never fewer than the budget allows of ``iters``.
     """
     import torch.distributed as dist
 
@@ -53,19 +57,25 @@ def time_collective(b: Buffers, warmup: int, iters: int, budget: float, sync, re
     for _ in range(max(0, min(warmup - 1, fit))):
         b.call()
     if getattr(device, "type", "cpu") == "cuda":
-        return cuda_windows(b, iters, budget, sync, reduce_max, device)
+        return cuda_windows(b, iters, budget, sync, reduce_max, device, window=window)
     n_iters = max(1, min(iters, fit))
+    if window is not None:
+        n_iters = window.size(n_iters, first)
     sync()
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(n_iters):
         b.call()
     sync()
-    return [(time.perf_counter() - t0) / n_iters], {"iters": n_iters}
+    return [(time.perf_counter() - t0) / n_iters], {"iters": n_iters, **_sizing(window)}
+
+
+def _sizing(window: Any) -> dict[str, Any]:
+    return {"sizing": window.last} if window is not None and window.last else {}
 
 
 def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device: Any,
-                 api: Any = None) -> tuple[list[float], dict[str, Any]]:
+                 api: Any = None, window: Any = None) -> tuple[list[float], dict[str, Any]]:
     """Up to ``iters`` windows of K calls each, between CUDA events made once before the loop.
 
     K comes from calibration windows timed on every rank and reduced to the slowest (``gputiming.
@@ -77,9 +87,9 @@ def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device
     from dlscale.micro import gputiming
 
     api = api if api is not None else gputiming.API(device)
-    events = [api.event() for _ in range(max(1, iters) + 1)]
+    events = [api.event(), api.event()]  # the calibration's pair, then the first window's edges
 
-    def window(calls: int) -> float:
+    def calibration(calls: int) -> float:
         sync()
         dist.barrier()
         events[0].record()
@@ -89,9 +99,12 @@ def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device
         sync()
         return reduce_max(events[0].elapsed_time(events[1]) / 1e3)
 
-    calls, tried = gputiming.calibrate(window)
+    calls, tried = gputiming.calibrate(calibration, target_s=gputiming.window_target(window))
     per_window = tried[-1][1]
     windows = max(1, min(iters, int(budget / per_window) if per_window > 0 else iters))
+    if window is not None:
+        windows = window.size(windows, per_window)
+    events += [api.event() for _ in range(windows - 1)]  # made before the timed windows
     sync()
     dist.barrier()
     events[0].record()
@@ -102,7 +115,7 @@ def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device
     sync()
     per_call = [events[i].elapsed_time(events[i + 1]) / 1e3 / calls for i in range(windows)]
     return per_call, {"iters": windows * calls, "calls_per_window": calls, "windows": windows,
-                      "timing": "cuda-events", "calibration": tried}
+                      "timing": "cuda-events", "calibration": tried, **_sizing(window)}
 
 
 def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any | None = None) -> dict[str, Any]:
@@ -139,7 +152,10 @@ def sweep(opts: CollectiveOptions, rank: int, n: int, device: Any, record: Any |
                     row[mode] = None
                     continue
                 b = Buffers(coll, count, mode, rank, n, device)
-                times, timing = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max, device)
+                window = Window(opts.min_duration_s, most=MAX_WINDOWS if device.type == "cuda" else MOST) \
+                    if opts.min_duration_s is not None else None
+                times, timing = time_collective(b, opts.warmup, opts.iters, opts.budget, sync, reduce_max, device,
+                                                window)
                 b.reset()
                 b.call()
                 sync()
@@ -290,7 +306,8 @@ def run_rank(spec: Any, env: Any) -> Any:
         sweep(opts, env.rank, env.world_size, device)
         return None
     config = {"ops": ",".join(opts.op_list), "sizes": opts.sizes, "warmup": opts.warmup, "iters": opts.iters,
-              "budget_s": opts.budget, "min_busbw": opts.min_busbw, "type": "float", "device": device.type,
+              "min_duration_s": opts.min_duration_s, "budget_s": opts.budget, "min_busbw": opts.min_busbw,
+              "type": "float", "device": device.type,
               **rank_layout_config(env, backend, layout)}
     if opts.plant_wrong:
         config["plant_wrong"] = opts.plant_wrong

@@ -75,6 +75,7 @@ class CollectiveOptions:
     ops: str | None = None  # comma list; None: every collective
     warmup: int = 5
     iters: int = 20
+    min_duration_s: float | None = None  # a cell's timed iterations last at least this (harness/window.py), <= budget
     budget: float = 0.5  # seconds per (collective, size, mode)
     min_busbw: float | None = None  # GB/s, per collective
     plant_wrong: str | None = None  # a test hook: corrupt one element of this collective's result
@@ -92,6 +93,12 @@ class CollectiveOptions:
             raise UsageError(f"--plant-wrong names no collective: {self.plant_wrong!r}")
         if self.iters < 1 or self.warmup < 0 or self.budget <= 0:
             raise UsageError("collectives need --iters >= 1, --warmup >= 0 and --budget > 0")
+        from dlscale.harness.window import check_min_duration
+
+        check_min_duration("--min-duration", self.min_duration_s)
+        if self.min_duration_s is not None and self.min_duration_s > self.budget:
+            raise UsageError(f"--min-duration {self.min_duration_s:g} s is more than --budget {self.budget:g} s, the "
+                             "most a (collective, size, mode) may take: raise --budget or lower --min-duration")
         if self.min_busbw is not None and self.min_busbw < 0:
             raise UsageError(f"--min-busbw must be >= 0 GB/s, got {self.min_busbw}")
         if self.device not in ("auto", "cpu", "cuda"):

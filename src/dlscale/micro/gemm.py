@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscale.micro.base import Case, MicroOptions, Plan, run_devices, size_filter
+from dlscale.micro.node import at_once_sums
 from dlscale.micro.shapes import load
 
 name = "gemm"
@@ -38,7 +39,8 @@ def build_gemm(m: int, n: int, k: int, a_t: bool, b_t: bool, precision: str, dev
 
 
 def plan(opts: MicroOptions, device: Any) -> Plan:
-    """Every shape in every precision; with ``every_device`` on each GPU in turn (rows labelled ``device``)."""
+    """Every shape in every precision; with ``every_device`` on every GPU, each shape on all of them at
+    once (rows labelled ``device``; ``Case.group``: the shape and precision)."""
     out = Plan()
     shapes = load("gemm", SHAPE_COLUMNS, opts.shapes)  # read once, for every device and precision
     for where in run_devices(opts, device):
@@ -48,8 +50,9 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
                 m, n, k, a_t, b_t = s["m"], s["n"], s["k"], bool(s["a_t"]), bool(s["b_t"])
                 cases.append(_case("deepbench" if opts.shapes is None else "user", m, n, k, a_t, b_t, p, where))
         if opts.every_device:
-            for c in cases:
+            for i, c in enumerate(cases):
                 c.labels["device"], c.device = str(where), where
+                c.group = ("gemm", i) if where.type == "cuda" else None
         out.cases += cases
     out.cases = size_filter(out.cases, opts, device, out.notes)
     if device.type == "cpu":
@@ -72,6 +75,12 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str
         metrics["devices"] = devices
         metrics["best_tflops_by_device"] = [max(r["tflops"] for r in rows if r.get("device") == d) for d in devices]
         units.update(devices="devices", best_tflops_by_device="TFLOP/s")
+    together = at_once_sums(rows, SHAPE_COLUMNS + ("precision",), "tflops")
+    if together:  # every GPU at once: the case whose rates summed over the devices is the highest
+        (m, n, k, a_t, b_t, prec), best = max(together.items(), key=lambda kv: kv[1])
+        metrics["node_best_tflops"] = best
+        metrics["node_best_case"] = f"{m}x{n}x{k} a_t={a_t} b_t={b_t} {prec}"
+        units["node_best_tflops"] = "TFLOP/s"
     probe = [r for r in rows if r.get("set") == "peak-probe"]
     if probe:
         best = max(probe, key=lambda r: r["tflops"])

@@ -16,6 +16,8 @@
   call finds its operands in L2; nothing is flushed inside a window.
 - Samples: one per window, the window's time / K (seconds per call). The harness reports their
   median (docs/METRICS.md, "Microbenchmarks").
+- Windows: ``reps``, or with a target duration (``--min-duration``) as many as the last calibration
+  window, the probe, says the target needs (``harness.window``); the row keeps how (``sizing``).
 
 Every CUDA call goes through ``TorchCuda`` (one device), so tests drive this module with a fake.
 """
@@ -23,17 +25,20 @@ Every CUDA call goes through ``TorchCuda`` (one device), so tests drive this mod
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 TARGET_WINDOW_S = 1e-3  # a window lasts at least this long
+MAX_WINDOWS = 2000  # with a target duration: windows of at least target / this (events made: one more)
 MAX_CALLS = 1 << 14  # calls per window at most (a 60 ns call would need more)
 CALIBRATION_ROUNDS = 6  # windows tried while finding K
 ROTATE_L2 = 2  # cold cache: the operand copies together hold at least this many L2 sizes
 MAX_COPIES = 4096
 ASSUMED_L2 = 256 * 2**20  # where the device properties have no L2 size: above any GPU's L2 today
 CACHES = ("hot", "cold")
+CAPTURE_LOCK = threading.Lock()  # one CUDA graph capture at a time in the process (TorchCuda.capture)
 
 
 class TorchCuda:
@@ -69,17 +74,23 @@ class TorchCuda:
 
     def capture(self, calls: Callable[[], None]) -> Callable[[], None]:
         """``calls`` captured into a CUDA graph (after a warm-up on a side stream, as PyTorch's graph
-        recipe asks); returns its replay, which runs on the current stream."""
+        recipe asks); returns its replay, which runs on the current stream.
+
+        Every device at once (``micro.concurrent``: a thread per GPU): one capture at a time in the
+        process (``CAPTURE_LOCK``; entering a capture synchronises and empties torch's cache), and in
+        ``thread_local`` error mode, so the other threads' allocations and synchronisations on their own
+        GPUs neither fail nor spoil it (CUDA's stream-capture modes)."""
         import torch
 
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            calls()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            calls()
+        with CAPTURE_LOCK:
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                calls()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                calls()
         return graph.replay
 
 
@@ -101,6 +112,7 @@ class Windows:
     graph_error: str | None = None
     calibration: list[list[float]] = field(default_factory=list)  # [[K, window seconds], ...]
     clock: dict[str, Any] = field(default_factory=dict)  # monitor.clocks.summarize of the case's samples
+    sizing: dict[str, Any] | None = None  # how the window count was chosen (harness.window), with a target
 
     @property
     def total_calls(self) -> int:
@@ -118,6 +130,8 @@ class Windows:
                        l2_source=self.l2_source)
         if self.graph_error:
             out["graph_error"] = self.graph_error
+        if self.sizing:
+            out["sizing"] = self.sizing
         return {**out, **self.clock}
 
 
@@ -174,11 +188,14 @@ def _runner(ops: list[Callable[[], Any]], calls: int) -> Callable[[], None]:
 
 
 def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, reps: int, cache: str = "hot",
-              capture: bool = False, meter: Any = None, clocks: Any = None, api: Any = None) -> Windows:
+              capture: bool = False, meter: Any = None, clocks: Any = None, api: Any = None,
+              window: Any = None) -> Windows:
     """Time ``reps`` windows of K calls of the case ``build`` makes (see the module's text).
 
     ``meter`` (an EnergyMeter) is read where the timed windows start and after they end; ``clocks``
-    (monitor.clocks.GpuClocks) is sampled while they run.
+    (monitor.clocks.GpuClocks) is sampled while they run. ``window`` (harness.window.Window) with a
+    target duration: the windows are as many as the last calibration window (the probe) says the target
+    needs, never fewer than ``reps``.
     """
     api = api if api is not None else API(device)
     with api.scope():
@@ -186,8 +203,11 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
         for i in range(warmup):
             ops[i % len(ops)]()
         api.synchronize()
-        events = [api.event() for _ in range(reps + 1)]  # made once, before anything is timed
-        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events)
+        events = [api.event(), api.event()]  # the calibration's pair, then window 0's edges
+        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events, window_target(window))
+        if window is not None:
+            reps = window.size(reps, tried[-1][1])
+        events += [api.event() for _ in range(reps - 1)]  # made once, before anything is timed
         api.synchronize()
         if meter is not None:
             meter.begin()
@@ -203,11 +223,19 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
     from dlscale.monitor.clocks import summarize
 
     return Windows(per_call, calls, method, cache, rot.get("copies", 1), rot.get("l2_bytes"), rot.get("l2_source", ""),
-                   rot.get("rotation_bytes"), graph_error, tried, summarize([sample]) if sample is not None else {})
+                   rot.get("rotation_bytes"), graph_error, tried, summarize([sample]) if sample is not None else {},
+                   window.last if window is not None else None)
 
 
-def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any]
-                ) -> tuple[Callable[[], None], int, str, list[list[float]], str | None]:
+def window_target(window: Any) -> float:
+    """The least length of one window: 1 ms, or with a target duration 1/MAX_WINDOWS of it, so that a long
+    target lengthens the windows (more calls each) rather than multiplying them past MAX_WINDOWS."""
+    target = getattr(window, "target_s", None)
+    return max(TARGET_WINDOW_S, target / MAX_WINDOWS) if target else TARGET_WINDOW_S
+
+
+def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any],
+                target_s: float = TARGET_WINDOW_S) -> tuple[Callable[[], None], int, str, list[list[float]], str | None]:
     """(one window's run, K, method, the calibration tried, why the graph failed or None)."""
     start, end = events[0], events[1]
     made: dict[int, Callable[[], None]] = {}
@@ -233,7 +261,7 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
     step = len(ops)  # cold: every window starts at the first copy and goes through all of them
     if capture:
         try:
-            calls, tried = calibrate(window(True), step)
+            calls, tried = calibrate(window(True), step, target_s)
             return make(calls, True), calls, "cuda-graph", tried, None
         except Exception as e:  # noqa: BLE001 - a call the graph cannot hold is launched one by one instead
             made.clear()
@@ -241,6 +269,6 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
             api.synchronize()
     else:
         error = None
-    calls, tried = calibrate(window(False), step)
+    calls, tried = calibrate(window(False), step, target_s)
     return make(calls, False), calls, "cuda-events", tried, error
 

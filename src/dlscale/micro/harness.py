@@ -29,30 +29,35 @@ from dlscale.peaks import Peak, resolve_peak
 ROW_UNITS = {"time_us": "us", "time_us_best": "us", "cv": "fraction", "tflops": "TFLOP/s",
              "tflops_best": "TFLOP/s", "gbps": "GB/s", "gbps_best": "GB/s", "pct_peak": "fraction",
              "energy_j": "J", "avg_power_w": "W", "gflops_per_j": "GFLOP/J"}
+# the units of the columns GPU rows add
 GPU_ROW_UNITS = {"calls_per_window": "calls", "window_us": "us", "operand_copies": "copies", "rotation_bytes": "B",
-                 "l2_bytes": "B", "sm_clock_mhz": "MHz"}  # the units of the columns GPU rows add
+                 "l2_bytes": "B", "sm_clock_mhz": "MHz", "at_once": "devices"}
 
 
 def timed_reps(op: Callable[[], Any], warmup: int, reps: int, device: Any, budget_s: float | None = None,
-               meter: Any = None) -> list[float]:
+               meter: Any = None, window: Any = None) -> list[float]:
     """Seconds per call for ``reps`` calls of ``op`` after ``warmup`` uncounted ones.
 
     ``budget_s`` (CPUs): where the last warm-up call says ``reps`` calls would take longer than
-    this, fewer are timed, never fewer than ``MIN_REPS`` (nor more than asked). ``meter`` (an
-    EnergyMeter) is read where the timed calls start and after they end. On CUDA: one sample per
-    window of K calls (hot cache, no graph; ``micro.gputiming``).
+    this, fewer are timed, never fewer than ``MIN_REPS`` (nor more than asked). ``window``
+    (harness.window.Window) with a target duration: as many calls as the last warm-up call (the probe;
+    one more uncounted call without warm-up) says the target needs, never fewer than the budget leaves.
+    ``meter`` (an EnergyMeter) is read where the timed calls start and after they end. On CUDA: one
+    sample per window of K calls (hot cache, no graph; ``micro.gputiming``).
     """
     if getattr(device, "type", "cpu") == "cuda":
         from dlscale.micro import gputiming
 
-        return gputiming.time_case(lambda: op, device, warmup, reps, meter=meter).per_call_s
+        return gputiming.time_case(lambda: op, device, warmup, reps, meter=meter, window=window).per_call_s
     t_call = None
-    for _ in range(warmup):
+    for _ in range(max(warmup, 1 if window is not None else 0)):
         t0 = time.perf_counter()
         op()
         t_call = time.perf_counter() - t0
     if budget_s is not None and t_call:
         reps = min(reps, max(MIN_REPS, int(budget_s / t_call)))
+    if window is not None:
+        reps = window.size(reps, t_call or 0.0)
     times = []
     if meter is not None:
         meter.begin()
@@ -120,6 +125,7 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     import torch
 
     from dlscale.harness.device import set_matmul_precision
+    from dlscale.micro.node import Node, schedule
 
     torch.manual_seed(opts.seed)
     plan = bench.plan(opts, device)
@@ -129,50 +135,77 @@ def _measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[st
     record.raw["rows"] = rows  # kept on the record if a case fails part-way
     times_all: list[list[float]] = []
     flags: dict[str, Any] = {}  # each precision's TF32 and cuDNN flags, for the run's config
-    for case in plan.cases:
-        prec = case.precision or "fp32"
-        where = case.device or device
-        if case.flops is not None and (where, prec) not in peaks:
-            peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
-        flags[prec] = set_matmul_precision(prec, where)
-        metered = meter if where == device else None
-        times, gpu, calls = _time_case(case, opts, where, metered, clocks)
-        peak = peaks.get((where, prec), (None, ""))[0]
-        rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None,
-                                            "median" if gpu else "mean"),
-                     "reps": len(times), "flops": case.flops, "bytes": case.bytes, **gpu,
-                     **(row_energy(meter.take(), case.flops, calls, meter.update_s) if metered else {})})
-        times_all.append(times)
-    for c in clocks.values():
-        c.close()
+    node = Node(plan.cases)  # the cases run on every device at once, and the node's energy over them
+    try:
+        for group in schedule(plan.cases):
+            for case in group:
+                prec = case.precision or "fp32"
+                where = case.device or device
+                if case.flops is not None and (where, prec) not in peaks:
+                    peaks[(where, prec)] = device_peak(where, prec, system, opts.cpu_ghz)
+                _clocks_of(where, clocks)
+            prec = group[0].precision or "fp32"  # every device's case of a group: one precision, global flags
+            flags[prec] = set_matmul_precision(prec, group[0].device or device)
+            if node.runs(group):
+                timed = node.time(group, lambda c, gate: _time_case(c, opts, c.device, gate, clocks))
+                energy = [row_energy(r, c.flops, n, node.meter.update_s)
+                          for r, c, (_, _, n) in zip(node.readings(group), group, timed)]
+            else:
+                where = group[0].device or device
+                metered = meter if where == device else None
+                timed = [_time_case(group[0], opts, where, metered, clocks)]
+                energy = [row_energy(meter.take(), group[0].flops, timed[0][2], meter.update_s) if metered else {}]
+            for case, (times, gpu, _), e in zip(group, timed, energy):
+                peak = peaks.get((case.device or device, case.precision or "fp32"), (None, ""))[0]
+                rows.append({**case.labels, **rates(times, case.flops, case.bytes, peak.flops if peak else None,
+                                                    "median" if gpu else "mean"),
+                             "reps": len(times), "flops": case.flops, "bytes": case.bytes, **gpu, **e,
+                             **({"at_once": len(group)} if node.runs(group) else {})})
+                times_all.append(times)
+    finally:
+        for c in clocks.values():
+            c.close()
+        node.close()
     metrics, units = bench.summarize(rows)
-    peak_sources = {p: src for (_, p), (_, src) in peaks.items()}
-    metrics["peak_sources"] = peak_sources
+    metrics["peak_sources"] = {p: src for (_, p), (_, src) in peaks.items()}
     metrics["cases"] = len(rows)
     units["cases"] = "cases"
+    n_metrics, n_units, n_raw = node.figures()
+    metrics.update(n_metrics)
+    units.update(n_units)
     energy = {"source": meter.found.source if not meter.reason else None,
               "domains": sorted({c.domain for c in meter.counters}), "reason": meter.reason}
     row_units = {**ROW_UNITS, **{k: u for k, u in GPU_ROW_UNITS.items() if any(k in r for r in rows)}}
     return Outcome(metrics=metrics, units={**units, **{f"row.{k}": v for k, v in row_units.items()}},
-                   raw={"rows": rows, "times_s": times_all, "energy": energy}, warnings=_warnings(plan, rows),
-                   config={"backend_flags": flags})
+                   raw={"rows": rows, "times_s": times_all, "energy": energy, **n_raw},
+                   warnings=_warnings(plan, rows), config={"backend_flags": flags})
+
+
+def _clocks_of(where: Any, clocks: dict[Any, Any]) -> None:
+    """An NVML clock reader for a GPU the cases run on, made here (before any device's thread starts)."""
+    if getattr(where, "type", "cpu") == "cuda" and where not in clocks:
+        from dlscale.monitor.clocks import GpuClocks
+
+        clocks[where] = GpuClocks(where.index or 0)
 
 
 def _time_case(case: Any, opts: MicroOptions, where: Any, meter: Any, clocks: dict[Any, Any]
                ) -> tuple[list[float], dict[str, Any], int]:
-    """(seconds per call, one per sample; the GPU columns of the row, none on CPUs; calls timed)."""
-    if getattr(where, "type", "cpu") == "cuda":
-        from dlscale.micro import gputiming
-        from dlscale.monitor.clocks import GpuClocks
+    """(seconds per call, one per sample; the GPU columns of the row, none on CPUs; calls timed).
+    ``meter``: an EnergyMeter, or a ``concurrent.Gate`` where the case runs on every device at once."""
+    from dlscale.harness.window import MOST, Window
+    from dlscale.micro import gputiming
 
-        if where not in clocks:
-            clocks[where] = GpuClocks(where.index or 0)
+    gpu = getattr(where, "type", "cpu") == "cuda"
+    window = Window(opts.min_duration_s, most=gputiming.MAX_WINDOWS if gpu else MOST) \
+        if opts.min_duration_s is not None else None
+    if gpu:
         w = gputiming.time_case(case.build, where, opts.warmup, opts.reps, opts.cache, case.capture, meter,
-                                clocks[where])
+                                clocks.get(where), window=window)
         return w.per_call_s, w.row(), w.total_calls
     op = case.build()
-    times = timed_reps(op, opts.warmup, opts.reps, where, case_budget(opts, where), meter)
-    return times, {}, len(times)
+    times = timed_reps(op, opts.warmup, opts.reps, where, case_budget(opts, where), meter, window)
+    return times, ({"sizing": window.last} if window is not None else {}), len(times)
 
 
 def _warnings(plan: Any, rows: list[dict[str, Any]]) -> list[str]:

@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.micro.base import Case, MicroOptions, Plan, run_devices
+from dlscale.micro.node import at_once_sums
 
 name = "memory"
 title = "memory bandwidth: STREAM copy/scale/add/triad; H2D, D2H (pinned, pageable), D2D on GPUs"
 columns = ("op", "where", "array_mib")
 STREAM_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}  # arrays read + written per element
 GPU_MIB = 256
+# every_device: the copies each GPU makes in its own memory run on all GPUs at once (the node's load);
+# the host transfers run one GPU at a time, each over its own link, as their healthy figures are measured
+AT_ONCE = {"d2d": ("memory", "d2d")}
 SCALAR = 3.0
 
 
@@ -90,12 +94,12 @@ def plan(opts: MicroOptions, device: Any) -> Plan:
                               build=lambda op=op: build_stream(op, n), bytes=stream_bytes(op, n), device=cpu))
     if device.type == "cuda":
         nbytes = (opts.mem_mib or GPU_MIB) * 2**20
-        for where in run_devices(opts, device):  # every_device: each GPU's transfers in turn
+        for where in run_devices(opts, device):  # every_device: every GPU's transfers
             for kind, nb in (("h2d_pinned", nbytes), ("h2d_pageable", nbytes), ("d2h_pinned", nbytes),
                              ("d2h_pageable", nbytes), ("d2d", 2 * nbytes)):
                 out.cases.append(Case(labels={"op": kind, "where": str(where), "array_mib": nbytes // 2**20},
                                       build=lambda kind=kind, where=where: build_transfer(kind, nbytes, where),
-                                      bytes=nb, device=where))
+                                      bytes=nb, device=where, group=AT_ONCE.get(kind) if opts.every_device else None))
     return out
 
 
@@ -118,4 +122,7 @@ def summarize(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str
             by = {r["where"]: r["gbps"] for r in rows if r["op"] == op}
             metrics[f"{op}_gbps_by_device"] = [by.get(d) for d in devices]
             units[f"{op}_gbps_by_device"] = "GB/s"
+    for (op,), total in at_once_sums(rows, ("op",), "gbps").items():  # every GPU at once: the node's sum
+        metrics[f"{op}_gbps_node"] = total
+        units[f"{op}_gbps_node"] = "GB/s"
     return metrics, units

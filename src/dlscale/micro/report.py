@@ -78,6 +78,27 @@ def kernel_footer(rec: RunRecord) -> list[str]:
     return lines
 
 
+def window_lines(rec: RunRecord) -> list[str]:
+    """The node's figures where cases ran on every GPU at once, and how long the windows were sized."""
+    m, raw = rec.metrics or {}, rec.raw or {}
+    lines = []
+    if raw.get("node"):
+        node = f"every GPU at once: {m.get('node_devices')} GPUs, one thread each, timed windows opened together"
+        if m.get("node_best_tflops") is not None:
+            node += f"; best case summed {fmt_num(m['node_best_tflops'])} TFLOP/s ({m.get('node_best_case')})"
+        if m.get("d2d_gbps_node") is not None:
+            node += f"; device copy summed {fmt_num(m['d2d_gbps_node'])} GB/s"
+        lines.append(node)
+        lines.append(f"node power {fmt_num(m['node_avg_power_w'])} W over {fmt_num(m.get('node_metered_s'))} s of "
+                     "windows (NVML, each GPU's summed)" if m.get("node_avg_power_w") is not None
+                     else f"node power: none ({(raw['node'].get('energy') or {}).get('reason')})")
+    sized = [r["sizing"] for r in raw.get("rows", []) if r.get("sizing")]
+    if sized:
+        lines.append(f"each case's timed calls last at least {sized[0]['target_s']:g} s (--min-duration; their count "
+                     f"from a probe, at least {sized[0]['min_count']}; the row's sizing)")
+    return lines
+
+
 def memory_table(rec: RunRecord) -> Table:
     t = Table("op", "where", "array (MiB)", "GB/s (mean)", "GB/s (best)", "time (us)", "CV", "reps",
               title=header(rec), title_justify="left")
@@ -264,4 +285,7 @@ def print_record(rec: RunRecord, console: Any) -> None:
         for t in tables(rec):
             console.print(t)
         for line in footer(rec):
+            console.print(line, markup=False)
+    if name in ("gemm", "conv", "rnn", "memory", "p2p"):
+        for line in window_lines(rec):
             console.print(line, markup=False)

@@ -14,7 +14,7 @@ from dlscale.errors import RunFailure, UsageError
 from dlscale.format import fmt_count
 from dlscale.log import info
 
-COMMON = ("device", "warmup", "reps", "case_budget_s", "seed", "tag")
+COMMON = ("device", "warmup", "reps", "min_duration_s", "case_budget_s", "seed", "tag")
 KERNEL = ("precisions", "full", "max_gflop", "shapes", "cpu_ghz", "cache")
 READS: dict[str, tuple[str, ...]] = {
     "gemm": (*COMMON, *KERNEL, "every_device"),
@@ -22,7 +22,8 @@ READS: dict[str, tuple[str, ...]] = {
     "rnn": (*COMMON, *KERNEL),
     "memory": (*COMMON, "mem_mib", "every_device"),
     "p2p": (*COMMON, "mem_mib"),
-    "collectives": ("sizes", "ops", "warmup", "iters", "budget", "min_busbw", "plant_wrong", "device", "tag"),
+    "collectives": ("sizes", "ops", "warmup", "iters", "min_duration_s", "budget", "min_busbw", "plant_wrong", "device",
+                    "tag"),
     "links": ("sizes", "warmup", "iters", "budget", "device", "tag"),
     "burnin": ("duration", "gemm_size", "gemm_chain", "llm_steps", "seed", "device", "tag"),
 }
@@ -33,8 +34,8 @@ CPU_ALL_SIZES = "8:1M"  # collectives in `micro all` on a CPU: small sizes (size
 
 # `all` runs every kind with the options they share or that select sizes; a kind's own files and
 # switches (shapes, channels_last, ops, budget) belong to that kind's own command.
-READS_ALL = ("device", "precisions", "warmup", "reps", "full", "max_gflop", "cpu_ghz", "case_budget_s", "mem_mib",
-             "cache", "sizes", "min_busbw", "seed", "tag")
+READS_ALL = ("device", "precisions", "warmup", "reps", "min_duration_s", "full", "max_gflop", "cpu_ghz",
+             "case_budget_s", "mem_mib", "cache", "sizes", "min_busbw", "seed", "tag")
 
 
 def options_of(kind: str) -> tuple[str, ...]:

@@ -161,6 +161,18 @@ def counters_for(device: Any) -> Found:
     return cpu_counters()
 
 
+def devices_counters(devices: list[Any]) -> Found:
+    """The counters of several devices together (a node's GPUs, in their order), or why one has none."""
+    found = [counters_for(d) for d in devices]
+    missing = next((f.reason for f in found if f.reason), None)
+    if missing is None:
+        return Found([c for f in found for c in f.counters])
+    for f in found:
+        for c in f.counters:
+            c.close()
+    return Found([], missing)
+
+
 def gpu_counters(cuda_index: int) -> Found:
     nv = nvml.start()
     if nv is None:

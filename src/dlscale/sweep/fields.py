@@ -73,6 +73,7 @@ TRAIN = {  # dlscale train MODEL (cli/train.py) -> dlscale.config.TrainConfig an
     "cudnn_benchmark": Opt("train", "cudnn_benchmark", "--cudnn-benchmark", "switch"),
     "warmup_steps": Opt("train", "warmup_steps", "--warmup-steps"),
     "steps": Opt("train", "steps", "--steps"),
+    "min_duration": Opt("train", "min_duration_s", "--min-duration"),
     "optimizer": Opt("train", "optimizer", "--optimizer"),
     "optimizer_impl": Opt("train", "optimizer_impl", "--optimizer-impl"),
     "lr": Opt("train", "lr", "--lr"),
@@ -99,6 +100,7 @@ MICRO = {  # dlscale micro KIND (cli/micro.py) -> micro.base.MicroOptions, Colle
     "precision": Opt("micro", "precisions", "--precision", "list"),
     "warmup": Opt("micro", "warmup", "--warmup"),
     "iters": Opt("micro", "reps", "--iters"),  # CollectiveOptions calls it iters
+    "min_duration": Opt("micro", "min_duration_s", "--min-duration"),
     "full": Opt("micro", "full", "--full", "flag"),
     "max_gflop": Opt("micro", "max_gflop", "--max-gflop"),
     "shapes": Opt("micro", "shapes", "--shapes"),
@@ -136,6 +138,7 @@ INFER = {  # dlscale infer MODEL (cli/infer.py) -> dlscale.infer.config.InferCon
     "cudnn_benchmark": Opt("infer", "cudnn_benchmark", "--cudnn-benchmark", "switch"),
     "warmup": Opt("infer", "warmup", "--warmup"),
     "iters": Opt("infer", "iters", "--iters"),
+    "min_duration": Opt("infer", "min_duration_s", "--min-duration"),
     "device": Opt("infer", "device", "--device"),
     "seed": Opt("infer", "seed", "--seed"),
     "find_max_batch": Opt("infer", "find_max_batch", "--find-max-batch", "flag"),

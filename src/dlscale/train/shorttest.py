@@ -22,6 +22,7 @@ from dlscale.harness.device import device_name
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
 from dlscale.harness.runner import NonFiniteLoss, Outcome
 from dlscale.harness.timing import StepCallback, timed_loop
+from dlscale.harness.window import Window
 from dlscale.peaks import resolve_peak
 from dlscale.train.observe import RunObserver
 
@@ -53,6 +54,7 @@ class Measured:
     losses: list[list[float]] = field(default_factory=list)  # the measured steps' losses, per repeat
     peak_memory: int = 0  # bytes, the largest over the repeats
     peak_memory_kind: str = ""
+    window: list[dict[str, Any]] = field(default_factory=list)  # how each repeat's window was sized (with a target)
 
 
 def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[Any], Any] | None = None,
@@ -198,7 +200,8 @@ def run_short_test(
     return Outcome(
         metrics=metrics,
         units=in_sample_unit(units, w.sample_unit),
-        raw={"step_times_s": done.step_times, "loss": done.losses, **x_raw},
+        raw={"step_times_s": done.step_times, "loss": done.losses, **x_raw,
+             **({"window": done.window} if done.window else {})},
         warnings=warnings,
         config={"device_name": device_name(device), "sample_unit": w.sample_unit, "family": w.family,
                 "units_per_batch": w.units_per_batch(cfg), "data_source": cfg.data or "synthetic",
@@ -229,11 +232,12 @@ def _measure(cfg: TrainConfig, device: Any, obs: RunObserver, on_step: StepCallb
     import torch
 
     done = Measured()
+    window = Window(cfg.min_duration_s, agree=_agree(device) if sync is not None else None)
     for r in range(cfg.repeat):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         setup = build_setup(cfg, device, seed=cfg.seed + r, wrap_model=wrap_model, feed=obs.feed)
-        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync, obs.meter)
+        times, outs = timed_loop(setup.step, cfg.warmup_steps, cfg.steps, device, on_step, sync, obs.meter, window)
         obs.end_window(times)
         losses = _finite_losses(outs, r)
         done.step_times.append(times)
@@ -243,7 +247,22 @@ def _measure(cfg: TrainConfig, device: Any, obs: RunObserver, on_step: StepCallb
         if r == cfg.repeat - 1:
             obs.explain(setup)  # phase breakdown, loader rate, verdict, profile: after the window
         del setup
+    done.window = window.sizings
     return done
+
+
+def _agree(device: Any) -> Callable[[int], int]:
+    """The ranks' one count: the largest any rank chose (every rank runs the same steps, each window long enough)."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(count: int) -> int:
+        on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([count], dtype=torch.int64, device=on)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    return agree
 
 
 def _finite_losses(outs: list[Any], repeat: int) -> list[float]:
