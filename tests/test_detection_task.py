@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from dlscale.domains.detection.coco import ann_path, coco_map
 from dlscale.errors import UsageError
-from dlscale.longtest import tasks
-from dlscale.longtest.tasks.base import EpochContext
-from dlscale.longtest.tasks.detection_coco import ann_path, coco_map
+from dlscale.tta import tasks
+from dlscale.tta.tasks import EpochContext
 
 TASK = tasks.get("detection")
 
@@ -269,7 +269,7 @@ def test_model_is_sized_to_the_categories_and_trains(made):
 def test_mlperf_keys_are_the_retinanet_rules_and_problems_are_named(made):
     import yaml
 
-    from dlscale.longtest.tasks.detection import MLPERF_TARGET
+    from dlscale.domains.detection.task import MLPERF_TARGET
 
     rules = Path(yaml.__file__).parents[1] / "mlperf_logging/compliance_checker/training_5.1.0/closed_retinanet.yaml"
     names = {k["KEY"]["NAME"] for k in yaml.safe_load(rules.read_text())}
@@ -292,7 +292,7 @@ def test_tiny_detector_reaches_a_test_target_through_dlscale_tta(tmp_path):
     A test-only target (the default, 0.5, takes minutes: METRICS.md); measured 5 epochs, 27 s, on a
     loaded 2-core machine. A constant LR: the cosine over 12 epochs would spend the last ones slowly."""
     from dlscale import api
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     TASK.make_dataset(str(tmp_path / "d"), seed=0, scale=0.25)
     cfg = TTAConfig(model="detector_tiny", data=str(tmp_path / "d"), target=0.05, max_epochs=12, seed=0, threads=1,

@@ -6,9 +6,9 @@ import pytest
 
 from dlscale import api, workloads
 from dlscale.config import TrainConfig
+from dlscale.domains.detection.workload import MAX_BOXES, NUM_CLASSES, synthetic_batch
 from dlscale.errors import UsageError
 from dlscale.flops import conv_backward_flops
-from dlscale.workloads.detection import MAX_BOXES, NUM_CLASSES, synthetic_batch
 
 DETECTORS = ("maskrcnn", "retinanet", "ssd300", "ssdlite")
 QUIET = {"monitor_interval": 0, "breakdown_steps": 0}  # only the measured window: keeps the runs short

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlscale.domains.llm.grammar import Chain, make_chain
 from dlscale.errors import UsageError
-from dlscale.longtest.tasks import get
-from dlscale.longtest.tasks.base import EpochContext
-from dlscale.longtest.tasks.llm_grammar import Chain, make_chain
+from dlscale.tta.tasks import get
+from dlscale.tta.tasks import EpochContext
 
 TASK = get("llm")
 
@@ -296,7 +296,7 @@ def test_llama_tiny_learns_the_chain_to_a_test_target(tmp_path):
     the transition table in two epochs (about 25 s on an idle 2-core machine; how long it takes is
     benchmarks/tta_domains.py's business, not this test's)."""
     from dlscale import api
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     root = str(tmp_path / "d")
     TASK.make_dataset(root, seed=0, scale=0.1)

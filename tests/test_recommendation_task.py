@@ -12,10 +12,10 @@ import pytest
 import torch
 import torchmetrics.retrieval  # noqa: F401  (its slow first import belongs to collection, not to a test)
 
+from dlscale.domains.recommendation import data as rd
+from dlscale.domains.recommendation.task import NEGATIVES, retrieval_quality
 from dlscale.errors import UsageError
-from dlscale.longtest.tasks import EpochContext, get
-from dlscale.longtest.tasks import recommendation_data as rd
-from dlscale.longtest.tasks.recommendation import NEGATIVES, retrieval_quality
+from dlscale.tta.tasks import EpochContext, get
 
 TASK = get("recommendation")
 HEADER = "userId,movieId,rating,timestamp\n"
@@ -66,7 +66,7 @@ def test_hand_case_hr_and_ndcg():
 
 
 def test_torchmetrics_agrees_with_the_hand_formula_on_random_scores(monkeypatch):
-    from dlscale.longtest.tasks import recommendation
+    from dlscale.domains.recommendation import task as recommendation
 
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(200, 100, generator=g)
@@ -232,7 +232,7 @@ def test_mlperf_benchmark_hparams_and_closed_rules(made):
 @pytest.mark.slow
 def test_ncf_reaches_a_test_target_with_api_tta(tmp_path):
     from dlscale import api
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     TASK.make_dataset(str(tmp_path / "d"), seed=0, scale=0.5)
     config = TTAConfig(model="ncf", data=str(tmp_path / "d"), target=0.5, max_epochs=8, seed=0, threads=1)
@@ -244,8 +244,8 @@ def test_ncf_reaches_a_test_target_with_api_tta(tmp_path):
 @pytest.mark.slow
 def test_a_dlrm_run_logs_dlrm_dcnv2_and_passes_the_open_checker(made, tmp_path):
     from dlscale import api
-    from dlscale.longtest import mlperf
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta import mlperf
+    from dlscale.tta.config import TTAConfig
 
     log = tmp_path / "mlperf.log"
     config = TTAConfig(model="dlrm_tiny", data=str(made[0]), target=0.99, max_epochs=1, seed=0, threads=1,

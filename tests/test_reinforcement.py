@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale import workloads
+from dlscale.domains.reinforcement import task as rl
 from dlscale.errors import UsageError
-from dlscale.longtest import tasks
-from dlscale.longtest.tasks import EpochContext, TaskData
-from dlscale.longtest.tasks import rl
+from dlscale.tta import tasks
+from dlscale.tta.tasks import EpochContext, TaskData
 
 
 def _cfg(**kw):
@@ -131,7 +131,7 @@ class _Uniform:
 def test_ppo_loss_hand_values():
     import torch
 
-    from dlscale.workloads.rl import ppo_loss
+    from dlscale.domains.reinforcement.workload import ppo_loss
 
     obs, actions = torch.zeros(2, 4), torch.tensor([0, 1])
     adv, returns = torch.tensor([3.0, -1.0]), torch.tensor([1.0, 3.0])  # advantages normalise to [1, -1]
@@ -252,7 +252,7 @@ def test_ppo_reaches_the_default_target(tmp_path):
     """PPO on CartPole-v1 reaches the default target, a mean return of 475 (gymnasium's reward
     threshold), within 30 PPO iterations of 1024 steps; seed 0 reaches it in 8 (measured)."""
     from dlscale import api
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     cfg = TTAConfig(model="ppo_mlp", max_epochs=30, seed=0, threads=1)
     assert (cfg.data, cfg.optimizer, cfg.batch_size, cfg.target) == ("CartPole-v1", "adam", 1024, 475.0)
@@ -271,8 +271,8 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path):
     the uninterrupted run: every epoch starts fresh environments seeded from the epoch's seed."""
     import torch
 
-    from dlscale.longtest.config import TTAConfig
-    from dlscale.longtest.domain import run_domain
+    from dlscale.tta.config import TTAConfig
+    from dlscale.tta.domain import run_domain
 
     def cfg(**kw):
         return TTAConfig(model="ppo_mlp", target=1000.0, max_epochs=4, batch_size=256, threads=1, **kw).resolve("cpu")

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from dlscale import workloads
+from dlscale.domains.translation import data as td
+from dlscale.domains.translation import task as tr
 from dlscale.errors import UsageError
-from dlscale.longtest import tasks
-from dlscale.longtest.tasks import EpochContext
-from dlscale.longtest.tasks import translation as tr
-from dlscale.longtest.tasks import translation_data as td
+from dlscale.tta import tasks
+from dlscale.tta.tasks import EpochContext
 
 
 def _task() -> tr.TranslationTask:
@@ -319,7 +319,7 @@ def test_mlperf_names_and_accuracy(made):
 def test_default_model_reaches_a_bleu_target(tmp_path):
     """transformer_tiny on a quarter-size made corpus (1000 pairs) reaches BLEU 60 in a few epochs."""
     from dlscale import api
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     root = str(tmp_path / "d")
     _task().make_dataset(root, seed=0, scale=0.25)

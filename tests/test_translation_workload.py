@@ -8,8 +8,8 @@ import pytest
 
 from dlscale import workloads
 from dlscale.config import TrainConfig
+from dlscale.domains.translation.workload import BOS, PAD, Dims, draw_lengths, transformer_flops
 from dlscale.errors import UsageError
-from dlscale.workloads.translation import BOS, PAD, Dims, draw_lengths, transformer_flops
 
 
 def _cfg(name: str = "transformer_tiny", **shape):

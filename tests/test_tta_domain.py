@@ -1,4 +1,4 @@
-"""The time-to-quality loop every non-classification task runs in (longtest/domain.py), with a fake
+"""The time-to-quality loop every non-classification task runs in (tta/domain.py), with a fake
 task whose quality is a known function of training: target checks in both directions, evaluation
 cadence, the step-count contract, resume equal to the uninterrupted run, and the config's family
 defaults and refusals."""
@@ -11,10 +11,10 @@ import time
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.longtest import tasks
-from dlscale.longtest.config import TTAConfig, same_config_key
-from dlscale.longtest.run import epoch_line
-from dlscale.longtest.tasks import Task, TaskData
+from dlscale.tta import tasks
+from dlscale.tta.config import TTAConfig, same_config_key
+from dlscale.tta.run import epoch_line
+from dlscale.tta.tasks import Task, TaskData
 
 
 class FakeTask(Task):
@@ -91,7 +91,7 @@ def fake(monkeypatch):
 def _run(cfg, **kw):
     import torch
 
-    from dlscale.longtest.domain import run_domain
+    from dlscale.tta.domain import run_domain
 
     return run_domain(cfg.resolve("cpu"), torch.device("cpu"), **kw)
 
@@ -220,7 +220,7 @@ def llama_log(monkeypatch):
 
 
 def test_a_resumed_runs_mlperf_log_passes_the_checker(monkeypatch, tmp_path, llama_log):
-    from dlscale.longtest.mlperf import check
+    from dlscale.tta.mlperf import check
 
     log = tmp_path / "mlperf.log"
     cfg = _interrupted(monkeypatch, tmp_path, lost=0.2, mlperf_log=str(log))
@@ -251,9 +251,9 @@ def test_an_interrupted_tta_says_how_to_go_on(tmp_path):
     import pytest
 
     from dlscale.errors import on_interrupt, take_interrupt_note
-    from dlscale.longtest.checkpoint import checkpoint_path
-    from dlscale.longtest.config import TTAConfig
-    from dlscale.longtest.run import interrupted
+    from dlscale.tta.checkpoint import checkpoint_path
+    from dlscale.tta.config import TTAConfig
+    from dlscale.tta.run import interrupted
 
     ck = tmp_path / "ck"
     cfg = TTAConfig(model="tinycnn", data=str(tmp_path), target_top1=0.9, checkpoint_dir=str(ck))

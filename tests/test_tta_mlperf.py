@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dlscale.longtest.mlperf import check
+from dlscale.tta.mlperf import check
 
 
 def _events(path) -> list[dict]:

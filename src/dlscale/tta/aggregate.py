@@ -61,7 +61,7 @@ def find_reference(store: Any, config: dict[str, Any]) -> Any | None:
     run (``nnodes`` or emulated nodes > 1), a run on one node with the same ranks per node; for
     a one-node run with several ranks, a one-rank run. None if there is none.
     """
-    from dlscale.longtest.config import same_config_key
+    from dlscale.tta.config import same_config_key
 
     key = same_config_key(config, with_seed=False)
     nodes, per_node = _nodes(config)

@@ -8,13 +8,13 @@ alone. Each epoch is seeded from (seed, epoch), so a
 run resumed from a checkpoint repeats exactly what the uninterrupted run would have done.
 
 A resumed run (``--resume``) goes on from its checkpoint's clock plus the time the interrupted
-attempt spent after that checkpoint (its progress mark, longtest/checkpoint.py): the lost work
+attempt spent after that checkpoint (its progress mark, tta/checkpoint.py): the lost work
 counts in ``time_to_target`` and is recorded as ``lost_time``; its MLPerf log continues from the
-checkpoint (longtest/mlperf.py), or the run says before training why it cannot pass the checker.
+checkpoint (tta/mlperf.py), or the run says before training why it cannot pass the checker.
 
 Like the short test (train/shorttest.py), ``build_setup`` makes everything the run trains with
 (loaders, schedule, MLPerf log, model, optimizer, resumed progress); the epoch loop every
-time-to-quality run shares (longtest/epochs.py) then calls one named step at a time
+time-to-quality run shares (tta/epochs.py) then calls one named step at a time
 (``train_one_epoch``, ``evaluate_point``, ``log_point``, ``save_checkpoint``) until a curve point
 reaches the target, and ``assemble_outcome`` turns the progress into the run's figures.
 """
@@ -31,11 +31,11 @@ from dlscale import workloads
 from dlscale.format import fmt_count
 from dlscale.harness import device as dev
 from dlscale.harness.runner import Outcome
-from dlscale.longtest import checkpoint
-from dlscale.longtest.config import TTAConfig, same_config_key
-from dlscale.longtest.epochs import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
-from dlscale.longtest.loop import evaluate, train_epoch
-from dlscale.longtest.mlperf import RESNET_TARGET
+from dlscale.tta import checkpoint
+from dlscale.tta.config import TTAConfig, same_config_key
+from dlscale.tta.epochs import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
+from dlscale.tta.loop import evaluate, train_epoch
+from dlscale.tta.mlperf import RESNET_TARGET
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -176,7 +176,7 @@ def _mlperf_log(cfg: TTAConfig, ranks: Ranks, sched: Any, steps_per_epoch: int, 
     and why a resumed log cannot pass the checker."""
     if not cfg.mlperf_log or ranks.rank != 0:
         return None, [], []
-    from dlscale.longtest.mlperf import closed_division_problems, open_log
+    from dlscale.tta.mlperf import closed_division_problems, open_log
 
     mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:
@@ -188,7 +188,7 @@ def _optimizer(cfg: TTAConfig, model: Any, peak_lr: float) -> Any:
     import torch
 
     if cfg.optimizer == "lars":
-        from dlscale.longtest.lars import make_lars
+        from dlscale.tta.lars import make_lars
 
         return make_lars(model.parameters(), lr=peak_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                          eta=cfg.lars_eta)

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dlscale.config import check_choice
-from dlscale.workloads.base import check_image_size
 from dlscale.errors import UsageError
+from dlscale.workloads.base import check_image_size
 
 OPTIMIZERS = ("sgd", "lars", "adam", "adamw")
 LATER_FIELDS = frozenset({"target", "seq_len", "tokenizer"})
@@ -114,7 +114,7 @@ class TTAConfig:
         return self.batch_size * self.world_size
 
     def schedule(self):
-        from dlscale.longtest.schedules import build_schedule
+        from dlscale.tta.schedules import build_schedule
 
         return build_schedule(self.lr_schedule, self.lr, self.global_batch, self.lr_scaling, self.max_epochs,
                               self.warmup_epochs, self.end_lr, self.poly_power)
@@ -126,7 +126,7 @@ class TTAConfig:
 
     def lr_rule(self) -> str:
         """How ``peak_lr`` follows from --lr, --lr-scaling and the global batch, with the numbers."""
-        from dlscale.longtest.schedules import lr_rule
+        from dlscale.tta.schedules import lr_rule
 
         return lr_rule(self.lr_schedule, self.lr, self.global_batch, self.lr_scaling)
 
@@ -169,8 +169,8 @@ def _classification_checks(cfg: TTAConfig) -> dict[str, Any]:
 
 
 def _task_checks(cfg: TTAConfig, family: str) -> dict[str, Any]:
-    """Another family trains to its task's quality metric (longtest/tasks); that task's defaults."""
-    from dlscale.longtest import tasks
+    """Another family trains to its task's quality metric (domains/FAMILY/task.py); that task's defaults."""
+    from dlscale.tta import tasks
 
     task = tasks.get(family)
     task.check_model(cfg.model)

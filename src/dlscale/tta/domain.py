@@ -1,7 +1,7 @@
 """Train a model of any family beyond image classification to a target of its task's quality
-metric (``dlscale tta``, kind ``tta``): the loop every ``longtest.tasks.Task`` runs in.
+metric (``dlscale tta``, kind ``tta``): the loop every ``tta.tasks.Task`` runs in.
 
-It keeps image classification's rules (longtest/tta.py): the clock starts when the body starts
+It keeps image classification's rules (tta/classifier.py): the clock starts when the body starts
 and runs on the wall through data set-up, training, every evaluation and every checkpoint;
 each epoch on each rank is seeded from (seed, epoch, rank), so a run resumed from its checkpoint
 repeats what the uninterrupted run would have done; evaluation follows every ``eval_every``-th
@@ -24,10 +24,10 @@ from typing import Any
 from dlscale.format import fmt_count
 from dlscale.harness import device as dev
 from dlscale.harness.runner import NonFiniteLoss, Outcome
-from dlscale.longtest.config import TTAConfig, same_config_key
-from dlscale.longtest.tasks import EpochContext, Task, TaskData
-from dlscale.longtest import checkpoint
-from dlscale.longtest.epochs import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
+from dlscale.tta import checkpoint
+from dlscale.tta.config import TTAConfig, same_config_key
+from dlscale.tta.epochs import Progress, Ranks, add_energy, epoch_seed, resume_progress, run_epochs
+from dlscale.tta.tasks import EpochContext, Task, TaskData
 
 UNITS = {
     "time_to_target": "s", "time_to_target_train": "s", "epochs_to_target": "epochs", "epochs_run": "epochs",
@@ -99,7 +99,7 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     """Data, model, optimizer, schedule, MLPerf header and the resumed state if any."""
     import torch
 
-    from dlscale.longtest import tasks
+    from dlscale.tta import tasks
 
     task = tasks.get(cfg.family)
     dev.set_matmul_precision(cfg.precision, device)
@@ -151,7 +151,7 @@ def _open_mlperf_log(s: DomainSetup, platform: str, state: dict[str, Any] | None
         from dlscale.log import warn
 
         warn(f"{cfg.mlperf_log}: open division; the closed division would refuse: " + "; ".join(s.log_problems))
-    from dlscale.longtest.mlperf import open_log
+    from dlscale.tta.mlperf import open_log
 
     s.mlog, resume_problems = open_log(cfg, state)
     if not cfg.resume:

@@ -1,5 +1,5 @@
-"""The epoch loop every time-to-quality run shares: image classification's (longtest/tta.py) and
-every other family's (longtest/domain.py).
+"""The epoch loop every time-to-quality run shares: image classification's (tta/classifier.py) and
+every other family's (tta/domain.py).
 
 ``Ranks`` is this process's place in a data-parallel run and ``Progress`` what the run has done
 so far (the curve, the clock across a resume, the time and sample totals, the target point).
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscale.harness.runner import Outcome
-from dlscale.longtest import checkpoint
-from dlscale.longtest.config import TTAConfig
 from dlscale.log import info
+from dlscale.tta import checkpoint
+from dlscale.tta.config import TTAConfig
 
 
 @dataclass
@@ -69,7 +69,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Callable[[Any, int, dict], None],
                on_epoch: Callable[[dict[str, Any]], None] | None) -> None:
-    """The epoch loop of every time-to-quality run (longtest/tta.py's and longtest/domain.py's ``s``):
+    """The epoch loop of every time-to-quality run (tta/classifier.py's and tta/domain.py's ``s``):
     train, evaluate on the cadence, log the point, checkpoint; stop at the target or
     ``max_epochs``; the MLPerf log's run_stop says which, and ``s.close()`` always runs."""
     from dlscale.harness.energy import EnergyMeter
@@ -125,7 +125,7 @@ def save_checkpoint(s: Any, epoch: int) -> None:
     p = s.progress
     tc = time.perf_counter()
     if s.ranks.rank == 0:
-        from dlscale.longtest.mlperf import log_mark
+        from dlscale.tta.mlperf import log_mark
 
         checkpoint.save_atomic({
             "config_key": s.key, "epoch": epoch + 1, "model": s.base.state_dict(), "optimizer": s.opt.state_dict(),

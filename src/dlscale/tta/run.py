@@ -29,7 +29,7 @@ def check_data(root: str) -> None:
 def check_resume(cfg: Any) -> None:
     """With --resume, a whole checkpoint must be there before any process starts (else a UsageError)."""
     if cfg.resume:
-        from dlscale.longtest.checkpoint import check_readable, checkpoint_path
+        from dlscale.tta.checkpoint import check_readable, checkpoint_path
 
         check_readable(checkpoint_path(cfg.checkpoint_dir))
 
@@ -42,7 +42,7 @@ def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
     if cfg.family == "classification":
         check_data(cfg.data)
     elif layout.distributed:  # a malformed file is one line here, not one failure per rank
-        from dlscale.longtest import tasks
+        from dlscale.tta import tasks
 
         tasks.get(cfg.family).open(cfg.data, cfg)
     check_resume(cfg)
@@ -69,7 +69,7 @@ def run_all(cfg: Any, layout: Any, store: Any, price: Any = None) -> list[Any]:
 def interrupted(cfg: Any, run_cfg: Any, i: int) -> str:
     """What a time-to-train run stopped by Ctrl-C kept (its run recorded as interrupted, its last
     checkpoint) and how to go on (``--resume`` from that checkpoint, else run it again)."""
-    from dlscale.longtest.checkpoint import checkpoint_path
+    from dlscale.tta.checkpoint import checkpoint_path
 
     which = f"run {i + 1} of {cfg.runs}" if cfg.runs > 1 else "the run"
     head = f"tta {cfg.model}: {which} is recorded as interrupted"
@@ -112,10 +112,10 @@ def run_one(cfg: Any, layout: Any, store: Any, price: Any = None) -> Any:
 
     def body(_rec: Any) -> Any:
         if resolved.family != "classification":
-            from dlscale.longtest.domain import run_domain
+            from dlscale.tta.domain import run_domain
 
             return run_domain(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
-        from dlscale.longtest.tta import run_tta
+        from dlscale.tta.classifier import run_tta
 
         return run_tta(resolved, device, platform=platform_name(device), on_epoch=epoch_line)
 
@@ -154,7 +154,7 @@ def platform_name(device: Any, world: int = 1) -> str:
 
 def add_reference(out: Any, config: dict[str, Any], store: Any) -> None:
     """Speed-up over the single-node run of the same config, split into throughput and epochs."""
-    from dlscale.longtest.aggregate import find_reference, speedup_split
+    from dlscale.tta.aggregate import find_reference, speedup_split
 
     m = out.metrics
     if config.get("world_size", 1) == 1 or m.get("time_to_target") is None:
@@ -175,7 +175,7 @@ def target_words(cfg: Any) -> str:
     """"top-1 0.9" for a classifier, "BLEU 30" for a translation model, ..."""
     if cfg.family == "classification":
         return f"top-1 {cfg.target_top1}" + ("" if cfg.target_top5 is None else f", top-5 {cfg.target_top5}")
-    from dlscale.longtest import tasks
+    from dlscale.tta import tasks
 
     task = tasks.get(cfg.family)
     return f"{task.metric_label} {'>=' if task.higher_is_better else '<='} {cfg.target:g}"
@@ -195,7 +195,7 @@ def epoch_line(p: dict[str, Any]) -> None:
 def olympic_record(cfg: Any, recs: list[Any], store: Any) -> Any:
     """MLPerf's aggregate over --runs: drop the fastest and slowest time to target, average the rest."""
     from dlscale.harness.runner import Outcome, execute
-    from dlscale.longtest.aggregate import olympic_mean
+    from dlscale.tta.aggregate import olympic_mean
 
     times = [r.metrics.get("time_to_target") for r in recs]
 

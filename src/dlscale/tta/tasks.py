@@ -1,9 +1,10 @@
-"""What a time-to-quality task is: the interface each domain's long test implements.
+"""What a time-to-quality task is (the interface each domain's long test implements), and the registry
+that finds a family's task: ``get(family)``, ``for_model(name)``, ``domains()``.
 
-Image classification trains to a top-1 target on an ImageNet-layout tree (longtest/tta.py). Every
+Image classification trains to a top-1 target on an ImageNet-layout tree (tta/classifier.py). Every
 other workload family trains to a target of its own community's quality metric (COCO mAP for
 detection, BLEU for translation, HR@10 for recommendation, validation log-perplexity for LLM
-pretraining, mean episode return for reinforcement learning) through one loop, longtest/domain.py,
+pretraining, mean episode return for reinforcement learning) through one loop, tta/domain.py,
 which owns the clock, the LR schedule, the optimizer step, evaluation cadence, checkpoints and
 resume, the distributed ranks and the MLPerf log. A ``Task`` says only what is domain-specific:
 
@@ -26,6 +27,7 @@ resume, the distributed ranks and the MLPerf log. A ``Task`` says only what is d
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -85,7 +87,7 @@ class EpochContext:
 
 class Task:
     """One domain's time-to-quality long test; subclasses set the class attributes and implement
-    the methods below. Register an instance with ``dlscale.longtest.tasks.register``."""
+    the methods below. Register an instance with ``register`` (below)."""
 
     family: str  # a workloads.FAMILIES key (or "reinforcement")
     metric: str  # the key of evaluate()'s dict the target applies to ("map", "bleu", "hr10", ...)
@@ -247,3 +249,34 @@ class Task:
 
 
 LossFn = Callable[[Any, Any], Any]
+
+
+# -- the registry ----------------------------------------------------------------------------------
+# Every family beyond image classification has a domain folder, dlscale/domains/FAMILY/, whose
+# task.py registers its task; ``get`` imports it on first use, so importing this module imports no torch.
+DOMAINS = ("detection", "translation", "recommendation", "llm", "reinforcement")
+_TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    _TASKS[task.family] = task
+    return task
+
+
+def get(family: str) -> Task:
+    """The task of ``family`` (its module imported on first use); a UsageError if there is none."""
+    if family not in _TASKS and family in DOMAINS:
+        importlib.import_module(f"dlscale.domains.{family}.task")
+    if family not in _TASKS:
+        raise UsageError(f"no time-to-quality task for {family!r}; domains: classification, {', '.join(DOMAINS)}")
+    return _TASKS[family]
+
+
+def for_model(model: str) -> Task:
+    from dlscale import workloads
+
+    return get(workloads.get(model).family)
+
+
+def domains() -> list[str]:
+    return list(DOMAINS)

@@ -22,10 +22,10 @@ def run_rank(spec: Any, env: Any) -> Any:
     from dlscale.distributed.worker import rank_layout_config
     from dlscale.harness import device as dev
     from dlscale.harness.runner import execute
-    from dlscale.longtest.config import TTAConfig
-    from dlscale.longtest.epochs import Ranks
-    from dlscale.longtest.run import add_reference, epoch_line, platform_name
-    from dlscale.longtest.tta import run_tta
+    from dlscale.tta.config import TTAConfig
+    from dlscale.tta.epochs import Ranks
+    from dlscale.tta.run import add_reference, epoch_line, platform_name
+    from dlscale.tta.classifier import run_tta
     from dlscale.store import Store
     from dlscale.system import collect_cached
 
@@ -49,7 +49,7 @@ def run_rank(spec: Any, env: Any) -> Any:
     def body(rec: Any) -> Any:
         run = run_tta
         if resolved.family != "classification":
-            from dlscale.longtest.domain import run_domain as run
+            from dlscale.tta.domain import run_domain as run
         out = run(resolved, device, ranks, wrap_model=wrap, platform=platform_name(device, env.world_size),
                   on_epoch=epoch_line if env.rank == 0 else None)
         if store is not None:

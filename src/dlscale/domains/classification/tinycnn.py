@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dlscale.workloads.base import ImageClassifier, register
+from dlscale.domains.classification.workload import ImageClassifier
+from dlscale.workloads.base import register
 
 
 def build_tinycnn(num_classes: int):

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UsageError, json_problem
-from dlscale.longtest.tasks.base import layout_error
 from dlscale.paths import make_dir
+from dlscale.tta.tasks import layout_error
 
 CATEGORIES = ("circle", "square", "triangle")
 SPLITS = ("train", "val")

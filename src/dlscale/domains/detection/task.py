@@ -8,7 +8,7 @@ each image horizontally with probability 1/2; crowd and degenerate boxes do not 
 is pycocotools' COCOeval over every validation image (``map``, with ``map50`` and ``map75``): each
 rank detects on its share of the images and the detections of all ranks are scored together.
 
-The default model is ``detector_tiny`` (an FCOS on a four-stage CNN, workloads/detection.py) at the
+The default model is ``detector_tiny`` (an FCOS on a four-stage CNN, domains/detection/workload.py) at the
 made images' 64 px; it reaches the default target of 0.7 in about two minutes on two CPU cores
 (epochs 10-11 of 20; the attainable value is 1.0 and 20 epochs end near 0.82).
 Every detection workload trains; those built for COCO's 91 classes keep them (labels 1..K fit).
@@ -22,8 +22,7 @@ from typing import Any
 
 from dlscale.errors import UsageError
 from dlscale.format import fmt_count
-from dlscale.longtest.tasks import register
-from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
+from dlscale.tta.tasks import EpochContext, Task, TaskData, register
 
 REAL_SIZE = 800  # images of unequal sizes (COCO itself) train at MLPerf RetinaNet's 800 px
 EVAL_BATCH = 32
@@ -99,12 +98,12 @@ class DetectionTask(Task):
 
     # -- data -------------------------------------------------------------------------------------
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
-        from dlscale.longtest.tasks.detection_coco import make_shapes
+        from dlscale.domains.detection.coco import make_shapes
 
         return make_shapes(root, seed=seed, scale=scale)
 
     def made_size(self, scale: float) -> str:
-        from dlscale.longtest.tasks.detection_coco import IMAGE_SIZE, TRAIN_IMAGES, VAL_IMAGES
+        from dlscale.domains.detection.coco import IMAGE_SIZE, TRAIN_IMAGES, VAL_IMAGES
 
         return (f"{max(2, round(TRAIN_IMAGES * scale)):,} train + {max(2, round(VAL_IMAGES * scale)):,} val images "
                 f"of {IMAGE_SIZE} px")
@@ -113,7 +112,7 @@ class DetectionTask(Task):
         """Read and check both splits (COCO 2017 layout, made or real); val's categories must be train's."""
         from pathlib import Path
 
-        from dlscale.longtest.tasks.detection_coco import ann_path, read_split
+        from dlscale.domains.detection.coco import ann_path, read_split
 
         if not Path(data).is_dir():
             raise UsageError(f"--data {data}: no such directory (the COCO 2017 layout; "
@@ -217,7 +216,7 @@ class DetectionTask(Task):
 
     def combine(self, parts: list[list[tuple[int, list[Any]]]], data: DetectionData) -> dict[str, float]:
         """COCOeval box mAP over every rank's detections, taken in image order (as one rank makes them)."""
-        from dlscale.longtest.tasks.detection_coco import coco_map
+        from dlscale.domains.detection.coco import coco_map
 
         return coco_map(data.val.doc, [r for _, rs in sorted((x for part in parts for x in part), key=lambda x: x[0]) for r in rs])
 

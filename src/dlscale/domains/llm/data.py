@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dlscale.errors import UsageError, json_problem
-from dlscale.longtest.tasks.base import layout_error
+from dlscale.tta.tasks import layout_error
 
 SUFFIXES = (".jsonl", ".json", ".json.gz", ".jsonl.gz", ".parquet")
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]", "<|eot_id|>")

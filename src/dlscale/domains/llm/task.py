@@ -26,8 +26,7 @@ from typing import Any, Iterator
 
 from dlscale.errors import UsageError
 from dlscale.format import fmt_count
-from dlscale.longtest.tasks import register
-from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
+from dlscale.tta.tasks import EpochContext, Task, TaskData, register
 
 TRAIN_DOCS = 800  # documents of the made training split at scale 1 (about 250 words each)
 VAL_DOCS = 64
@@ -85,7 +84,7 @@ class LLMTask(Task):
     def make_dataset(self, root: str, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
         """Write the chain's text in C4 layout, its tokenizer and its table; the summary holds the exact
         entropy rate and the chain's own log-perplexity on the validation split written."""
-        from dlscale.longtest.tasks.llm_grammar import make_chain, sample_documents, stream_nll
+        from dlscale.domains.llm.grammar import make_chain, sample_documents, stream_nll
 
         chain = make_chain(seed)
         rate = chain.entropy_rate()
@@ -115,7 +114,7 @@ class LLMTask(Task):
 
     def open(self, data: str, cfg: Any) -> LLMData:
         """Tokenize both splits (made or C4 layout) with DATA/tokenizer.json or --tokenizer."""
-        from dlscale.longtest.tasks.llm_data import find_shards, load_tokenizer, tokenize_split
+        from dlscale.domains.llm.data import find_shards, load_tokenizer, tokenize_split
 
         seq_len = int(getattr(cfg, "seq_len", None) or self.default_seq_len)
         if seq_len < 1:
@@ -277,7 +276,7 @@ def write_tokenizer(path: str, words: tuple[str, ...] | list[str]) -> None:
     """A ``tokenizers`` WordLevel tokenizer (whitespace pre-tokenizer) over the specials and ``words``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from dlscale.longtest.tasks.llm_grammar import SPECIALS
+    from dlscale.domains.llm.grammar import SPECIALS
 
     vocab = {s: i for i, s in enumerate(SPECIALS)}
     vocab.update({w: len(SPECIALS) + i for i, w in enumerate(words)})

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale.format import fmt_count
-from dlscale.longtest.tasks.base import TaskData, layout_error
+from dlscale.tta.tasks import TaskData, layout_error
 
 HEADER = ("userId", "movieId", "rating", "timestamp")
 EVAL_NEGATIVES = 99

@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dlscale.domains.recommendation import data as rd
 from dlscale.errors import UsageError
-from dlscale.longtest.tasks import register
-from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
-from dlscale.longtest.tasks import recommendation_data as rd
+from dlscale.tta.tasks import EpochContext, Task, TaskData, register
 
 NEGATIVES = 4  # sampled negatives per positive in training (MLPerf NCF's)
 TOP_K = 10
@@ -75,13 +74,13 @@ class RecommendationTask(Task):
     # -- model and training -----------------------------------------------------------------------
     def is_dlrm(self, model: str) -> bool:
         from dlscale import workloads
-        from dlscale.workloads.recommendation import DLRM
+        from dlscale.domains.recommendation.workload import DLRM
 
         return isinstance(workloads.get(model), DLRM)
 
     def check_model(self, model: str) -> None:
         from dlscale import workloads
-        from dlscale.workloads.recommendation import DLRM, NCF
+        from dlscale.domains.recommendation.workload import DLRM, NCF
 
         super().check_model(model)
         if not isinstance(workloads.get(model), (NCF, DLRM)):

@@ -8,7 +8,7 @@ One epoch is one PPO iteration. Each rank steps ``NUM_ENVS`` fresh copies of the
 epoch), sampling actions from the current policy; advantages are GAE(gamma, lambda) estimates
 bootstrapped with the value function. It then makes ``UPDATE_PASSES`` passes over the rollout in
 ``MINIBATCHES`` shuffled minibatches, each one optimizer step of the PPO loss
-(workloads/rl.py ``ppo_loss``): ``steps_per_epoch = UPDATE_PASSES x MINIBATCHES`` on every rank.
+(workload.py ``ppo_loss``): ``steps_per_epoch = UPDATE_PASSES x MINIBATCHES`` on every rank.
 
 Resume exactness: every epoch starts fresh environments seeded from the epoch's seed (``ctx.seed``,
 distinct per epoch and per rank), so no environment state crosses an epoch boundary and a resumed
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlscale.errors import UsageError
-from dlscale.longtest.tasks import EpochContext, Task, TaskData, register
+from dlscale.tta.tasks import EpochContext, Task, TaskData, register
 
 NUM_ENVS = 8  # environments each rank steps side by side in a rollout
 MINIBATCHES = 4  # minibatches per pass over the rollout
@@ -142,7 +142,7 @@ class RLTask(Task):
                                    roll["returns"][idx], collected=len(idx) if p == 0 else 0)
 
     def loss(self, model: Any, batch: PPOBatch) -> Any:
-        from dlscale.workloads.rl import ppo_loss
+        from dlscale.domains.reinforcement.workload import ppo_loss
 
         return ppo_loss(model, batch.obs, batch.actions, batch.old_logp, batch.advantages, batch.returns,
                         self.clip, self.vf_coef, self.ent_coef)

@@ -5,7 +5,7 @@ environments with a flat observation vector and a discrete action set (CartPole 
 separate multilayer perceptrons of ``hidden`` tanh units, one ending in the policy's action
 logits and one in the state value. One training step is one minibatch of the PPO loss, the
 clipped surrogate plus the value loss minus an entropy bonus (``ppo_loss``). In the short test
-the minibatch is synthetic (``make_batch``); the time-to-quality task (longtest/tasks/rl.py)
+the minibatch is synthetic (``make_batch``); the time-to-quality task (domains/reinforcement/task.py)
 collects it from real environments. The sample unit is the environment transition.
 """
 

@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from dlscale.format import fmt_count
-from dlscale.longtest.tasks.base import layout_error
+from dlscale.tta.tasks import layout_error
 
 SPLITS = ("train", "val")
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0..3 in the made tokenizer (pad 0 = the model's PAD)

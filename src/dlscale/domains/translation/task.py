@@ -29,11 +29,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dlscale.domains.translation import data as td
 from dlscale.errors import UsageError
 from dlscale.format import fmt_count
-from dlscale.longtest.tasks import register
-from dlscale.longtest.tasks.base import EpochContext, Task, TaskData
-from dlscale.longtest.tasks import translation_data as td
+from dlscale.tta.tasks import EpochContext, Task, TaskData, register
 
 MAX_TOKENS = 256  # longest sentence in tokens, EOS included (MLPerf's max_sequence_length, method truncate)
 DECODE_MARGIN = 10  # greedy decoding stops after source length + this many tokens
@@ -175,7 +174,7 @@ class TranslationTask(Task):
     def build_model(self, cfg: Any, data: TaskData) -> Any:
         """The workload's Transformer with its vocabulary (embedding and output) sized to the tokenizer."""
         from dlscale import workloads
-        from dlscale.workloads.translation import seq2seq_class
+        from dlscale.domains.translation.workload import seq2seq_class
 
         w = workloads.get(cfg.model)
         if not hasattr(w, "dims"):
