@@ -13,7 +13,7 @@ measure dense data parallelism of these models, not the benchmarks' model-parall
 ``--max-table-rows`` caps every table's rows (the cap is what ``resolve`` records); ids are drawn
 within the capped tables. Lookups are not FLOPs: the counted FLOPs are the MLPs' and the cross
 layers' matrix products (``flops`` is torch's meta-device counter, checked against hand counts in
-tests/test_workloads_recommendation.py). The models return logits [B, 1] and the loss flattens them
+tests/test_recommendation_workload.py). The models return logits [B, 1] and the loss flattens them
 (FSDP2 warns when a sharded root returns a view such as ``squeeze``'s).
 
 ``block_types`` are the embedding tables and the MLP and cross layers: FSDP shards every table as its

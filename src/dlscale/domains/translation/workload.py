@@ -26,7 +26,7 @@ vocabulary, averaged over the non-padding target tokens.
 
 FLOPs are a closed form over the batch's real (non-padding) tokens: the model FLOPs of each
 sentence pair, summed, per target token (``transformer_flops``); the meta-device count of the same
-shapes agrees wherever a batch has no padding (tests/test_workloads_translation.py).
+shapes agrees wherever a batch has no padding (tests/test_translation_workload.py).
 """
 
 from __future__ import annotations
