@@ -121,7 +121,7 @@ else  # the dry run: every step at a size a CPU finishes in seconds
   INF=(tinycnn --image-size 32 --precision fp32 --batch-sizes 64); LLM=llama_tiny; LLMP=fp32; PROMPT=16; OUTPUT=16
   INF_SHORT=(tinycnn --image-size 32 --precision fp32 --batch-sizes 8)
 fi
-LLM_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$LLM']))")
+LLM_CONFIG=$($PY -c "import json; from dlscale.domains.llm.workload import SIZES; print(json.dumps(SIZES['$LLM']))")
 
 step env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv >&2 || true; $DL sysinfo --format json"
 [ -n "${LLM_CALL:-}" ] && . benchmarks/gpu_check_llm.sh  # the second call: its own steps and table, then exit

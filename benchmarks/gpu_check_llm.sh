@@ -24,8 +24,8 @@ else
   TSTEPS=(--warmup-steps 2 --steps 3); PTSTEPS=(--warmup 2 --steps 3)
   SERVE=(--model llama_tiny --precision fp32 --device cpu --concurrencies 1,2 --requests 6 --prompt-len 16 --output-len 8 --slo ttft=60,tpot=10)
 fi
-BIG_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$BIG']))")
-TRAIN_CONFIG=$($PY -c "import json; from dlscale.workloads.llm import SIZES; print(json.dumps(SIZES['$TRAIN_MODEL']))")
+BIG_CONFIG=$($PY -c "import json; from dlscale.domains.llm.workload import SIZES; print(json.dumps(SIZES['$BIG']))")
+TRAIN_CONFIG=$($PY -c "import json; from dlscale.domains.llm.workload import SIZES; print(json.dumps(SIZES['$TRAIN_MODEL']))")
 BIGD=(--precision $BIGP --batch-sizes 1 --prompt-len $BP --output-len $BO --warmup 1 --iters 5 --device "$DEVICE" --tag gpu-check --format json)
 BIGG=(--config "$BIG_CONFIG" --precision $BIGP --batch 1 --prompt $BP --output $BO --warmup 1 --reps 3)
 

@@ -54,7 +54,7 @@ from dlscale.harness.timing import MarkClock  # noqa: E402
 from dlscale.infer.decode import CompiledDecoder, EagerDecoder, GraphDecoder  # noqa: E402
 from dlscale.infer import limit  # noqa: E402
 from dlscale.infer.llm import llm_config  # noqa: E402
-from dlscale.workloads.llm import kv_bytes_per_position  # noqa: E402
+from dlscale.domains.llm.workload import kv_bytes_per_position  # noqa: E402
 
 Arm = Callable[[], tuple[float | None, float, torch.Tensor]]  # -> (decode tokens/s or None, request s, tokens)
 

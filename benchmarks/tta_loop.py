@@ -1,6 +1,6 @@
 """What dlscale's time-to-accuracy training loop costs: its epoch throughput against a bare loop.
 
-A: ``dlscale.longtest.loop.train_epoch`` (LR set from the schedule every step, the loss summed on
+A: ``dlscale.tta.loop.train_epoch`` (LR set from the schedule every step, the loss summed on
 the device, read and checked once per epoch). B: a hand-written loop over the same batches
 (zero_grad, forward, cross-entropy, backward, step; nothing else). Both train tinycnn on the
 same in-memory batches of the digits (decoded once, so the data pipeline is out of the
@@ -30,9 +30,9 @@ def main() -> None:
 
     from dlscale import workloads
     from dlscale.data.loader import build_loader
-    from dlscale.longtest.digits import make_digits
-    from dlscale.longtest.loop import train_epoch
-    from dlscale.longtest.schedules import Schedule
+    from dlscale.domains.classification.digits import make_digits
+    from dlscale.tta.loop import train_epoch
+    from dlscale.tta.schedules import Schedule
 
     torch.set_num_threads(1)
     root = args.data or make_digits(tempfile.mkdtemp(prefix="digits-"), size=16)["root"]

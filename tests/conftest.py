@@ -181,7 +181,7 @@ class FakeNodes:
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory):
     """scikit-learn's handwritten digits as a 16 px JPEG tree (train/val), made once per session."""
-    from dlscale.longtest.digits import make_digits
+    from dlscale.domains.classification.digits import make_digits
 
     root = tmp_path_factory.mktemp("digits")
     make_digits(root, size=16)

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dlscale.errors import UsageError  # noqa: E402
-from dlscale.longtest import checkpoint  # noqa: E402
+from dlscale.tta import checkpoint  # noqa: E402
 
 
 def test_save_and_load(tmp_path):

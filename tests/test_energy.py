@@ -308,7 +308,7 @@ class SetCounter(counters.Counter):
 def test_energy_to_target_is_the_joules_at_the_target_point():
     from types import SimpleNamespace
 
-    from dlscale.longtest.epochs import Progress, Ranks, energy_outcome, run_energy
+    from dlscale.tta.epochs import Progress, Ranks, energy_outcome, run_energy
 
     c = SetCounter()
     p = Progress(t0=0.0, prior_j=50.0)  # resumed: 50 J before the checkpoint

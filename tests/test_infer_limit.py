@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from dlscale import workloads
+from dlscale.domains.llm.workload import inference_memory, kv_bytes_per_position, param_counts
 from dlscale.errors import UsageError
 from dlscale.infer import limit
 from dlscale.infer.llm import check_memory, limit_figures, llm_config
-from dlscale.workloads.llm import inference_memory, kv_bytes_per_position, param_counts
 
 GIB = 2**30
 
@@ -113,7 +113,7 @@ def test_a_generation_that_does_not_fit_is_refused_in_one_line_before_anything_i
 
 
 def test_the_command_refuses_the_7b_with_exit_2_where_memory_is_short(cli, db_path, monkeypatch):
-    from dlscale.workloads.llm import LlamaLM
+    from dlscale.domains.llm.workload import LlamaLM
 
     def never(*_a, **_k):
         raise AssertionError("the model was built")

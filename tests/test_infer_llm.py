@@ -175,7 +175,7 @@ def test_bf16_runs_with_bf16_weights_and_one_generation_warns():
     m, _, raw, warnings = run_llm_inference("llama_tiny", batch_sizes=[2], prompt_len=4, output_len=2,
                                             precision="bf16", device="cpu", warmup=0, iters=1)
     assert m["decode_tokens_per_s"] > 0 and raw["precision"] == "bf16" and raw["weights_dtype"] == "bfloat16"
-    from dlscale.workloads.llm import param_counts
+    from dlscale.domains.llm.workload import param_counts
 
     fields = workloads.get("llama_tiny").fields(llm_config("llama_tiny", None, 4, 2, "bf16"))
     assert raw["memory_limit"]["weight_bytes_read_per_step"] == 2 * param_counts(fields)[0]  # 2 bytes a weight

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dlscale.longtest.lars import make_lars  # noqa: E402
+from dlscale.tta.lars import make_lars  # noqa: E402
 
 
 def test_lars_step_by_hand():

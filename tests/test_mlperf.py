@@ -11,8 +11,8 @@ import time
 import pytest
 
 from conftest import sigint_default
-from dlscale.longtest import mlperf
-from dlscale.longtest.config import TTAConfig
+from dlscale.tta import mlperf
+from dlscale.tta.config import TTAConfig
 
 EPOCHS = 8  # the interrupted run's: interrupted in epoch 3, it has five more to go, so it cannot end first
 LARS_ARGS = ["--optimizer", "lars", "--lr", "16", "--lr-schedule", "poly", "--end-lr", "0.0001",

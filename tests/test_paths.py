@@ -111,8 +111,8 @@ def test_the_other_commands_that_write_a_file_use_the_same_check(cli, one_run, t
     assert r.code == 2 and "the results database" in _error(r)
     assert cli("accept", "--force").code == 2  # --force belongs to refs export
     # tta --mlperf-log: the database, or an existing log without --force
-    from dlscale.longtest.config import TTAConfig
-    from dlscale.longtest.run import check_logs
+    from dlscale.tta.config import TTAConfig
+    from dlscale.tta.run import check_logs
 
     with pytest.raises(UsageError, match="the results database"):
         check_logs(TTAConfig(model="ppo_mlp", mlperf_log=db, force=True), db)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.longtest.schedules import Schedule, build_schedule, lr_rule, parse_piecewise, scaled_lr
+from dlscale.tta.schedules import Schedule, build_schedule, lr_rule, parse_piecewise, scaled_lr
 
 
 def test_linear_scaling_rule():

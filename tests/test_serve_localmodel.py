@@ -15,7 +15,7 @@ def test_the_folder_loads_as_the_zoo_shape_in_its_dtype_with_a_tokenizer_of_its_
 
     from dlscale import workloads
     from dlscale.config import TrainConfig
-    from dlscale.workloads.llm import param_counts
+    from dlscale.domains.llm.workload import param_counts
 
     folder = write_model(tmp_path / "m", "llama_tiny", "bf16", torch.device("cpu"))
     fields = workloads.get("llama_tiny").fields(TrainConfig(model="llama_tiny", batch_size=1))

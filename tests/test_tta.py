@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.longtest.aggregate import olympic_mean, speedup_split
-from dlscale.longtest.config import TTAConfig
+from dlscale.tta.aggregate import olympic_mean, speedup_split
+from dlscale.tta.config import TTAConfig
 
 from conftest import requires_cuda
 
@@ -153,7 +153,7 @@ def test_config_states_peak_lr_and_its_rule():
 def test_run_records_the_applied_peak_lr_and_rule(digits_root):
     import torch
 
-    from dlscale.longtest.tta import run_tta
+    from dlscale.tta.classifier import run_tta
 
     cfg = TTAConfig(model="tinycnn", data=str(digits_root), target_top1=0.99, max_epochs=1, image_size=16, threads=1,
                     lr=0.1, batch_size=32, lr_schedule="constant")

@@ -1,4 +1,4 @@
-"""Evaluation of the time-to-quality domains on several ranks (longtest/domain.py): each rank
+"""Evaluation of the time-to-quality domains on several ranks (tta/domain.py): each rank
 evaluates its share of the validation set; a metric that is a sum (HR@10, log-perplexity) is summed
 over the shards, any other (mAP, BLEU, the return statistics) is computed from every rank's
 predictions, and the shards together give what one rank gives over the whole set. No collective
@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from dlscale.longtest import tasks
-from dlscale.longtest.config import TTAConfig
-from dlscale.longtest.tasks import EpochContext
+from dlscale.tta import tasks
+from dlscale.tta.config import TTAConfig
+from dlscale.tta.tasks import EpochContext
 
 # domain -> made-dataset scale (None: reinforcement learning's environment), the index of each item of
 # a part (None: a part of sums), and the sums that count the items
@@ -33,7 +33,7 @@ SLOW_EVAL = textwrap.dedent("""
     import os
     if os.environ.get("RANK") is not None and os.environ.get("DLSCALE_TEST_SLOW_EVAL"):
         import time
-        import dlscale.longtest.tasks.recommendation as rec
+        import dlscale.domains.recommendation.task as rec
 
         _score = rec.retrieval_quality
 

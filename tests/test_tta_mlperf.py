@@ -1,5 +1,5 @@
 """MLPerf logs of the domains beyond image classification: where the installed mlperf-logging has a
-ruleset (training 5.1.0: retinanet, llama31_8b; dlrm_dcnv2 is in test_tta_recommendation.py) the
+ruleset (training 5.1.0: retinanet, llama31_8b; dlrm_dcnv2 is in test_recommendation_task.py) the
 official checker passes the log in the open division, the closed-division rules the config breaks
 are said on stderr before the first epoch, and the retired benchmarks still log their figures."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dlscale.longtest.mlperf import check
+from dlscale.tta.mlperf import check
 
 
 def _events(path) -> list[dict]:

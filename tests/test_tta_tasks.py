@@ -9,8 +9,8 @@ import math
 import pytest
 
 from dlscale.errors import UsageError
-from dlscale.longtest import tasks
-from dlscale.longtest.config import TTAConfig
+from dlscale.tta import tasks
+from dlscale.tta.config import TTAConfig
 
 MADE = [d for d in tasks.domains() if d != "reinforcement"]  # reinforcement learning makes no dataset
 UNWRITABLE = "/proc/dlscale-no-such-dir/data"  # procfs: no directory can be made there, not even by root

@@ -109,8 +109,8 @@ def tta(model: str | None = None, *, config: Any = None, layout: Layout | None =
     ``TTAConfig`` fields (data, target_top1 or target, ...)."""
     from dataclasses import replace
 
-    from dlscale.longtest.config import TTAConfig
-    from dlscale.longtest.run import run_all
+    from dlscale.tta.config import TTAConfig
+    from dlscale.tta.run import run_all
     from dlscale.store import Store
 
     layout = layout or Layout()

@@ -60,7 +60,7 @@ def _domain_command(domain: str) -> None:
         scale: Annotated[float, typer.Option("--scale", help="Multiply the dataset's default size by this.")] = 1.0,
         fmt: FormatOpt = Format.human,
     ) -> None:
-        from dlscale.longtest import tasks
+        from dlscale.tta import tasks
 
         task = tasks.get(domain)
         task.check_made(scale)

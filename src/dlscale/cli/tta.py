@@ -90,7 +90,7 @@ def tta(
     given = dict(locals())
     from dlscale import api
     from dlscale.cli.train import failed_as_json
-    from dlscale.longtest.config import TTAConfig
+    from dlscale.tta.config import TTAConfig
 
     layout = dopt.layout(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend, emulate_nodes,
                          link_bandwidth, link_latency, timeout,
@@ -222,7 +222,7 @@ def digits(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the train/val split.")] = 0,
     fmt: FormatOpt = Format.human,
 ) -> None:
-    from dlscale.longtest.digits import make_digits
+    from dlscale.domains.classification.digits import make_digits
 
     summary = make_digits(root, size=size, val_fraction=val_fraction, seed=seed)
     if fmt == Format.json:

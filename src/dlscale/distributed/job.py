@@ -39,7 +39,7 @@ RANK_MODULE = "dlscale.distributed.rank"
 # family -> (module with run_rank, record kind, config key naming the workload)
 FAMILIES: dict[str, tuple[str, str, str | None]] = {
     "train": ("dlscale.distributed.worker", "train", "model"),
-    "tta": ("dlscale.longtest.worker", "tta", "model"),
+    "tta": ("dlscale.tta.worker", "tta", "model"),
     "collectives": ("dlscale.micro.coll_worker", "micro", None),
     "links": ("dlscale.micro.link_worker", "micro", None),
     "burnin": ("dlscale.micro.burn_worker", "micro", None),

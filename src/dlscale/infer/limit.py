@@ -21,7 +21,7 @@ speed, which the inventory does not read). A static cache that reads all its all
 for it.
 
 ``check_fits`` refuses, in one line before anything is allocated, a generation whose weights, KV cache
-and activations (``workloads.llm.inference_memory``) exceed the device's free memory.
+and activations (``domains.llm.workload.inference_memory``) exceed the device's free memory.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def figures(bytes_per_step: float, batch: int, tokens_per_s: float, copy_gbps: f
 
 def weight_bytes_read(fields: dict[str, Any], dtype_bytes: int) -> int:
     """W: the bytes of every weight a decode step's matmuls read (N of ``param_counts``)."""
-    from dlscale.workloads.llm import param_counts
+    from dlscale.domains.llm.workload import param_counts
 
     return param_counts(fields)[0] * dtype_bytes
 

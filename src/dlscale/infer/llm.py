@@ -323,10 +323,10 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
 def check_memory(model: str, fields: dict[str, Any], nbytes: int, precision: str, batch: int, prompt_len: int,
                  output_len: int, device: Any, free: int | None = None) -> None:
     """Refuse in one line (exit 2), before anything is allocated, a run whose largest batch's weights, KV
-    cache and activations (``workloads.llm.inference_memory``) exceed the device's free memory (``free``:
+    cache and activations (``domains.llm.workload.inference_memory``) exceed the device's free memory (``free``:
     measured where None)."""
     from dlscale.infer import limit
-    from dlscale.workloads.llm import inference_memory
+    from dlscale.domains.llm.workload import inference_memory
 
     need = inference_memory(fields, nbytes, batch, prompt_len, output_len)
     shape = f"batch {batch}, prompt {prompt_len} + output {output_len} tokens"
@@ -339,7 +339,7 @@ def limit_figures(fields: dict[str, Any], nbytes: int, metrics: dict[str, Any],
     """(metrics, raw) of every batch size's decode against the memory-bandwidth limit
     (``dlscale.infer.limit``), the headline at the headline batch size."""
     from dlscale.infer import limit
-    from dlscale.workloads.llm import kv_bytes_per_position
+    from dlscale.domains.llm.workload import kv_bytes_per_position
 
     (copy_gbps, copy_how), (sheet_gbps, sheet_how) = bandwidth
     weights, kv = limit.weight_bytes_read(fields, nbytes), kv_bytes_per_position(fields, nbytes)

@@ -98,7 +98,7 @@ class Translation(Family):
     def sample(self, index: int, seed: int) -> Any:
         import torch
 
-        from dlscale.workloads.translation import BOS
+        from dlscale.domains.translation.workload import BOS
 
         g = torch.Generator().manual_seed(mix(seed, index))
         vocab = self.w.dims.vocab

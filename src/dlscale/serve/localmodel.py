@@ -1,7 +1,7 @@
 """A local model folder for an inference server to load, made here: nothing is downloaded.
 
 ``write_model(folder, "llama_7b", "bf16", device)`` writes a registered Llama shape of the zoo
-(``dlscale.workloads.llm``) with random weights (made directly in its dtype on ``device``, then
+(``dlscale.domains.llm.workload``) with random weights (made directly in its dtype on ``device``, then
 saved as safetensors) and a word-level tokenizer whose vocabulary is the model's (``w0`` ...
 ``w{V-5}`` after four special tokens), so every id the model can emit decodes to one word and a
 streamed token is one event. Both are what ``transformers serve`` (``from_pretrained``,

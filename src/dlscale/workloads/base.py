@@ -3,7 +3,8 @@
 A workload says only what it runs and how much work one step is: it builds a model, makes a
 synthetic batch, computes the loss and counts the sample units in a batch. Timing,
 synchronisation, statistics and recording belong to the harness. Registering a workload adds it to
-the CLI and to the registry smoke test.
+the CLI and to the registry smoke test. The workloads themselves live in their domain's folder
+(dlscale/domains/FAMILY/workload.py; image classification's ``ImageClassifier`` too).
 
 Every workload belongs to a *family* (``FAMILIES``), and every family has one *sample unit*
 (images, tokens, samples): throughput is sample units per second, and figures in different units
@@ -15,8 +16,6 @@ rejects the ones that do not apply to it in ``check``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlscale.errors import UsageError
@@ -155,69 +154,6 @@ def _with_batch(cfg: Any, batch_size: int) -> Any:
     return replace(cfg, batch_size=batch_size)
 
 
-@dataclass(frozen=True)
-class ImageClassifier(Workload):
-    """An image-classification model trained with cross-entropy on synthetic images.
-
-    ``builder(num_classes)`` returns a randomly initialised ``nn.Module`` (weights are never
-    downloaded). ``min_image_size`` is the smallest input the architecture accepts.
-    """
-
-    name: str
-    builder: Callable[[int], "torch.nn.Module"]
-    source: str
-    native_image_size: int
-    min_image_size: int
-    description: str
-    num_classes: int = 1000
-    channels: int = 3
-    family: str = "classification"
-    images_in: bool = True
-
-    def check(self, cfg: Any) -> None:
-        super().check(cfg)
-        if cfg.image_size is not None:
-            check_image_size(self, cfg.image_size)
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        return {"image_size": cfg.image_size or self.native_image_size}
-
-    def build(self, cfg: Any = None) -> "torch.nn.Module":
-        return self.builder(self.num_classes)
-
-    def make_batch(self, cfg: Any, device: Any, seed: int = 0) -> tuple[Any, Any]:
-        return self.image_batch(cfg.batch_size, cfg.image_size or self.native_image_size, device, seed)
-
-    def image_batch(self, batch_size: int, image_size: int, device: Any, seed: int = 0) -> tuple[Any, Any]:
-        """A random batch, made once and kept on the device (synthetic data)."""
-        import torch
-
-        if str(device) == "meta":  # shapes only, for FLOP counting
-            x = torch.empty(batch_size, self.channels, image_size, image_size, device="meta")
-            return x, torch.zeros(batch_size, dtype=torch.long, device="meta")
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(batch_size, self.channels, image_size, image_size, generator=g)
-        y = torch.randint(0, self.num_classes, (batch_size,), generator=g)
-        return x.to(device), y.to(device)
-
-    def loss(self, output: Any, target: Any) -> Any:
-        import torch.nn.functional as F
-
-        if isinstance(output, tuple):  # (logits, aux...) from models built with aux heads
-            output = output[0]
-        return F.cross_entropy(output, target)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "native_image_size": self.native_image_size,
-                "min_image_size": self.min_image_size, "num_classes": self.num_classes}
-
-    def smoke_shape(self) -> dict[str, Any]:
-        return {"batch_size": 2, "image_size": self.min_image_size}
-
-    def default_shape(self) -> str:
-        return f"{self.native_image_size}px (min {self.min_image_size}), {self.num_classes} classes"
-
-
 def check_image_size(workload: Any, image_size: int) -> None:
     """An input smaller than the architecture accepts is a usage error naming the minimum; one past
     ``limits.IMAGE_SIZE`` names that limit."""
@@ -243,15 +179,17 @@ def register(w: Workload) -> Workload:
     return w
 
 
-# Modules whose import registers workloads; none imports torch at module level.
-BUILTIN_MODULES = ("tinycnn", "vision", "detection", "translation", "recommendation", "llm", "rl")
+# The modules under dlscale/domains/ whose import registers workloads (each domain's folder holds its
+# workload beside its long-test task, data and metric); none imports torch at module level.
+BUILTIN_MODULES = ("classification.tinycnn", "classification.workload", "detection.workload",
+                   "translation.workload", "recommendation.workload", "llm.workload", "reinforcement.workload")
 
 
 def _load_builtin() -> None:
     import importlib
 
     for mod in BUILTIN_MODULES:
-        importlib.import_module(f"dlscale.workloads.{mod}")
+        importlib.import_module(f"dlscale.domains.{mod}")
 
 
 def names() -> list[str]:
