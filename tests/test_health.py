@@ -36,7 +36,6 @@ def test_healthy_idle_and_power_capped_gpus_give_no_warning(monkeypatch):
     (FakeGpu(throttle=0x80), "hw_power_brake_slowdown"),
     (FakeGpu(throttle=0x8), "hw_slowdown"),
     (FakeGpu(retired=(0, 1, 1)), "page retirement pending"),
-    (FakeGpu(remapped=(0, 1, 1, 0)), "row remap pending"),
     (FakeGpu(remapped=(0, 1, 0, 1)), "failed a row remap"),
     (FakeGpu(ecc={"volatile_corrected": 0, "volatile_uncorrected": 3, "aggregate_corrected": 0,
                   "aggregate_uncorrected": 3}), "3 uncorrected ECC errors"),
@@ -45,6 +44,18 @@ def test_a_sick_gpu_warns(monkeypatch, gpu, expect):
     fake_nvml(monkeypatch, gpus=[gpu])
     (g,) = health.check_host()["gpus"]
     assert any(expect in w for w in g["warnings"]), g["warnings"]
+
+
+def test_a_row_remap_pending_is_advised_not_a_fault(monkeypatch):
+    """NVIDIA: with a remap pending, work runs unaffected until the next reset applies it."""
+    fake_nvml(monkeypatch, gpus=[FakeGpu(remapped=(0, 1, 1, 0))])
+    (g,) = health.check_host()["gpus"]
+    assert not any("row remap" in w for w in g["warnings"]), g["warnings"]
+    assert any("row remap pending" in a and "next reset" in a for a in g["advisories"]), g["advisories"]
+    after = {"remapped_rows": {"pending": True}}
+    assert health.run_warnings({"gpu": "GPU 0", "before": {}, "after": after}) == []
+    (a,) = health.run_advisories({"gpu": "GPU 0", "before": {}, "after": after})
+    assert a.startswith("GPU 0 has a row remap pending")
 
 
 def test_counters_a_gpu_lacks_are_null_and_surprises_are_notes(monkeypatch):
@@ -60,12 +71,12 @@ def test_counters_a_gpu_lacks_are_null_and_surprises_are_notes(monkeypatch):
 
 def test_run_warnings_from_growth_pending_and_xid():
     clean = {"ecc": {"volatile_uncorrected": 0, "aggregate_uncorrected": 5}}
-    grown = {"ecc": {"volatile_uncorrected": 2, "aggregate_uncorrected": 7}, "remapped_rows": {"pending": True}}
+    grown = {"ecc": {"volatile_uncorrected": 2, "aggregate_uncorrected": 7}, "remapped_rows": {"failure": True}}
     w = health.run_warnings({"gpu": "GPU 0", "before": clean, "after": grown, "samples": 10,
                              "throttle_samples": {"gpu_idle": 10, "sw_thermal_slowdown": 3}, "xid_events": [79]})
     assert len(w) == 4
     assert "sw_thermal_slowdown in 3 of 10 samples" in w[0] and "volatile uncorrected 0 -> 2" in w[1]
-    assert "row remap pending" in w[2] and "Xid 79" in w[3]
+    assert "failed a row remap" in w[2] and "Xid 79" in w[3]
     assert health.run_warnings({"gpu": "GPU 0", "before": clean, "after": clean, "samples": 4,
                                 "throttle_samples": {"sw_power_cap": 4, "gpu_idle": 1}}) == []
 

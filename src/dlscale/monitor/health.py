@@ -8,9 +8,9 @@ and one after, and at every monitor sample reads the clock-event (throttle) reas
 NVML event set registered for Xid critical errors (a 0 ms wait, so it never blocks; ``xid.XidWatch``,
 a MIG instance's own events only). ``run_warnings`` turns that into the record's faults: a GPU
 lost, that slowed itself down (thermal, power brake, HW slowdown), whose uncorrected ECC count
-grew, that has a page retirement or row remap pending or failed, or that raised a hardware or
+grew, that has a page retirement pending or a row remap failed, or that raised a hardware or
 application Xid; ``run_advisories`` into what it recorded without a fault (Xid 63, 94: ``xid``'s
-classes). ``check_host(kernel=True)`` also reads the kernel's Xid history since a mark
+classes; a row remap pending until the next reset). ``check_host(kernel=True)`` also reads the kernel's Xid history since a mark
 (``kernlog``) onto the GPUs it names. Every NVML call is guarded (nvml.probe): a counter the GPU
 lacks is null, anything unexpected is a note; nothing here raises into a run.
 """
@@ -140,7 +140,17 @@ def snapshot_warnings(snap: dict[str, Any], label: str) -> list[str]:
 def snapshot_advisories(snap: dict[str, Any], label: str) -> list[str]:
     """What in one snapshot is the GPU's configuration or history rather than a fault now (a power cap,
     a slot below its PCIe generation, NVLink recoveries since the driver loaded): an acceptance WARNs."""
-    return fabric.configured(snap, label)
+    return fabric.configured(snap, label) + _remap_pending(snap, label)
+
+
+def _remap_pending(snap: dict[str, Any], label: str) -> list[str]:
+    """A row remap pending (Ampere and later) is not a fault: until the next reset, error containment and
+    dynamic page offlining keep the bad row out of use, and work runs at full accuracy and speed
+    (NVIDIA's GPU memory error management guide, "Error Recovery and Response Flags")."""
+    if not (snap.get("remapped_rows") or {}).get("pending"):
+        return []
+    return [f"{label} has a row remap pending: it takes effect at the GPU's next reset (work meanwhile runs "
+            "unaffected); reset it at the next drain"]
 
 
 def _pending(snap: dict[str, Any], label: str) -> list[str]:
@@ -148,8 +158,6 @@ def _pending(snap: dict[str, Any], label: str) -> list[str]:
     pages, rows = snap.get("retired_pages") or {}, snap.get("remapped_rows") or {}
     if pages.get("pending"):
         out.append(f"{label} has a page retirement pending: reset the GPU (or reboot) to apply it")
-    if rows.get("pending"):
-        out.append(f"{label} has a row remap pending: reset the GPU (or reboot) to apply it")
     if rows.get("failure"):
         out.append(f"{label} failed a row remap: the GPU needs service")
     return out
@@ -183,7 +191,8 @@ def run_warnings(report: dict[str, Any]) -> list[str]:
 
 def run_advisories(report: dict[str, Any]) -> list[str]:
     """What a run's GPU recorded without a fault (Xid 63, 94, ...: ``xid.RECORDED``): an acceptance WARNs."""
-    return xid.advisories(report.get("xid_events") or [], report.get("gpu", "GPU"))
+    label = report.get("gpu", "GPU")
+    return xid.advisories(report.get("xid_events") or [], label) + _remap_pending(report.get("after") or {}, label)
 
 
 class HealthWatch:
