@@ -4,9 +4,9 @@ At each batch size one batch of synthetic samples is gathered on the device once
 store held as LoadGen's is (``infer.feed``; with ``--samples-on host`` on a GPU every forward's
 batch is copied in from pinned host memory instead, overlapped with the previous forward), as the
 training short test keeps its batch; ``warmup`` uncounted forwards run, then ``iters`` forwards
-are timed one by one by the harness's step clock (``harness.timing.timed_loop``: CUDA events on a
-GPU, ``perf_counter`` on the CPU; onnxruntime returns host arrays, so its forwards are timed on
-the host clock). Per batch size: latency per batch p50/p90/p99/max, throughput in the family's
+are timed one by one by the harness's step clock (``infer.probe.time_batch`` over
+``harness.timing.timed_loop``: CUDA events on a GPU, ``perf_counter`` on the CPU; onnxruntime returns
+host arrays, so its forwards are timed on the host clock). Per batch size: latency per batch p50/p90/p99/max, throughput in the family's
 unit per second with its 95% CI and the step-time CV, all from ``harness.metrics.summarize_steps``
 (formulas in docs/METRICS.md). The headline ``throughput`` is the best batch size's.
 
@@ -24,6 +24,7 @@ from typing import Any
 
 from dlscale.harness.runner import Outcome
 from dlscale.harness.window import Window
+from dlscale.infer.probe import time_batch
 from dlscale.log import info
 
 BATCH_LIMIT = 1 << 16  # the search stops here even if memory is left (a tiny model at 32 px fits ~10^5)
@@ -51,44 +52,6 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
     return {"throughput": m["throughput"], "throughput_ci95": m["throughput_ci95"], "cv": m["cv"],
             "latency_p50": m["step_time_p50"], "latency_p90": m["step_time_p90"], "latency_p99": m["step_time_p99"],
             "latency_max": m["step_time_max"], "latency_mean": m["step_time_mean"]}, warnings
-
-
-def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None,
-               window: Any = None) -> list[float]:
-    """Seconds of each of ``iters`` timed forwards of one batch, after ``warmup`` uncounted ones
-    (``meter``: an EnergyMeter read at the window's edges). The batch's samples are held as LoadGen's
-    are (``infer.feed``: one tensor per input, the model's input dtype and layout): on the device they
-    are gathered once and every step is a forward of that batch; in host memory on a GPU
-    (``--samples-on host``) every step gathers them into pinned memory and copies them on a side
-    stream while the previous steps compute (the feed's slots in flight)."""
-    import torch
-
-    from dlscale.harness.timing import timed_loop
-    from dlscale.infer.feed import Feed, SampleStore
-
-    store = SampleStore(session, batch_size)
-    store.load(range(batch_size))
-    feed = Feed(session, store, batch_size)
-    indices = list(range(batch_size))
-    clock_device = session.device if session.runtime == "torch" else torch.device("cpu")
-    if not store.pinned:
-        batch = feed.batch(indices)
-        times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter,
-                              window=window)
-        return times
-    flying: list[Any] = []
-
-    def step() -> None:
-        if len(flying) == len(feed.slots):
-            feed.finish(flying.pop(0))
-        flying.append(feed.launch(indices))
-
-    try:
-        times, _ = timed_loop(step, warmup, iters, clock_device, meter=meter, window=window)
-    finally:
-        for t in flying:
-            feed.finish(t)
-    return times
 
 
 def batch_energy(session: Any, batch_size: int, iters: int, meter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
