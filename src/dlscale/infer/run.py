@@ -5,8 +5,9 @@ store held as LoadGen's is (``infer.feed``; with ``--samples-on host`` on a GPU 
 batch is copied in from pinned host memory instead, overlapped with the previous forward), as the
 training short test keeps its batch; ``warmup`` uncounted forwards run, then ``iters`` forwards
 are timed one by one by the harness's step clock (``infer.probe.time_batch`` over
-``harness.timing.timed_loop``: CUDA events on a GPU, ``perf_counter`` on the CPU; onnxruntime returns
-host arrays, so its forwards are timed on the host clock). Per batch size: latency per batch p50/p90/p99/max, throughput in the family's
+``harness.timing.timed_loop``: CUDA events on a GPU, ``perf_counter`` on the CPU; onnxruntime
+returns host arrays, so its forwards are timed on the host clock). Per batch size: latency per
+batch p50/p90/p99/max, throughput in the family's
 unit per second with its 95% CI and the step-time CV, all from ``harness.metrics.summarize_steps``
 (formulas in docs/METRICS.md). The headline ``throughput`` is the best batch size's.
 
@@ -178,12 +179,11 @@ def peak_rss() -> int:
 
 
 def default_memory_cap() -> int:
-    """CPU: the RSS now plus 80% of MemAvailable (leaving the OOM killer out of the search)."""
-    avail = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
+    """CPU: the RSS now plus 80% of MemAvailable (``memsize.available_memory``; leaving the OOM killer out
+    of the search)."""
+    from dlscale.memsize import available_memory
+
+    avail = available_memory() or 0
     peak_rss_reset()
     return peak_rss() + int(0.8 * avail)
 
@@ -351,5 +351,5 @@ def run_llm(cfg: Any, device: Any) -> tuple[dict[str, Any], dict[str, Any], list
     metrics, units, raw, warnings = run_llm_inference(
         cfg.model, batch_sizes=list(cfg.batch_sizes), prompt_len=cfg.prompt_len, output_len=cfg.output_len,
         precision=cfg.precision, device=device, model_config=cfg.model_config, warmup=cfg.warmup,
-        iters=cfg.iters, seed=cfg.seed, decode=cfg.decode or "eager")
+        iters=cfg.iters, seed=cfg.seed, decode=cfg.decode or "eager", cudnn_benchmark=cfg.cudnn_benchmark)
     return metrics, raw, warnings, units
