@@ -9,7 +9,7 @@ samples and forward:
   to the last completion), measured just before the LoadGen test (the run records it) and again just
   after it; A over their mean is the offline ratio (target >= 0.95), LoadGen and its completions
   against the same pipeline without them;
-- the batch sweep's timing (``infer.run.time_batch``: each forward timed alone, on device events on a
+- the batch sweep's timing (``infer.probe.time_batch``, the sweep's and LoadGen's probe: each forward timed alone, on device events on a
   GPU, where the host runs ahead) repeated until it has run as long as A's LoadGen test; A over it is
   the record's old comparison, what the device could do.
 
@@ -55,15 +55,16 @@ from dlscale.infer.config import InferConfig
 from dlscale.infer.loadgen import run_scenario
 from dlscale.infer.loadgen_settings import ScenarioSettings
 from dlscale.infer.loadgen_sut import wall_rate
-from dlscale.infer.run import time_batch
+from dlscale.infer.probe import time_batch
 from dlscale.infer.session import open_session
 
 SAMPLES = ScenarioSettings("offline").samples  # LoadGen's sample library: the raw rates gather from as many
 
 
 def raw_rate(session, batch: int, seconds: float) -> tuple[float, float]:
-    """The batch sweep's rate at ``batch`` (timed forwards summed until they last ``seconds``) and the
-    process's CPU seconds per sample over those blocks (their warm-up forwards counted)."""
+    """The batch sweep's rate at ``batch`` (the shared probe's timed forwards, ``infer.probe.time_batch``,
+    summed until they last ``seconds``) and the process's CPU seconds per sample over those blocks (their
+    warm-up forwards counted)."""
     done, spent, ran = 0, 0.0, 0
     c0 = time.process_time()
     while spent < seconds:

@@ -490,7 +490,7 @@ class FakeEvent:
 
 
 class FakeTimingCuda:
-    """A fake of ``dlscale.micro.gputiming.TorchCuda`` (one GPU): a simulated GPU clock that fake
+    """A fake of ``dlscale.harness.gputime.TorchCuda`` (one GPU): a simulated GPU clock that fake
     ops advance, events that stamp it, and a log of every call (which operand copy) and record.
 
     ``launch_s`` is the host's gap before every launch (an eager call, or a graph replay), in
@@ -531,7 +531,8 @@ class FakeTimingCuda:
     def l2_bytes(self) -> int | None:
         return self.l2
 
-    def capture(self, calls: Callable[[], None]) -> Callable[[], None]:
+    def capture(self, calls: Callable[[], None], warmup: int = 1, error_mode: str = "thread_local") -> Callable[[], None]:
+        """The calls captured (their warm-up on the side stream runs nothing on the fake GPU's clock)."""
         if self.capture_error is not None:
             raise self.capture_error
         self.captures += 1

@@ -79,3 +79,32 @@ def test_micro_records_each_precisions_flags_and_restores_them(db_path, odd_flag
 def test_infer_refuses_tf32_on_a_cpu_in_one_line(cli):
     res = cli("infer", "tinycnn", "--precision", "tf32", "--device", "cpu", "--batch-sizes", "1")
     assert res.code == 2 and "tf32" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_llm_infer_keeps_no_cudnn_benchmark_and_restores_the_flags(db_path, odd_flags):
+    """LLM prefill/decode runs under run_flags too: --no-cudnn-benchmark holds through it, and a direct
+    call of the engine restores what was set before."""
+    from dlscale import api
+    from dlscale.infer.llm import run_llm_inference
+
+    rec = api.infer(model="llama_tiny", batch_sizes="1", prompt_len=4, output_len=2, iters=1, warmup=1,
+                    cudnn_benchmark=False, db=str(db_path))
+    assert rec.config["backend_flags"] == {**FP32, "cudnn_benchmark": False} and still_odd()
+    run_llm_inference("llama_tiny", batch_sizes=[1], prompt_len=4, output_len=2, precision="fp32", device="cpu",
+                      warmup=1, iters=1)
+    assert still_odd()
+
+
+def test_tta_restores_the_flags(monkeypatch, odd_flags):
+    """A time-to-quality run sets its precision's flags for the run and restores them after it."""
+    from test_tta_domain import FakeTask, _run
+
+    from dlscale.tta import tasks
+    from dlscale.tta.config import TTAConfig
+
+    seen = []
+    task = FakeTask()
+    monkeypatch.setitem(tasks._TASKS, "recommendation", task)
+    monkeypatch.setattr(task, "open", lambda *a, fake_open=task.open: seen.append(dev.backend_flags()) or fake_open(*a))
+    _run(TTAConfig(model="ncf", data="d", target=0.9, threads=1))
+    assert seen == [FP32] and still_odd()

@@ -580,6 +580,30 @@ def test_responses_are_made_once_per_thread_and_reused_with_each_batchs_ids():
     assert len(made) == 5 and got[-1] == [(20, 0, 0), (21, 0, 0)]
 
 
+def test_token_latency_responses_are_reused_with_their_token_counts():
+    """serve.mlperf's path: a first token, then the end with its output tokens, each on objects made once."""
+    import types
+
+    from dlscale.infer.loadgen_sut import Responses
+
+    made, firsts, ends = [], [], []
+
+    class Response:
+        def __init__(self, i: int, data: int, size: int):
+            made.append(self)
+            self.id, self.data, self.size, self.n_tokens = i, data, size, 0
+
+    lg = types.SimpleNamespace(QuerySampleResponse=Response,
+                               FirstTokenComplete=lambda rs: firsts.append([(r.id, r.n_tokens) for r in rs]),
+                               QuerySamplesComplete=lambda rs: ends.append([(r.id, r.n_tokens) for r in rs]))
+    r = Responses(lg)
+    for i, tokens in ((1, 7), (2, 2), (3, 40)):
+        r.first_token([i])
+        r.complete([i], [tokens])
+    assert len(made) == 2  # one for first tokens, one for ends, whatever the number of queries
+    assert firsts == [[(1, 0)], [(2, 0)], [(3, 0)]] and ends == [[(1, 7)], [(2, 2)], [(3, 40)]]
+
+
 def test_wall_rate_is_full_batches_over_the_wall_clock():
     from dlscale.infer.loadgen_sut import wall_rate
 

@@ -4,8 +4,9 @@ up front and one synchronise).
 
 Each measured step sits between its own start and end mark, and nothing else does: the progress
 callback runs after a step's end mark and before the next step's start mark, so a slow callback
-(a progress bar, logging) never lands in a step time. On CUDA the marks are CUDA events recorded
-on the stream, so timing does not stall the GPU pipeline; the device is synchronised once before
+(a progress bar, logging) never lands in a step time. On CUDA the marks are CUDA events made before
+the first step (``harness.gputime.Marks``) and recorded on the stream, so timing does not stall the GPU
+pipeline; the device is synchronised once before
 the window opens and once after it closes. On CPU, kernels run synchronously and
 ``time.perf_counter`` marks the step boundaries.
 """
@@ -16,45 +17,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dlscale.harness.gputime import Marks, cuda_api
 from dlscale.harness.window import PROBE_STEPS
 
 StepCallback = Callable[[str, int, int], None]  # (phase, steps done, phase total)
 
 
 class StepClock:
-    """Brackets each step with ``start()``/``stop()``; ``step_times()`` returns seconds per step."""
+    """Brackets each step with ``start()``/``stop()``; ``step_times()`` returns seconds per step.
 
-    def __init__(self, device: Any):
+    Its marks are ``harness.gputime.Marks``: on CUDA, ``2 x steps`` events made here, before any step."""
+
+    def __init__(self, device: Any, steps: int = 1):
         self.device = device
-        self._cuda = getattr(device, "type", "cpu") == "cuda"
-        self._spans: list[tuple[Any, Any]] = []
-        self._start: Any = None
-
-    def _now(self) -> Any:
-        if self._cuda:
-            import torch
-
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        self._marks = Marks(cuda_api(device), 2 * steps, time.perf_counter)
 
     def start(self) -> None:
-        self._start = self._now()
+        self._marks.grow(self._marks.count + 2)
+        self._marks.mark()
 
     def stop(self) -> None:
-        if self._start is None:
+        if self._marks.count % 2 == 0:
             raise RuntimeError("StepClock.stop() without start()")
-        self._spans.append((self._start, self._now()))
-        self._start = None
+        self._marks.mark()
 
     def step_times(self) -> list[float]:
-        if self._cuda:
-            import torch
-
-            torch.cuda.synchronize(self.device)
-            return [a.elapsed_time(b) / 1e3 for a, b in self._spans]
-        return [b - a for a, b in self._spans]
+        return self._marks.spans()[::2]
 
 
 def timed_loop(
@@ -102,7 +90,7 @@ def timed_loop(
     sync()
     if meter is not None:
         meter.begin()
-    clock = StepClock(device)
+    clock = StepClock(device, steps)
     outputs: list[Any] = []
     for i in range(steps):
         clock.start()
@@ -117,9 +105,9 @@ def timed_loop(
     return times, outputs
 
 
-class MarkClock:
+class MarkClock(Marks):
     """Points along one stream of work: ``mark()`` up to ``marks`` times, then ``spans()`` gives the
-    seconds between consecutive marks.
+    seconds between consecutive marks (``harness.gputime.Marks`` on the device's clock).
 
     On CUDA the marks are events made here, before any work, and recorded on the current stream;
     ``spans()`` synchronises once (so a run of marks costs one host wait, not one per span). On the CPU
@@ -131,34 +119,4 @@ class MarkClock:
         if marks < 2:
             raise ValueError("a MarkClock needs at least 2 marks (one span)")
         self.device = device
-        self._cuda = getattr(device, "type", "cpu") == "cuda"
-        self._clock = clock
-        self._at: list[Any] = []
-        if self._cuda:
-            import torch
-
-            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
-        else:
-            self._events = [None] * marks
-
-    def restart(self) -> None:
-        self._at = []
-
-    def mark(self) -> None:
-        i = len(self._at)
-        if i == len(self._events):
-            raise RuntimeError(f"MarkClock: more than the {len(self._events)} marks it was made for")
-        if self._cuda:
-            self._events[i].record()
-            self._at.append(self._events[i])
-        else:
-            self._at.append(self._clock())
-
-    def spans(self) -> list[float]:
-        """Seconds between consecutive marks (one device synchronise on CUDA)."""
-        if self._cuda:
-            import torch
-
-            torch.cuda.synchronize(self.device)
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._at, self._at[1:])]
-        return [b - a for a, b in zip(self._at, self._at[1:])]
+        super().__init__(cuda_api(device), marks, clock)

@@ -242,37 +242,27 @@ class CompiledDecoder(StaticDecoder):
             yield
 
 
-def capture_cuda_graph(body: Callable[[], None], warmup: int = GRAPH_WARMUP) -> Callable[[], None]:
-    """``body`` run ``warmup`` times on a side stream, then captured into a CUDA graph; its replay."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return graph.replay
-
-
 class GraphDecoder(StaticDecoder):
     """The eager one-token step's kernels captured into one CUDA graph that advances its own inputs.
 
-    ``capture`` turns the step's body into its replay (``capture_cuda_graph``; a test on a machine
-    without CUDA passes one that runs the body eagerly)."""
+    ``capture`` turns the step's body into its replay (default: ``harness.gputime.TorchCuda.capture`` on
+    the decoder's device, ``GRAPH_WARMUP`` eager runs on a side stream first, torch's global capture mode;
+    a test on a machine without CUDA passes one that runs the body eagerly)."""
 
     mode = "graph-eager"
     description = ("graph-eager: transformers StaticCache, the eager one-token step's kernels (unfused, no compiler) "
                    "captured into a torch.cuda.CUDAGraph that feeds its own token and position forward; prefill eager")
 
     def __init__(self, model: Any, device: Any, output_len: int,
-                 capture: Callable[[Callable[[], None]], Callable[[], None]] = capture_cuda_graph):
+                 capture: Callable[[Callable[[], None]], Callable[[], None]] | None = None):
         super().__init__(model, device, output_len)
-        self._capture = capture
+        self._capture = capture or self._cuda_capture
         self._replay: Callable[[], None] | None = None
+
+    def _cuda_capture(self, body: Callable[[], None]) -> Callable[[], None]:
+        from dlscale.harness.gputime import TorchCuda
+
+        return TorchCuda(self.device).capture(body, warmup=GRAPH_WARMUP, error_mode="global")
 
     def _body(self) -> None:
         self._token.copy_(self._forward(self._token, self._position))

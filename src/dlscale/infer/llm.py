@@ -261,16 +261,17 @@ def _measure_batch(w: Any, cfg: Any, decoder: Any, batch: int, output_len: int, 
 
 def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, output_len: int, precision: str,
                       device: Any, model_config: str | None = None, warmup: int = 1, iters: int = 3,
-                      seed: int = 0, decode: str = "eager"
+                      seed: int = 0, decode: str = "eager", cudnn_benchmark: bool = True
                       ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], list[str]]:
     """(metrics, units, raw, warnings) of prefill and decode with a KV cache at each batch size, in the
     decode mode ``decode`` (eager, compiled or graph-eager: ``dlscale.infer.decode``), with each batch
-    size's decode against its memory-bandwidth limit (``dlscale.infer.limit``)."""
+    size's decode against its memory-bandwidth limit (``dlscale.infer.limit``), under the precision's TF32
+    and cuDNN flags (``harness.device.run_flags``: set for the run, restored after it)."""
     import torch
 
     from dlscale import workloads
     from dlscale.harness import energy
-    from dlscale.harness.device import autocast_dtype, check_precision, set_matmul_precision
+    from dlscale.harness.device import autocast_dtype, check_precision, run_flags
     from dlscale.harness.energy import EnergyMeter
     from dlscale.infer import limit
 
@@ -279,45 +280,45 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     w, dev = workloads.get(model), _device(device)
     mode = resolve_mode(decode, False, dev.type)
     check_precision(precision, dev)
-    set_matmul_precision(precision, dev)
-    dtype = autocast_dtype(precision) or torch.float32
-    fields, nbytes = w.fields(cfg), torch.empty((), dtype=dtype).element_size()
-    check_memory(model, fields, nbytes, precision, max(batch_sizes), prompt_len, output_len, dev)
-    bandwidth = (limit.copy_bandwidth(dev), limit.datasheet_bandwidth(dev))  # before the model takes memory
-    torch.manual_seed(seed)
-    net = w.build_in(cfg, dev, dtype).eval()  # in its dtype on the device, no autocast: see the module docstring
-    decoder = make_decoder(mode, net, dev, output_len)
-    per_batch, raw_runs, prepared, energy_by_batch = [], [], [], []
-    with torch.inference_mode(), EnergyMeter(dev) as meter:
-        for b in batch_sizes:
-            gens = _measure_batch(w, cfg, decoder, b, output_len, dev, warmup, iters, seed, meter)
-            prepared.append((decoder.compile_s, decoder.compiles))
-            per_batch.append(llm_figures(b, prompt_len, output_len, [g.prefill_s for g in gens],
-                                         [g.decode_step_s for g in gens]))
-            energy_by_batch.append(energy.figures(meter.take(), b * output_len * iters, "tokens"))
-            raw_runs.append({"batch_size": b, "prefill_s": [g.prefill_s for g in gens],
-                             "decode_step_s": [g.decode_step_s for g in gens],
-                             "first_row_tokens": gens[-1].tokens[0].tolist()})
-    metrics = {**collect(batch_sizes, per_batch), "prompt_len": prompt_len, "output_len": output_len,
-               "iters": iters}
-    if mode != "eager":
-        metrics["compile_s_by_batch"] = [c for c, _ in prepared]
-        metrics["compiles_by_batch"] = [n for _, n in prepared]
-    units = dict(UNITS)
-    if any(m for m, _, _ in energy_by_batch):  # J per generated token, prefill included; headline at the top batch
-        metrics["energy_per_unit_j_by_batch"] = [m.get("energy_per_unit_j") for m, _, _ in energy_by_batch]
-        top = energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])]
-        metrics.update(top[0])
-        units.update(top[1], energy_per_unit_j_by_batch="J/tokens")
-    limit_metrics, limit_raw = limit_figures(fields, nbytes, metrics, bandwidth)
-    metrics.update(limit_metrics)
-    units.update(limit.UNITS)
-    raw = {"by_batch": raw_runs, "decode_mode": mode, "decode": f"greedy (argmax) tokens, one per row per step; "
-           f"{decoder.description}", "timing": _timing_words(dev),
-           "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
-           "model_config": cfg.model_config, "precision": precision, "device": str(dev), "memory_limit": limit_raw,
-           **energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])][2]}
-    return metrics, units, raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
+    with run_flags(precision, dev, cudnn_benchmark):
+        dtype = autocast_dtype(precision) or torch.float32
+        fields, nbytes = w.fields(cfg), torch.empty((), dtype=dtype).element_size()
+        check_memory(model, fields, nbytes, precision, max(batch_sizes), prompt_len, output_len, dev)
+        bandwidth = (limit.copy_bandwidth(dev), limit.datasheet_bandwidth(dev))  # before the model takes memory
+        torch.manual_seed(seed)
+        net = w.build_in(cfg, dev, dtype).eval()  # in its dtype on the device, no autocast: see the module docstring
+        decoder = make_decoder(mode, net, dev, output_len)
+        per_batch, raw_runs, prepared, energy_by_batch = [], [], [], []
+        with torch.inference_mode(), EnergyMeter(dev) as meter:
+            for b in batch_sizes:
+                gens = _measure_batch(w, cfg, decoder, b, output_len, dev, warmup, iters, seed, meter)
+                prepared.append((decoder.compile_s, decoder.compiles))
+                per_batch.append(llm_figures(b, prompt_len, output_len, [g.prefill_s for g in gens],
+                                             [g.decode_step_s for g in gens]))
+                energy_by_batch.append(energy.figures(meter.take(), b * output_len * iters, "tokens"))
+                raw_runs.append({"batch_size": b, "prefill_s": [g.prefill_s for g in gens],
+                                 "decode_step_s": [g.decode_step_s for g in gens],
+                                 "first_row_tokens": gens[-1].tokens[0].tolist()})
+        metrics = {**collect(batch_sizes, per_batch), "prompt_len": prompt_len, "output_len": output_len,
+                   "iters": iters}
+        if mode != "eager":
+            metrics["compile_s_by_batch"] = [c for c, _ in prepared]
+            metrics["compiles_by_batch"] = [n for _, n in prepared]
+        units = dict(UNITS)
+        if any(m for m, _, _ in energy_by_batch):  # J per generated token, prefill included; headline at the top batch
+            metrics["energy_per_unit_j_by_batch"] = [m.get("energy_per_unit_j") for m, _, _ in energy_by_batch]
+            top = energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])]
+            metrics.update(top[0])
+            units.update(top[1], energy_per_unit_j_by_batch="J/tokens")
+        limit_metrics, limit_raw = limit_figures(fields, nbytes, metrics, bandwidth)
+        metrics.update(limit_metrics)
+        units.update(limit.UNITS)
+        raw = {"by_batch": raw_runs, "decode_mode": mode, "decode": f"greedy (argmax) tokens, one per row per step; "
+               f"{decoder.description}", "timing": _timing_words(dev),
+               "weights_dtype": str(next(net.parameters()).dtype).removeprefix("torch."),
+               "model_config": cfg.model_config, "precision": precision, "device": str(dev), "memory_limit": limit_raw,
+               **energy_by_batch[batch_sizes.index(metrics["headline_batch_size"])][2]}
+        return metrics, units, raw, _warnings(batch_sizes, metrics["cv_by_batch"], iters)
 
 
 def check_memory(model: str, fields: dict[str, Any], nbytes: int, precision: str, batch: int, prompt_len: int,

@@ -4,8 +4,6 @@ it with the probes that size a short run (``dlscale.infer.loadgen`` runs them)."
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +71,9 @@ def check_settings(settings: ScenarioSettings) -> None:
 
 
 def probe(session: Any, batch: int, worker_thread: bool = False) -> float:
-    """Seconds per batch of ``batch`` samples as the SUT runs them (gathered from a sample store by
-    ``infer.feed``, launched and waited for): the fastest of 3 after one warm-up batch, timed on the
+    """Seconds per batch of ``batch`` samples as the SUT runs them (``infer.probe.time_batch`` with
+    ``as_sut``: gathered from a sample store by ``infer.feed``, launched and waited for): the fastest
+    of 3 after one warm-up batch, timed on the
     thread the SUT runs on: the calling one, as LoadGen's single-stream, multi-stream and offline
     issue, or (``worker_thread``) a thread of its own, as the server's batcher.
 
@@ -84,33 +83,9 @@ def probe(session: Any, batch: int, worker_thread: bool = False) -> float:
     forward on the main thread, whose 2-thread OpenMP team waits at barriers for descheduled workers,
     ran a median 52x slower than on a fresh thread (benchmarks/loadgen_threads.py; 1x with one thread).
     """
-    from dlscale.infer.feed import Feed, SampleStore
+    from dlscale.infer.probe import time_batch
 
-    store = SampleStore(session, batch)
-    store.load(range(batch))
-    feed = Feed(session, store, batch)
-    indices = list(range(batch))
-    times: list[float] = []
-    failed: list[BaseException] = []
-
-    def timed() -> None:
-        try:
-            feed.run(indices)
-            for _ in range(3):
-                t0 = time.perf_counter()
-                feed.run(indices)
-                times.append(time.perf_counter() - t0)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            failed.append(e)
-
-    if worker_thread:
-        worker = threading.Thread(target=timed, name="dlscale-loadgen-probe")
-        worker.start()
-        worker.join()
-    else:
-        timed()
-    if failed:
-        raise failed[0]
+    times = time_batch(session, batch, 1, 3, as_sut=True, worker_thread=worker_thread)
     return max(min(times), 1e-6)
 
 

@@ -49,19 +49,32 @@ _STOP = None
 
 
 class Responses:
-    """QuerySamplesComplete with ``QuerySampleResponse`` objects made once per thread and reused (module doc)."""
+    """QuerySamplesComplete (and FirstTokenComplete) with ``QuerySampleResponse`` objects made once per
+    thread and reused (module doc); ``serve.mlperf`` completes its token-latency queries through it too."""
 
     def __init__(self, lg: Any):
         self.lg = lg
         self._local = threading.local()
 
-    def complete(self, ids: Sequence[int]) -> None:
+    def _pool(self, kind: str, ids: Sequence[int]) -> list[Any]:
         n = len(ids)
-        pool = getattr(self._local, "pool", None)
+        pool = getattr(self._local, kind, None)
         if pool is None or len(pool) < n:
-            pool = self._local.pool = [self.lg.QuerySampleResponse(0, 0, 0) for _ in range(n)]
+            pool = [self.lg.QuerySampleResponse(0, 0, 0) for _ in range(n)]
+            setattr(self._local, kind, pool)
         deque(map(setattr, pool, repeat("id"), ids), 0)  # each response's id, in C: no Python loop
-        self.lg.QuerySamplesComplete(pool if n == len(pool) else pool[:n])
+        return pool if n == len(pool) else pool[:n]
+
+    def complete(self, ids: Sequence[int], n_tokens: Sequence[int] | None = None) -> None:
+        """The samples ``ids`` complete (with ``n_tokens``: each one's output tokens, LoadGen's token latencies)."""
+        pool = self._pool("pool", ids)
+        if n_tokens is not None:
+            deque(map(setattr, pool, repeat("n_tokens"), n_tokens), 0)
+        self.lg.QuerySamplesComplete(pool)
+
+    def first_token(self, ids: Sequence[int]) -> None:
+        """The samples ``ids`` have their first token (LoadGen's FirstTokenComplete)."""
+        self.lg.FirstTokenComplete(self._pool("first", ids))
 
 
 class Qsl:

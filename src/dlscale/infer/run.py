@@ -4,9 +4,10 @@ At each batch size one batch of synthetic samples is gathered on the device once
 store held as LoadGen's is (``infer.feed``; with ``--samples-on host`` on a GPU every forward's
 batch is copied in from pinned host memory instead, overlapped with the previous forward), as the
 training short test keeps its batch; ``warmup`` uncounted forwards run, then ``iters`` forwards
-are timed one by one by the harness's step clock (``harness.timing.timed_loop``: CUDA events on a
-GPU, ``perf_counter`` on the CPU; onnxruntime returns host arrays, so its forwards are timed on
-the host clock). Per batch size: latency per batch p50/p90/p99/max, throughput in the family's
+are timed one by one by the harness's step clock (``infer.probe.time_batch`` over
+``harness.timing.timed_loop``: CUDA events on a GPU, ``perf_counter`` on the CPU; onnxruntime
+returns host arrays, so its forwards are timed on the host clock). Per batch size: latency per
+batch p50/p90/p99/max, throughput in the family's
 unit per second with its 95% CI and the step-time CV, all from ``harness.metrics.summarize_steps``
 (formulas in docs/METRICS.md). The headline ``throughput`` is the best batch size's.
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from dlscale.harness.runner import Outcome
 from dlscale.harness.window import Window
+from dlscale.infer.probe import time_batch
 from dlscale.log import info
 
 BATCH_LIMIT = 1 << 16  # the search stops here even if memory is left (a tiny model at 32 px fits ~10^5)
@@ -51,44 +53,6 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
     return {"throughput": m["throughput"], "throughput_ci95": m["throughput_ci95"], "cv": m["cv"],
             "latency_p50": m["step_time_p50"], "latency_p90": m["step_time_p90"], "latency_p99": m["step_time_p99"],
             "latency_max": m["step_time_max"], "latency_mean": m["step_time_mean"]}, warnings
-
-
-def time_batch(session: Any, batch_size: int, warmup: int, iters: int, meter: Any = None,
-               window: Any = None) -> list[float]:
-    """Seconds of each of ``iters`` timed forwards of one batch, after ``warmup`` uncounted ones
-    (``meter``: an EnergyMeter read at the window's edges). The batch's samples are held as LoadGen's
-    are (``infer.feed``: one tensor per input, the model's input dtype and layout): on the device they
-    are gathered once and every step is a forward of that batch; in host memory on a GPU
-    (``--samples-on host``) every step gathers them into pinned memory and copies them on a side
-    stream while the previous steps compute (the feed's slots in flight)."""
-    import torch
-
-    from dlscale.harness.timing import timed_loop
-    from dlscale.infer.feed import Feed, SampleStore
-
-    store = SampleStore(session, batch_size)
-    store.load(range(batch_size))
-    feed = Feed(session, store, batch_size)
-    indices = list(range(batch_size))
-    clock_device = session.device if session.runtime == "torch" else torch.device("cpu")
-    if not store.pinned:
-        batch = feed.batch(indices)
-        times, _ = timed_loop(lambda: session.forward(batch), warmup, iters, clock_device, meter=meter,
-                              window=window)
-        return times
-    flying: list[Any] = []
-
-    def step() -> None:
-        if len(flying) == len(feed.slots):
-            feed.finish(flying.pop(0))
-        flying.append(feed.launch(indices))
-
-    try:
-        times, _ = timed_loop(step, warmup, iters, clock_device, meter=meter, window=window)
-    finally:
-        for t in flying:
-            feed.finish(t)
-    return times
 
 
 def batch_energy(session: Any, batch_size: int, iters: int, meter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -215,12 +179,11 @@ def peak_rss() -> int:
 
 
 def default_memory_cap() -> int:
-    """CPU: the RSS now plus 80% of MemAvailable (leaving the OOM killer out of the search)."""
-    avail = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
+    """CPU: the RSS now plus 80% of MemAvailable (``memsize.available_memory``; leaving the OOM killer out
+    of the search)."""
+    from dlscale.memsize import available_memory
+
+    avail = available_memory() or 0
     peak_rss_reset()
     return peak_rss() + int(0.8 * avail)
 
@@ -388,5 +351,5 @@ def run_llm(cfg: Any, device: Any) -> tuple[dict[str, Any], dict[str, Any], list
     metrics, units, raw, warnings = run_llm_inference(
         cfg.model, batch_sizes=list(cfg.batch_sizes), prompt_len=cfg.prompt_len, output_len=cfg.output_len,
         precision=cfg.precision, device=device, model_config=cfg.model_config, warmup=cfg.warmup,
-        iters=cfg.iters, seed=cfg.seed, decode=cfg.decode or "eager")
+        iters=cfg.iters, seed=cfg.seed, decode=cfg.decode or "eager", cudnn_benchmark=cfg.cudnn_benchmark)
     return metrics, raw, warnings, units

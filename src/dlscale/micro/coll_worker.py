@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from dlscale.harness.window import MOST, Window
-from dlscale.micro.gputiming import MAX_WINDOWS
+from dlscale.harness.gputime import MAX_WINDOWS
 from dlscale.micro.collectives import COLLECTIVES, ELEMENT, MODES, Buffers, CollectiveOptions, count_for, parse_sizes
 
 UNITS = {"avg_busbw": "GB/s", "max_busbw": "GB/s", "wrong": "elements", "world_size": "ranks", "rows": "rows",
@@ -78,42 +78,35 @@ def cuda_windows(b: Buffers, iters: int, budget: float, sync, reduce_max, device
                  api: Any = None, window: Any = None) -> tuple[list[float], dict[str, Any]]:
     """Up to ``iters`` windows of K calls each, between CUDA events made once before the loop.
 
-    K comes from calibration windows timed on every rank and reduced to the slowest (``gputiming.
+    K comes from calibration windows timed on every rank and reduced to the slowest (``harness.gputime.
     calibrate``: the first K whose window reaches 1 ms); the windows that fit in ``budget`` at that
     length are timed back to back after a barrier (at least one).
     """
     import torch.distributed as dist
 
-    from dlscale.micro import gputiming
+    from dlscale.harness import gputime
 
-    api = api if api is not None else gputiming.API(device)
-    events = [api.event(), api.event()]  # the calibration's pair, then the first window's edges
+    api = api if api is not None else gputime.TorchCuda(device)
+    marks = gputime.Marks(api, 2)  # the calibration's pair, then the first window's edges
+
+    def calls_of(calls: int) -> None:
+        for _ in range(calls):
+            b.call()
 
     def calibration(calls: int) -> float:
         sync()
         dist.barrier()
-        events[0].record()
-        for _ in range(calls):
-            b.call()
-        events[1].record()
-        sync()
-        return reduce_max(events[0].elapsed_time(events[1]) / 1e3)
+        return reduce_max(marks.time(lambda: calls_of(calls)))
 
-    calls, tried = gputiming.calibrate(calibration, target_s=gputiming.window_target(window))
+    calls, tried = gputime.calibrate(calibration, target_s=gputime.window_target(window, MAX_WINDOWS))
     per_window = tried[-1][1]
     windows = max(1, min(iters, int(budget / per_window) if per_window > 0 else iters))
     if window is not None:
         windows = window.size(windows, per_window)
-    events += [api.event() for _ in range(windows - 1)]  # made before the timed windows
+    marks.grow(windows + 1)  # made before the timed windows
     sync()
-    dist.barrier()
-    events[0].record()
-    for i in range(windows):
-        for _ in range(calls):
-            b.call()
-        events[i + 1].record()
-    sync()
-    per_call = [events[i].elapsed_time(events[i + 1]) / 1e3 / calls for i in range(windows)]
+    per_call = [t / calls for t in gputime.timed_windows(marks, lambda: calls_of(calls), windows,
+                                                         begin=dist.barrier)]
     return per_call, {"iters": windows * calls, "calls_per_window": calls, "windows": windows,
                       "timing": "cuda-events", "calibration": tried, **_sizing(window)}
 

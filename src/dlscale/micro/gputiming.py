@@ -19,79 +19,25 @@
 - Windows: ``reps``, or with a target duration (``--min-duration``) as many as the last calibration
   window, the probe, says the target needs (``harness.window``); the row keeps how (``sizing``).
 
-Every CUDA call goes through ``TorchCuda`` (one device), so tests drive this module with a fake.
+The events, the calibration, the timed windows and the capture are ``harness.gputime``'s; this module
+adds the operands (hot or cold cache) and the row. Every CUDA call goes through ``TorchCuda`` (one
+device), so tests drive this module with a fake.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-TARGET_WINDOW_S = 1e-3  # a window lasts at least this long
-MAX_WINDOWS = 2000  # with a target duration: windows of at least target / this (events made: one more)
-MAX_CALLS = 1 << 14  # calls per window at most (a 60 ns call would need more)
-CALIBRATION_ROUNDS = 6  # windows tried while finding K
+from dlscale.harness.gputime import (MAX_CALLS, MAX_WINDOWS, TARGET_WINDOW_S, Marks, TorchCuda, calibrate,  # noqa: F401
+                                     next_calls, timed_windows, window_target)
+
 ROTATE_L2 = 2  # cold cache: the operand copies together hold at least this many L2 sizes
 MAX_COPIES = 4096
 ASSUMED_L2 = 256 * 2**20  # where the device properties have no L2 size: above any GPU's L2 today
 CACHES = ("hot", "cold")
-CAPTURE_LOCK = threading.Lock()  # one CUDA graph capture at a time in the process (TorchCuda.capture)
-
-
-class TorchCuda:
-    """The CUDA calls the timing makes, on one device (tests pass a fake with the same methods)."""
-
-    def __init__(self, device: Any):
-        self.device = device
-
-    def scope(self) -> Any:
-        import torch
-
-        return torch.cuda.device(self.device)
-
-    def event(self) -> Any:
-        import torch
-
-        return torch.cuda.Event(enable_timing=True)
-
-    def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize(self.device)
-
-    def allocated(self) -> int:
-        import torch
-
-        return int(torch.cuda.memory_allocated(self.device))
-
-    def l2_bytes(self) -> int | None:
-        import torch
-
-        return getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", None) or None
-
-    def capture(self, calls: Callable[[], None]) -> Callable[[], None]:
-        """``calls`` captured into a CUDA graph (after a warm-up on a side stream, as PyTorch's graph
-        recipe asks); returns its replay, which runs on the current stream.
-
-        Every device at once (``micro.concurrent``: a thread per GPU): one capture at a time in the
-        process (``CAPTURE_LOCK``; entering a capture synchronises and empties torch's cache), and in
-        ``thread_local`` error mode, so the other threads' allocations and synchronisations on their own
-        GPUs neither fail nor spoil it (CUDA's stream-capture modes)."""
-        import torch
-
-        with CAPTURE_LOCK:
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                calls()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                calls()
-        return graph.replay
 
 
 API: Callable[[Any], Any] = TorchCuda  # how a device's CUDA calls are made (tests swap in a fake)
@@ -133,30 +79,6 @@ class Windows:
         if self.sizing:
             out["sizing"] = self.sizing
         return {**out, **self.clock}
-
-
-def next_calls(calls: int, window_s: float, step: int = 1, target_s: float = TARGET_WINDOW_S,
-               most: int = MAX_CALLS) -> int:
-    """The calls for the next calibration window: ``calls · target / window`` with 10% to spare, at
-    least ``calls + step``, a multiple of ``step``, at most ``most`` (rounded down to a multiple of step)."""
-    want = math.ceil(calls * target_s / window_s * 1.1 - 1e-9) if window_s > 0 else calls * 16
-    want = max(calls + step, want)
-    want = -(-want // step) * step
-    return max(step, min(want, most // step * step))
-
-
-def calibrate(window: Callable[[int], float], step: int = 1, target_s: float = TARGET_WINDOW_S,
-              most: int = MAX_CALLS) -> tuple[int, list[list[float]]]:
-    """K, the calls per window, from timing windows of growing K (``window(k)`` → seconds): the
-    first K whose window reaches ``target_s`` (or ``most``, or the last tried)."""
-    calls, tried = step, []
-    for _ in range(CALIBRATION_ROUNDS):
-        secs = window(calls)
-        tried.append([calls, secs])
-        if secs >= target_s or calls >= most // step * step:
-            break
-        calls = next_calls(calls, secs, step, target_s, most)
-    return int(tried[-1][0]), tried
 
 
 def operands(build: Callable[[], Callable[[], Any]], cache: str, api: Any) -> tuple[list[Callable[[], Any]], dict[str, Any]]:
@@ -203,41 +125,27 @@ def time_case(build: Callable[[], Callable[[], Any]], device: Any, warmup: int, 
         for i in range(warmup):
             ops[i % len(ops)]()
         api.synchronize()
-        events = [api.event(), api.event()]  # the calibration's pair, then window 0's edges
-        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, events, window_target(window))
+        marks = Marks(api, 2)  # the calibration's pair, then window 0's edges
+        run, calls, method, tried, graph_error = _calibrated(ops, capture, api, marks, window_target(window, MAX_WINDOWS))
         if window is not None:
             reps = window.size(reps, tried[-1][1])
-        events += [api.event() for _ in range(reps - 1)]  # made once, before anything is timed
+        marks.grow(reps + 1)  # made once, before anything is timed
         api.synchronize()
-        if meter is not None:
-            meter.begin()
-        events[0].record()
-        for i in range(reps):
-            run()
-            events[i + 1].record()
-        sample = clocks.sample() if clocks is not None else None  # while the queued windows run
-        api.synchronize()
-        if meter is not None:
-            meter.end()
-        per_call = [events[i].elapsed_time(events[i + 1]) / 1e3 / calls for i in range(reps)]
+        sample: list[Any] = []
+        spans = timed_windows(marks, run, reps, begin=meter.begin if meter is not None else None,
+                              during=(lambda: sample.append(clocks.sample())) if clocks is not None else None,
+                              end=meter.end if meter is not None else None)
+        per_call = [t / calls for t in spans]
     from dlscale.monitor.clocks import summarize
 
     return Windows(per_call, calls, method, cache, rot.get("copies", 1), rot.get("l2_bytes"), rot.get("l2_source", ""),
-                   rot.get("rotation_bytes"), graph_error, tried, summarize([sample]) if sample is not None else {},
+                   rot.get("rotation_bytes"), graph_error, tried, summarize(sample) if sample else {},
                    window.last if window is not None else None)
 
 
-def window_target(window: Any) -> float:
-    """The least length of one window: 1 ms, or with a target duration 1/MAX_WINDOWS of it, so that a long
-    target lengthens the windows (more calls each) rather than multiplying them past MAX_WINDOWS."""
-    target = getattr(window, "target_s", None)
-    return max(TARGET_WINDOW_S, target / MAX_WINDOWS) if target else TARGET_WINDOW_S
-
-
-def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: list[Any],
+def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, marks: Marks,
                 target_s: float = TARGET_WINDOW_S) -> tuple[Callable[[], None], int, str, list[list[float]], str | None]:
     """(one window's run, K, method, the calibration tried, why the graph failed or None)."""
-    start, end = events[0], events[1]
     made: dict[int, Callable[[], None]] = {}
 
     def make(calls: int, graph: bool) -> Callable[[], None]:
@@ -250,11 +158,7 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
         def timed(calls: int) -> float:
             run = make(calls, graph)
             run()  # untimed: a graph's first replay uploads it
-            start.record()
-            run()
-            end.record()
-            api.synchronize()
-            return start.elapsed_time(end) / 1e3
+            return marks.time(run)
 
         return timed
 
@@ -271,4 +175,3 @@ def _calibrated(ops: list[Callable[[], Any]], capture: bool, api: Any, events: l
         error = None
     calls, tried = calibrate(window(False), step, target_s)
     return make(calls, False), calls, "cuda-events", tried, error
-

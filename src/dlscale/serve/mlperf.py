@@ -70,6 +70,9 @@ async def run(cfg: Any, ep: Endpoint, reqs: list[Any], http: Any, counter: Any) 
     """One LoadGen server run through the client; the point of its requests and LoadGen's figures."""
     import mlperf_loadgen as lg
 
+    from dlscale.infer.loadgen_sut import Responses
+
+    responses = Responses(lg)  # response objects made once and reused, as infer's LoadGen SUT does
     loop = asyncio.get_running_loop()
     slo = cfg.slo_bounds
     pt = Point("rate", cfg.rates[0])
@@ -82,15 +85,15 @@ async def run(cfg: Any, ep: Endpoint, reqs: list[Any], http: Any, counter: Any) 
 
         def on_first() -> None:
             first.append(True)
-            lg.FirstTokenComplete([lg.QuerySampleResponse(q.id, 0, 0)])
+            responses.first_token([q.id])
 
         r: Result = await send(http, ep, next(numbers), req.prompt, req.output_len, cfg.timeout, counter, on_first)
         r.scheduled = issued  # when LoadGen issued it: the lag is this loop's delay in sending it
         r.prompt_tokens = r.prompt_tokens if r.prompt_tokens is not None else req.prompt_tokens
         pt.results.append(r)
         if not first:
-            lg.FirstTokenComplete([lg.QuerySampleResponse(q.id, 0, 0)])
-        lg.QuerySamplesComplete([lg.QuerySampleResponse(q.id, 0, 0, max(2, r.output_tokens or 0))])
+            responses.first_token([q.id])
+        responses.complete([q.id], [max(2, r.output_tokens or 0)])
 
     def issue(queries: list[Any]) -> None:  # LoadGen's thread
         now = time.perf_counter()

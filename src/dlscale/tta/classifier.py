@@ -114,9 +114,10 @@ def run_tta(cfg: TTAConfig, device: Any, ranks: Ranks | None = None, wrap_model:
 def _run(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], Any] | None, platform: str,
          on_epoch: Callable[[dict[str, Any]], None] | None, t0: float) -> Outcome:
     """Set up, train epoch by epoch until the target or ``max_epochs``, and assemble the figures."""
-    s = build_setup(cfg, device, ranks, wrap_model, platform, t0)
-    run_epochs(s, train_one_epoch, evaluate_point, on_epoch)
-    return assemble_outcome(s)
+    with dev.run_flags(cfg.precision, device):  # the precision's TF32 and cuDNN flags, restored after the run
+        s = build_setup(cfg, device, ranks, wrap_model, platform, t0)
+        run_epochs(s, train_one_epoch, evaluate_point, on_epoch)
+        return assemble_outcome(s)
 
 
 def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[[Any], Any] | None, platform: str,
@@ -127,7 +128,6 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     """
     import torch
 
-    dev.set_matmul_precision(cfg.precision, device)
     key = same_config_key(cfg.to_dict())
     state = checkpoint.load(cfg.checkpoint_dir, key) if cfg.resume else None
     plain = (Path(cfg.data) / DIGITS_MARKER).is_file()

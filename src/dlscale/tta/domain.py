@@ -87,9 +87,10 @@ def run_domain(cfg: TTAConfig, device: Any, ranks: Ranks | None = None,
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        s = build_setup(cfg, device, ranks or Ranks(), wrap_model, platform, data, t0)
-        run_epochs(s, train_one_epoch, evaluate_point, on_epoch)
-        return assemble_outcome(s)
+        with dev.run_flags(cfg.precision, device):  # the precision's TF32 and cuDNN flags, restored after the run
+            s = build_setup(cfg, device, ranks or Ranks(), wrap_model, platform, data, t0)
+            run_epochs(s, train_one_epoch, evaluate_point, on_epoch)
+            return assemble_outcome(s)
     finally:
         torch.set_num_threads(threads)
 
@@ -102,7 +103,6 @@ def build_setup(cfg: TTAConfig, device: Any, ranks: Ranks, wrap_model: Callable[
     from dlscale.tta import tasks
 
     task = tasks.get(cfg.family)
-    dev.set_matmul_precision(cfg.precision, device)
     key = same_config_key(cfg.to_dict())
     state = checkpoint.load(cfg.checkpoint_dir, key) if cfg.resume else None
     data = data if data is not None else task.open(cfg.data, cfg)
