@@ -191,12 +191,12 @@ def test_cpu_lists_are_written_as_ranges():
 
 def test_links_over_gloo_on_a_gpu_machine_are_placed_as_cpu_ranks(monkeypatch):
     from dlscale.distributed import job
-    from dlscale.micro import run as micro_run
+    from dlscale.micro import kinds as micro_kinds
     from dlscale.micro.links import LinkOptions
 
     fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"])  # one GPU, three emulated nodes' ranks on the CPU
     seen = {}
     monkeypatch.setattr(job, "run_job", lambda kind, config, layout, db, price=None: seen.update(config))
-    micro_run.run_ranked("links", LinkOptions(), Layout(emulate_nodes=3), None)
+    micro_kinds.run_ranked("links", LinkOptions(), Layout(emulate_nodes=3), None)
     assert seen["device"] == "cpu" and not placement.uses_cuda(seen)
     placement.check(Layout(emulate_nodes=3), seen)  # three ranks, one GPU: fine, they run on the CPU
