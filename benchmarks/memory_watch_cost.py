@@ -1,6 +1,6 @@
 """CPU cost of one look of tune's --max-memory watch: the trial's whole tree vs its direct children only.
 
-``dlscale tune`` looks at its running trial every 0.2 s (``tune.run.MemoryWatch``), on the same
+``dlscale tune`` looks at its running trial every 0.2 s (``tune.trials.MemoryWatch``), on the same
 cores the trial is being timed on, so a look must stay cheap. "tree": the watch as it is, the
 trial's tree found through /proc/PID/task/*/children and weighed by the sum of its resident sets
 (/proc/PID/statm), which never falls below the sum of proportional set sizes, so PSS

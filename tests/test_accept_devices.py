@@ -59,7 +59,7 @@ def test_memory_on_every_device_copies_on_each_gpu(monkeypatch):
 
 
 def test_every_device_is_an_option_of_gemm_and_memory_only():
-    from dlscale.micro.run import check_options
+    from dlscale.micro.kinds import check_options
 
     check_options("gemm", {"every_device": True})
     with pytest.raises(UsageError, match="micro conv does not read every_device"):

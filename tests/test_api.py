@@ -53,7 +53,7 @@ def test_micro_returns_one_record_per_kind(db_path):
 
 
 def test_micro_options_each_kind_reads():
-    from dlscale.micro.run import options_of
+    from dlscale.micro.kinds import options_of
 
     assert "shapes" in options_of("gemm") and "channels_last" not in options_of("gemm")
     assert "channels_last" in options_of("conv") and "mem_mib" in options_of("memory")
@@ -76,7 +76,7 @@ def test_cli_option_a_kind_does_not_read_is_an_error(cli, db_path):
 
 
 def test_under_an_external_launcher_collectives_take_its_world(monkeypatch):
-    from dlscale.micro.run import default_collectives_layout
+    from dlscale.micro.kinds import default_collectives_layout
 
     assert default_collectives_layout(Layout()).world_size >= 2  # dlscale's own launcher: two ranks here
     for k, v in {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}.items():

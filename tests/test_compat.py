@@ -127,7 +127,7 @@ def test_features_list_every_torch_probe_and_the_installed_torch_has_the_ones_dl
         if f.family == "torch":
             assert set(got[name]) == {"available", "needs"}
     # what every supported torch has (the lowest-torch CI set checks it on the oldest)
-    for name in ("fsdp2", "compile", "process_group_device_id", "torchrun_numa_binding"):
+    for name in ("fsdp2", "compile", "process_group_device_id"):
         assert got[name]["available"], name
 
 

@@ -112,7 +112,7 @@ def test_a_systems_file_whose_finite_fields_overflow_is_refused(tmp_path):
 
 def test_train_records_cost_per_million_images_and_why_energy_is_absent(cli, db_path, tmp_path, monkeypatch):
     """The issue's acceptance: cost per million images = 2.50 / 3600 x 10^6 / throughput."""
-    from dlscale.monitor import energy as counters
+    from dlscale.monitor import energy_counters as counters
 
     (tmp_path / "none").mkdir()
     monkeypatch.setenv(counters.POWERCAP_ENV, str(tmp_path / "none"))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.harness import energy
-from dlscale.harness.energy import EnergyMeter
-from dlscale.monitor import energy as counters
+from dlscale.harness import energy_meter as energy
+from dlscale.harness.energy_meter import EnergyMeter
+from dlscale.monitor import energy_counters as counters
 
 INTEL_RANGE_UJ = 262_143_328_850  # a real package zone's max_energy_range_uj
 

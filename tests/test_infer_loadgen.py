@@ -438,7 +438,7 @@ class _Logged(SleepSession):
 
 
 def test_energy_window_opens_after_the_samples_are_loaded_and_closes_after_the_test(tmp_path, monkeypatch):
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
 
     log: list = []
 
@@ -631,7 +631,7 @@ class _Threads(SleepSession):
 
 @pytest.mark.parametrize("scenario, thread", [("server", "dlscale-loadgen-sut"), ("offline", "MainThread")])
 def test_shapes_are_warmed_on_the_thread_that_runs_them_before_the_window(tmp_path, monkeypatch, scenario, thread):
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
 
     log: list = []
 

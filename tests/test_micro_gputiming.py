@@ -146,7 +146,7 @@ def test_energy_is_absent_for_windows_shorter_than_ten_counter_updates():
 
 
 def test_counters_carry_their_update_periods():
-    from dlscale.monitor import energy as mon
+    from dlscale.monitor import energy_counters as mon
 
     assert mon.NvmlTotalEnergy.update_s == 0.1 and mon.PowercapZone.update_s == 0.001
     assert mon.HwmonEnergy.update_s == mon.RAPL_UPDATE_S

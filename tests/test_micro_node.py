@@ -160,7 +160,7 @@ def test_a_device_below_its_peers_is_named_and_failed(monkeypatch):
 def test_the_nodes_energy_is_each_devices_over_the_windows_opened_together(monkeypatch):
     """GPU 1 draws twice GPU 0's energy per call: the node's energy over the timed windows is exactly
     the timed calls' (the warm-up and calibration calls fall outside), its power each device's summed."""
-    from dlscale.monitor import energy as mon
+    from dlscale.monitor import energy_counters as mon
 
     monkeypatch.setattr(mon.NvmlTotalEnergy, "update_s", 0.0)  # the fake counter changes on every read
     host, fakes = _gpus(monkeypatch, 2)

@@ -88,7 +88,7 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_part(tmp_path):
 def test_the_other_commands_that_write_a_file_use_the_same_check(cli, one_run, tmp_path, monkeypatch):
     db = str(one_run)
     # tune --output: refused before any trial runs
-    from dlscale.tune.run import tune as run_tune
+    from dlscale.tune.trials import tune as run_tune
 
     def no_trial(*_a, **_k):
         raise AssertionError("a trial ran")
@@ -112,7 +112,7 @@ def test_the_other_commands_that_write_a_file_use_the_same_check(cli, one_run, t
     assert cli("accept", "--force").code == 2  # --force belongs to refs export
     # tta --mlperf-log: the database, or an existing log without --force
     from dlscale.tta.config import TTAConfig
-    from dlscale.tta.run import check_logs
+    from dlscale.tta.repeats import check_logs
 
     with pytest.raises(UsageError, match="the results database"):
         check_logs(TTAConfig(model="ppo_mlp", mlperf_log=db, force=True), db)

@@ -92,10 +92,25 @@ def test_how_ranks_are_bound(monkeypatch, layout, config, expect):
     assert placement.parse_cpus(env[placement.JOB_CPUS_ENV]) <= os.sched_getaffinity(0)
 
 
-def test_torchrun_binds_only_when_asked():
-    args = ("dlscale.distributed.rank", [], 2, 1, 0, "127.0.0.1", 29500, 30)
-    assert "--numa-binding=node" in launch._torchrun_cmd(*args, numa_binding=True)
-    assert not any("numa" in a for a in launch._torchrun_cmd(*args))
+@pytest.mark.parametrize("layout", [Layout(nproc_per_node=2), Layout(nproc_per_node=2, emulate_nodes=2)])
+def test_dlscale_never_asks_torchrun_to_bind(monkeypatch, layout):
+    """The ranks of a GPU job that dlscale binds (mode nvml) are bound in the rank, within the job's
+    CPUs: the torchrun that dlscale starts gets no --numa-binding, on one node or on emulated nodes."""
+    from conftest import FakeNodes
+
+    from dlscale.distributed import netns
+
+    fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"] * 4)
+    placed = placement.launch_env(layout, {})
+    assert placed[dist_env.BINDING_ENV] == "nvml"
+    cmds = []
+    monkeypatch.setattr(netns, "EmulatedNodes", FakeNodes)
+    monkeypatch.setattr(launch, "_supervise", lambda c, env, timeout: cmds.extend(c) or launch.LaunchResult(0))
+    launch.launch("dlscale.distributed.rank", ["--spec", "{}"], layout, extra_env=placed)
+    assert len(cmds) == (layout.emulate_nodes or 1)
+    for cmd in cmds:
+        assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd
+        assert not [w for w in cmd if "numa" in w or "bind" in w], cmd
 
 
 @pytest.fixture
@@ -191,12 +206,12 @@ def test_cpu_lists_are_written_as_ranges():
 
 def test_links_over_gloo_on_a_gpu_machine_are_placed_as_cpu_ranks(monkeypatch):
     from dlscale.distributed import job
-    from dlscale.micro import run as micro_run
+    from dlscale.micro import kinds as micro_kinds
     from dlscale.micro.links import LinkOptions
 
     fake_cuda(monkeypatch, ["NVIDIA H100 80GB HBM3"])  # one GPU, three emulated nodes' ranks on the CPU
     seen = {}
     monkeypatch.setattr(job, "run_job", lambda kind, config, layout, db, price=None: seen.update(config))
-    micro_run.run_ranked("links", LinkOptions(), Layout(emulate_nodes=3), None)
+    micro_kinds.run_ranked("links", LinkOptions(), Layout(emulate_nodes=3), None)
     assert seen["device"] == "cpu" and not placement.uses_cuda(seen)
     placement.check(Layout(emulate_nodes=3), seen)  # three ranks, one GPU: fine, they run on the CPU

@@ -160,7 +160,7 @@ def test_a_sweep_stops_when_its_database_stays_away(own_server, home, tmp_path):
 
 def test_a_sweep_names_the_spool_a_point_kept_its_record_in(home, tmp_path):
     from dlscale.sweep import spec
-    from dlscale.sweep.run import run_point
+    from dlscale.sweep.driver import run_point
 
     f = tmp_path / "sweep.yaml"
     f.write_text("name: kept\nfixed: {model: tinycnn, image_size: 32, steps: 2}\nmatrix:\n  seed: [0]\n")

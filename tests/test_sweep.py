@@ -185,7 +185,7 @@ def test_kill_9_of_a_sweep_takes_a_points_torchrun_and_ranks_with_it(tmp_path):
 
 def test_resume_takes_a_points_latest_record(tmp_path):
     from dlscale.record import RunRecord
-    from dlscale.sweep.run import finished_points
+    from dlscale.sweep.driver import finished_points
 
     sw = spec.load(_write(tmp_path, "name: twice\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
     requeued, late = sw.points
@@ -211,7 +211,7 @@ def test_resume_takes_a_points_latest_record(tmp_path):
 
 
 def test_a_command_that_records_several_runs_is_one_outcome():
-    from dlscale.sweep.run import _record_from_stdout
+    from dlscale.sweep.driver import _record_from_stdout
 
     two = json.dumps([{"run_id": "a", "status": "ok"}, {"run_id": "b", "status": "failed", "error": "oom"}])
     assert _record_from_stdout(two) == {"run_id": "a,b", "status": "failed", "error": "oom"}

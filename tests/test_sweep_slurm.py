@@ -102,7 +102,7 @@ def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
     p_none, p_own = sw.points
     st = open_state(sw, tmp_path / "state")
     with Store.open(tmp_path / "r.db") as store:
-        from dlscale.sweep.run import record_failure
+        from dlscale.sweep.driver import record_failure
 
         own = record_failure(p_own, store, sw.name, "crashed: killed by SIGTERM", "")  # what the job itself wrote
         res = slurm.settle(p_none, squeue.JobState("41", "CANCELLED", "None", "00:05:00"), store, sw.name, st)
@@ -116,7 +116,7 @@ def test_a_job_slurm_ended_is_recorded_failed_with_its_reason(tmp_path):
 
 
 def test_resume_runs_again_a_point_whose_job_lost_its_node_and_no_other_failed_one(tmp_path, monkeypatch):
-    from dlscale.sweep.run import finished_points, lost_points, record_failure
+    from dlscale.sweep.driver import finished_points, lost_points, record_failure
 
     sw = spec.load(_write(tmp_path, "name: lost\n" + TINY + "matrix:\n  batch_size: [4, 8]\n"))
     p_lost, p_own = sw.points

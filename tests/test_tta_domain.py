@@ -13,7 +13,7 @@ import pytest
 from dlscale.errors import UsageError
 from dlscale.tta import tasks
 from dlscale.tta.config import TTAConfig, same_config_key
-from dlscale.tta.run import epoch_line
+from dlscale.tta.repeats import epoch_line
 from dlscale.tta.tasks import Task, TaskData
 
 
@@ -253,7 +253,7 @@ def test_an_interrupted_tta_says_how_to_go_on(tmp_path):
     from dlscale.errors import on_interrupt, take_interrupt_note
     from dlscale.tta.checkpoint import checkpoint_path
     from dlscale.tta.config import TTAConfig
-    from dlscale.tta.run import interrupted
+    from dlscale.tta.repeats import interrupted
 
     ck = tmp_path / "ck"
     cfg = TTAConfig(model="tinycnn", data=str(tmp_path), target_top1=0.9, checkpoint_dir=str(ck))

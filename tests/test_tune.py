@@ -18,8 +18,8 @@ from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 from dlscale.store import Store
 from dlscale.tune import configfile
-from dlscale.tune.run import parse_fix, parse_memory
-from dlscale.tune.run import tune as run_tune
+from dlscale.tune.trials import parse_fix, parse_memory
+from dlscale.tune.trials import tune as run_tune
 from dlscale.tune.search import Result, decide
 
 
@@ -114,7 +114,7 @@ def test_an_unbounded_ci_overlaps_and_needs_a_repeat():
 
 @pytest.mark.isa
 def test_clear_gain_kept_gain_inside_noise_not(tmp_path):
-    from dlscale.tune.run import device_knobs
+    from dlscale.tune.trials import device_knobs
 
     # bf16 is a candidate only where this CPU (as its ISA cap leaves it) has native bf16
     kept = "bf16" if "bf16" in device_knobs("cpu", True, False)[0]["precision"] else "fp32"
@@ -135,7 +135,7 @@ def test_clear_gain_kept_gain_inside_noise_not(tmp_path):
 @pytest.mark.isa
 def test_bf16_is_searched_only_on_a_cpu_with_native_bf16(monkeypatch):
     from dlscale.system import cpu_info
-    from dlscale.tune.run import device_knobs
+    from dlscale.tune.trials import device_knobs
 
     isa = cpu_info()["isa"]
     native = isa["avx512_bf16"] or isa["amx_bf16"]
@@ -201,7 +201,7 @@ def test_a_lucky_knob_is_caught_by_its_re_test_and_the_gain_is_not_the_product(t
 
 
 def test_a_gain_the_side_by_side_cannot_confirm_is_flagged():
-    from dlscale.tune.run import gain_warnings
+    from dlscale.tune.trials import gain_warnings
 
     assert gain_warnings(1.5, (1.2, 1.9)) == [] and gain_warnings(1.0, None) == []
     assert gain_warnings(0.65, (0.17, 2.45)) == [
@@ -392,7 +392,7 @@ def test_the_tune_record_links_its_trials(tmp_path):
 
 
 def test_knobs_by_device_and_input():
-    from dlscale.tune.run import device_knobs
+    from dlscale.tune.trials import device_knobs
 
     cands, left = device_knobs("cpu", images=True, data=True)
     assert cands["compile_mode"] == ["max-autotune"] and cands["optimizer_impl"] == ["foreach", "fused"]
@@ -560,7 +560,7 @@ def test_memory_watch_kills_a_child_over_the_limit():
     import subprocess
     import sys
 
-    from dlscale.tune.run import MemoryWatch
+    from dlscale.tune.trials import MemoryWatch
 
     grow = "import time\nx = bytearray(400 * 2**20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(20)\n"
     with MemoryWatch(200 * 2**20, every_s=0.05) as watch:
@@ -577,7 +577,7 @@ def test_memory_watch_weighs_a_trials_whole_tree():
     import sys
 
     from dlscale import procs
-    from dlscale.tune.run import MemoryWatch
+    from dlscale.tune.trials import MemoryWatch
 
     # the trial's own process stays small; two workers below it hold 150 MiB each: 300 MiB together
     grow = "import time\nx = bytearray(150 * 2**20)\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(20)\n"

@@ -110,7 +110,7 @@ def tta(model: str | None = None, *, config: Any = None, layout: Layout | None =
     from dataclasses import replace
 
     from dlscale.tta.config import TTAConfig
-    from dlscale.tta.run import run_all
+    from dlscale.tta.repeats import run_all
     from dlscale.store import Store
 
     layout = layout or Layout()
@@ -131,7 +131,7 @@ def micro(kind: str, *, layout: Layout | None = None, db: str | None = None, pri
     kind does not read is a ``UsageError``. ``layout`` lays out the ranks of collectives, links and
     burnin (duration, gemm_size, gemm_chain, llm_steps: ``micro.burnin.BurninOptions``).
     """
-    from dlscale.micro.run import run_kinds
+    from dlscale.micro.kinds import run_kinds
 
     if kind not in MICRO_KINDS:
         raise UsageError(f"unknown microbenchmark {kind!r}; choose one of {', '.join(MICRO_KINDS)}")
@@ -164,7 +164,7 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
     ``executor="slurm"`` submits each point as a Slurm job (``sweep.slurm``; job ids kept under
     ``state_dir``) and, with ``wait``, records every outcome as its job ends."""
     from dlscale.store import Store
-    from dlscale.sweep import run as sweep_run
+    from dlscale.sweep import driver as sweep_driver
     from dlscale.sweep import spec
 
     if executor not in ("local", "slurm"):
@@ -176,7 +176,7 @@ def sweep(file: str, *, db: str | None = None, resume: bool = False, timeout_per
 
             results = run_slurm_sweep(sw, store, resume, state_dir, wait, on_start=on_start, on_done=on_done)
         else:
-            results = sweep_run.run_sweep(sw, store, resume, on_start=on_start, on_done=on_done)
+            results = sweep_driver.run_sweep(sw, store, resume, on_start=on_start, on_done=on_done)
         for r in results:
             r.record = store.get(r.run_id) if r.run_id else None
     return results
@@ -196,7 +196,7 @@ def predict(run: str, layouts: Sequence[tuple[int, int]], *, model: str | None =
     CPU); ``find_unused_parameters``: the target's DDP flag (default: as the source run); ``shared_host``:
     the nodes share the source run's machine and its cores (default: when the inter link is emulated). One
     ``prediction`` record per distinct layout."""
-    from dlscale.predict.run import predict as run_predict
+    from dlscale.predict.layouts import predict as run_predict
 
     return run_predict(run, list(layouts), model=model, intra=intra, inter=inter, algorithm=algorithm,
                        host_cost=host_cost, nics=nics, overlap_cost=overlap_cost,
@@ -221,8 +221,8 @@ def tune(model: str, *, budget_s: float | None = None, resume: bool = False, fix
     configuration, also written as YAML to ``output`` for ``dlscale train --config`` (an existing file
     only with ``force``; never a database, checked before the first trial). ``fix`` holds
     knobs left alone ("precision=fp32" or a dict); ``options`` are the model's TrainConfig shape fields."""
-    from dlscale.tune.run import parse_fix
-    from dlscale.tune.run import tune as run_tune
+    from dlscale.tune.trials import parse_fix
+    from dlscale.tune.trials import tune as run_tune
 
     fixed = dict(fix) if isinstance(fix, dict) else parse_fix(list(fix))
     return run_tune(model, db=db, budget_s=budget_s, resume=resume, fix=fixed, max_memory=max_memory, steps=steps,
@@ -337,7 +337,7 @@ def serve_bench(url: str | None = None, model: str | None = None, *, config: Any
     never recorded."""
     from dlscale.harness.runner import execute
     from dlscale.serve.config import ServeConfig
-    from dlscale.serve.run import run_serving
+    from dlscale.serve.serving_run import run_serving
     from dlscale.store import Store
 
     cfg = config if config is not None else ServeConfig(url=url, model=model, **options)

@@ -110,8 +110,6 @@ def _forward_cache_keyword() -> bool:
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("torchrun_shutdown_timeout", "torch 2.12", "torchrun --shutdown-timeout: a failed job's ranks are "
             "ended within 5 s (older torchrun waits its built-in 30 s)", _torchrun_flag("--shutdown-timeout")),
-    Feature("torchrun_numa_binding", "torch 2.9", "torchrun --numa-binding: each rank bound to its GPU's NUMA node",
-            _torchrun_flag("--numa-binding")),
     Feature("fsdp2", "torch 2.6", "--parallel fsdp (torch.distributed.fsdp.fully_shard)",
             _importable("torch.distributed.fsdp", "fully_shard")),
     Feature("onnx_dynamo_export", "torch 2.5 with onnxscript", "--runtime onnxruntime (torch.onnx.export(dynamo=True))",

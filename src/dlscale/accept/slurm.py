@@ -347,7 +347,7 @@ def read_plans(folder: Path, sp: specs.Spec, nodes: int) -> JobPlan:
 def job_failure(js: Any, folder: str, nodes: int) -> str | None:
     """Why the job did not complete (None: it did): Slurm's reason, else the last error a node's task
     logged, with its log."""
-    from dlscale.sweep.run import last_line
+    from dlscale.sweep.driver import last_line
     from dlscale.sweep.slurm import log_tail
     from dlscale.sweep.squeue import ENDED_BY_SLURM, slurm_reason
 

@@ -21,7 +21,7 @@ NodeBandwidthOpt = Annotated[Optional[list[str]], typer.Option("--node-link-band
 NodeQuotaOpt = Annotated[Optional[list[str]], typer.Option("--node-cpu-quota", help="Run one emulated node's torchrun and ranks under a CPU quota (a cgroup; needs root), NODE=CORES, e.g. 1=0.5 (repeat the option or separate with commas).", show_default=False)]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds a rank may wait in the rendezvous or a collective; a crashed or hung rank ends the job after at most this long.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-rank", help="CPU threads per rank (default: the CPUs this process may use / ranks on this machine).", show_default=False)]
-CpuBindingOpt = Annotated[bool, typer.Option("--cpu-binding/--no-cpu-binding", help="Bind each rank on a GPU to the CPUs of its GPU's NUMA node (torchrun --numa-binding where it has it, else NVML's CPU affinity); the record says how and each rank's CPUs.")]
+CpuBindingOpt = Annotated[bool, typer.Option("--cpu-binding/--no-cpu-binding", help="Bind each rank on a GPU to the CPUs of its GPU's NUMA node (NVML's CPU affinity, within the CPUs the job owns); the record says how and each rank's CPUs.")]
 
 
 def layout(nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",

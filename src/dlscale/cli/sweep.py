@@ -48,7 +48,7 @@ def sweep(
     from dlscale import api
     from dlscale.errors import RunFailure, UsageError
     from dlscale.store import Store
-    from dlscale.sweep import run as sweep_run
+    from dlscale.sweep import driver as sweep_driver
     from dlscale.sweep import spec
 
     if file == "status" and target is not None:
@@ -60,7 +60,7 @@ def sweep(
         raise UsageError(f"unknown --executor {executor!r}; choose local or slurm")
     sw = spec.load(file).with_timeout(timeout_per_run)  # a bad file stops here (file:line), before anything runs
     with Store.open(db) as store:
-        done = sweep_run.finished_points(store, sw)
+        done = sweep_driver.finished_points(store, sw)
         where = store.path
     if dry_run:
         _dry_run(sw, done, fmt)
@@ -121,7 +121,7 @@ def _dry_run(sw, done, fmt: Format) -> None:
 def _summary(results, fmt: Format) -> None:
     from dlscale.cli.render import fmt_num
 
-    from dlscale.sweep.run import sweep_cost
+    from dlscale.sweep.driver import sweep_cost
 
     if fmt == Format.json:
         print_json([{"index": r.point.index, "hash": r.point.hash, "options": r.point.options, "status": r.status,

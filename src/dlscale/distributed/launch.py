@@ -74,11 +74,11 @@ def run_torchrun(module: str, module_args: list[str], layout: Layout, *, timeout
 
 
 def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: float | None = None,
-           extra_env: dict[str, str] | None = None, numa_binding: bool = False) -> LaunchResult:
+           extra_env: dict[str, str] | None = None) -> LaunchResult:
     """``run_torchrun`` with the failure details: see there. The layout's ``threads_per_rank`` sets
     OMP_NUM_THREADS (default: the usable CPUs / ranks here); its ``timeout_s`` bounds the rendezvous and
-    the wait for an unreachable master (at most 300 s). ``numa_binding``: torchrun binds each rank to
-    its GPU's NUMA node (``--numa-binding=node``, placement.py decides)."""
+    the wait for an unreachable master (at most 300 s). torchrun binds no rank to CPUs: each rank binds
+    itself within the job's CPUs (placement.py)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     if layout.threads_per_rank is not None or "OMP_NUM_THREADS" not in env:
@@ -96,7 +96,7 @@ def launch(module: str, module_args: list[str], layout: Layout, *, timeout_s: fl
     else:
         _check_master_reachable(layout.master_addr, master_port, float(rdzv_timeout))
     cmd = _torchrun_cmd(module, module_args, layout.nproc_per_node, layout.nnodes, layout.node_rank,
-                        layout.master_addr, master_port, rdzv_timeout, numa_binding)
+                        layout.master_addr, master_port, rdzv_timeout)
     return _supervise([cmd], env, timeout_s)
 
 
@@ -134,14 +134,12 @@ def _launch_emulated(module: str, module_args: list[str], layout: Layout, env: d
 
 
 def _torchrun_cmd(module: str, module_args: list[str], nproc: int, nnodes: int, node_rank: int,
-                  master_addr: str, master_port: int, rdzv_timeout: int, numa_binding: bool = False) -> list[str]:
+                  master_addr: str, master_port: int, rdzv_timeout: int) -> list[str]:
     """torchrun's command line, with only the flags the installed torchrun has (compat): an older
-    torchrun without ``--shutdown-timeout`` ends a failed job's ranks after its own 30 s instead of 5 s.
-    ``numa_binding`` only where the caller found ``--numa-binding`` there (placement.mode)."""
+    torchrun without ``--shutdown-timeout`` ends a failed job's ranks after its own 30 s instead of 5 s."""
     from dlscale import compat
 
     optional = ["--shutdown-timeout=5"] if compat.available("torchrun_shutdown_timeout") else []
-    optional += ["--numa-binding=node"] if numa_binding else []
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",

@@ -209,7 +209,7 @@ def _rank0_figures(cfg: Any, env: DistEnv, out: Any, mine: dict[str, Any]) -> An
 
     from dlscale import workloads
     from dlscale.distributed.aggregate import UNITS, global_figures
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
     from dlscale.harness.metrics import mfu
     from dlscale.train.shorttest import in_sample_unit
 

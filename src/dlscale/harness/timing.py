@@ -60,7 +60,7 @@ def timed_loop(
     Returns the per-step times (seconds) and what each measured step returned (e.g. the loss,
     left on the device: no per-step host synchronisation). ``sync`` defaults to a device
     synchronise; a distributed caller passes one that also waits for every rank. ``on_step``
-    runs between steps, outside every timed interval. ``meter`` (harness.energy.EnergyMeter) reads
+    runs between steps, outside every timed interval. ``meter`` (harness.energy_meter.EnergyMeter) reads
     its energy counters right after the synchronisation that opens the window and right after the
     one that closes it. ``window`` (harness.window.Window) with a target duration: the last warm-up
     steps (at most ``window.PROBE_STEPS``; one more uncounted step where there is no warm-up) are

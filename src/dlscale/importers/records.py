@@ -82,7 +82,7 @@ def imported_energy(row: ImportedRow, unit: str) -> tuple[dict[str, Any], dict[s
         m["energy_j"] = row.energy_j
         if row.time_to_accuracy_s is not None:
             m["energy_to_target_kwh"] = row.energy_j / 3.6e6
-    from dlscale.harness.energy import UNITS
+    from dlscale.harness.energy_meter import UNITS
 
     units = {k: UNITS[k].replace("{unit}", unit) for k in m}
     return m, units, {"energy": {"source": f"imported ({row.source_format})", "domains": ["system"], "reason": None}}

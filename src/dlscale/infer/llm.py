@@ -270,9 +270,9 @@ def run_llm_inference(model: str, *, batch_sizes: list[int], prompt_len: int, ou
     import torch
 
     from dlscale import workloads
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
     from dlscale.harness.device import autocast_dtype, check_precision, run_flags
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
     from dlscale.infer import limit
 
     check_inputs(batch_sizes, prompt_len, output_len, precision, warmup, iters)

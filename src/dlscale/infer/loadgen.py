@@ -86,7 +86,7 @@ class _Run:
     detail: str
     batches: int
     ran: int
-    energy: dict[str, Any] | None = None  # harness.energy reading over LoadGen's test, samples loaded
+    energy: dict[str, Any] | None = None  # harness.energy_meter reading over LoadGen's test, samples loaded
     store_bytes: int = 0
     batch_timeout_s: float | None = None  # server: the batch-fill timeout used
     slots: int = 0  # batches the SUT had in flight at most
@@ -97,7 +97,7 @@ class _Run:
 def _start_test(lg: Any, session: Any, s: ScenarioSettings, ts: Any, outdir: Path) -> _Run:
     """One LoadGen test of ``session`` under ``ts``; logs in ``outdir``; the session's error re-raised.
     The energy window is LoadGen's test with its samples loaded (the QSL opens and closes it)."""
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
     from dlscale.infer.loadgen_sut import Qsl, Sut, completes_inline, shapes_for, wall_rate
 
     raw_wall = None
@@ -199,7 +199,7 @@ def _result(lg: Any, session: Any, s: ScenarioSettings, run: _Run, capacity: flo
     if s.scenario == "server":
         warnings = _server_notes(lg, session, s, metrics, units, capacity, warnings)
     if run.energy is not None:  # J per sample unit over the samples LoadGen's test ran
-        from dlscale.harness import energy
+        from dlscale.harness import energy_meter as energy
 
         e_metrics, e_units, _ = energy.figures(run.energy, run.ran * per_sample, getattr(session, "sample_unit", unit))
         metrics.update({f"scenario_{k}": v for k, v in e_metrics.items()})

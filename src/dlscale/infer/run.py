@@ -56,8 +56,8 @@ def batch_figures(units: int, times: list[float]) -> tuple[dict[str, Any], list[
 
 
 def batch_energy(session: Any, batch_size: int, iters: int, meter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One batch size's energy figures (harness.energy.figures) over its ``iters`` timed forwards."""
-    from dlscale.harness import energy
+    """One batch size's energy figures (harness.energy_meter.figures) over its ``iters`` timed forwards."""
+    from dlscale.harness import energy_meter as energy
 
     metrics, _, raw = energy.figures(meter.reading(), session.units(batch_size) * iters, session.sample_unit)
     return metrics, raw
@@ -66,7 +66,7 @@ def batch_energy(session: Any, batch_size: int, iters: int, meter: Any) -> tuple
 def sweep(session: Any, cfg: Any, on_batch: Callable[[int, dict[str, Any]], None] | None = None
           ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, raw, warnings) of the batch-size sweep; a batch that runs out of memory ends it."""
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
     from dlscale.harness.runner import describe_failure
 
     rows: list[tuple[int, dict[str, Any]]] = []

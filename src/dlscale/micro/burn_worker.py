@@ -154,7 +154,7 @@ class Rounds:
 
 def burn(opts: BurninOptions, shape: dict[str, int], device: Any, precision: str, rank: int) -> dict[str, Any]:
     """This rank's rounds for ``opts.duration`` seconds, under its monitor and energy meter; what it sends rank 0."""
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
     from dlscale.monitor.sampler import Monitor, summarize as monitor_summary
 
     rounds = Rounds(opts, shape, device, precision)
@@ -227,7 +227,7 @@ def gather(mine: dict[str, Any], ident: dict[str, Any], world: int) -> list[dict
 def _energy(ranks: list[dict[str, Any]], rounds: int) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """The burn's energy over every device (a host's CPU packages once), per round."""
     from dlscale.distributed.worker import job_readings
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
 
     readings = job_readings([{"energy": r["energy"], "host": r["device"].get("host")} for r in ranks])
     return energy.figures(energy.combine(readings), rounds, "round")

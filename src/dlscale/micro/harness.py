@@ -98,7 +98,7 @@ def row_energy(reading: dict[str, Any], flops: float | None, calls: int, update_
 
     None where the window is shorter than ``energy.MIN_UPDATE_PERIODS`` counter updates (``update_s``
     each) or the counters did not move: then ``energy_reason`` says why, where a counter exists."""
-    from dlscale.harness import energy
+    from dlscale.harness import energy_meter as energy
 
     if reading.get("reason"):
         return {}  # no counter here: the run's raw["energy"] says why
@@ -114,7 +114,7 @@ def row_energy(reading: dict[str, Any], flops: float | None, calls: int, update_
 def measure(bench: Microbench, opts: MicroOptions, device: Any, system: dict[str, Any], record: Any) -> Outcome:
     """The body of a microbenchmark run: plan, time every case, rows, summary, warnings."""
     from dlscale.harness.device import flags_kept
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
 
     with flags_kept(), EnergyMeter(device) as meter:  # each case sets its precision's flags; restored after the run
         return _measure(bench, opts, device, system, record, meter)

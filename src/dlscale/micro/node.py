@@ -49,8 +49,8 @@ class Node:
         self.devices = list(dict.fromkeys(c.device for c in cases if getattr(c, "group", None) is not None))
         self.meter = None
         if self.devices:
-            from dlscale.harness.energy import EnergyMeter
-            from dlscale.monitor.energy import devices_counters
+            from dlscale.harness.energy_meter import EnergyMeter
+            from dlscale.monitor.energy_counters import devices_counters
 
             self.meter = EnergyMeter(found=devices_counters(self.devices))
         self.joules = [0.0] * len(self.devices)
@@ -70,7 +70,7 @@ class Node:
         return run_together([lambda gate, c=c: time_one(c, gate) for c in group], self.meter)
 
     def readings(self, group: Sequence[Any]) -> list[dict[str, Any]]:
-        """Each case's device's energy reading over the group's windows (``harness.energy``'s form), added
+        """Each case's device's energy reading over the group's windows (``harness.energy_meter``'s form), added
         to the node's totals; readings without a counter say why."""
         assert self.meter is not None
         r = self.meter.take()
@@ -91,7 +91,7 @@ class Node:
         over windows too short for them."""
         if not self.devices:
             return {}, {}, {}
-        from dlscale.harness import energy
+        from dlscale.harness import energy_meter as energy
 
         assert self.meter is not None
         reading = energy.absent(self.meter.reason) if self.meter.reason else {

@@ -6,6 +6,6 @@ streamed or not, every token's arrival) · load.py (Poisson/gamma arrivals or fi
 generator's lag) · figures.py (TTFT, TPOT, ITL, latency, throughputs, goodput, errors by kind) ·
 search.py (the highest load meeting the SLOs, judged with order-statistic intervals) · instant.py
 (an instant local server: the client's own overhead) · probe.py (the endpoint, model and options
-checked before any load) · mlperf.py (LoadGen's server scenario with token latencies) · run.py (the
+checked before any load) · mlperf.py (LoadGen's server scenario with token latencies) · serving_run.py (the
 run: points, warm-up, energy) · outcome.py (the ``serving`` record).
 """

@@ -1,6 +1,6 @@
 """A serving run's record: headline figures, every point's figures, the SLO answer, energy, calibration.
 
-``build(cfg, state)`` turns what ``serve.run`` measured into an ``Outcome``: the headline point's
+``build(cfg, state)`` turns what ``serve.serving_run`` measured into an ``Outcome``: the headline point's
 figures (the answer where SLOs are given, else the highest load), ``*_by_point`` lists, the
 answer (``max_load_meeting_slo``, ``slo_binding``), each point's energy (J per output token and
 kWh per million output tokens where a counter exists), the client's overhead from the calibration,
@@ -87,7 +87,7 @@ def _headline(points: list[Any], ans: search.Answer | None) -> int:
 
 
 def build(cfg: ServeConfig, state: dict[str, Any]) -> Outcome:
-    from dlscale.harness import energy as en
+    from dlscale.harness import energy_meter as en
 
     s = state.get("session")
     points = s.points if s is not None else []

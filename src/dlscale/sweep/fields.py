@@ -242,21 +242,21 @@ def build_configs(command: str, arg: str, fields: dict[str, dict[str, Any]]) -> 
         from dlscale.infer.config import InferConfig
 
         return [InferConfig(**fields["infer"])]
-    from dlscale.micro import run as micro_run
+    from dlscale.micro import kinds as micro_kinds
 
     configs = []
-    for kind in micro_run.ALL_ORDER if arg == "all" else (arg,):
-        if kind in micro_run.RANKED:
-            configs.append(micro_run.ranked_options(kind, fields["micro"]))
+    for kind in micro_kinds.ALL_ORDER if arg == "all" else (arg,):
+        if kind in micro_kinds.RANKED:
+            configs.append(micro_kinds.ranked_options(kind, fields["micro"]))
         else:
-            configs.append(micro_run.kernel_options(kind, fields["micro"]))
-    return configs + ([layout()] if arg in micro_run.RANKED else [])
+            configs.append(micro_kinds.kernel_options(kind, fields["micro"]))
+    return configs + ([layout()] if arg in micro_kinds.RANKED else [])
 
 
 def micro_fields(kind: str) -> list[str]:
-    """The sweep fields of ``micro KIND``: its argument, the fields it reads (``micro.run.READS``)
+    """The sweep fields of ``micro KIND``: its argument, the fields it reads (``micro.kinds.READS``)
     and, for the kinds that run as ranks (collectives, links, burnin), the layout."""
-    from dlscale.micro.run import RANKED, options_of
+    from dlscale.micro.kinds import RANKED, options_of
 
     reads = set(options_of(kind))
     if "iters" in reads:  # one sweep field, iters, for the kernels' reps and the collectives' iters

@@ -41,7 +41,7 @@ from dlscale.procs import die_with_parent
 from dlscale.record import RunRecord, utc_now
 from dlscale.store import Store
 from dlscale.sweep import squeue
-from dlscale.sweep.run import PointResult, finished_points, lost_points, newest_record, record_failure, run_point
+from dlscale.sweep.driver import PointResult, finished_points, lost_points, newest_record, record_failure, run_point
 from dlscale.sweep.slurmspec import SlurmOptions
 from dlscale.sweep.spec import Point, Sweep
 from dlscale.sweep.squeue import ENDED_BY_SLURM, JOB_PREFIX, JobState, slurm_reason

@@ -22,7 +22,7 @@ and ``MICRO`` below list them: each field's typed config (``TrainConfig``, ``Lay
 ``MicroOptions``/``CollectiveOptions``), the config field it sets and its flag. Every point is
 checked by building those configs, the same validation the command runs, so a bad value is a
 one-line error at the point's ``file:line`` before anything runs; a micro kind takes only the
-fields it reads (``micro.run.READS``). A point runs as the command line a user would type
+fields it reads (``micro.kinds.READS``). A point runs as the command line a user would type
 (``to_argv``). ``timeout_per_run`` may also be set per point.
 
 A train point (or ``fixed:``, or a ``matrix:`` list) may name a config file, ``config: FILE``: the
@@ -283,7 +283,7 @@ def check_value(table: dict[str, Opt], key: str, value: Any, lines: Lines, path:
     if problem:
         raise lines.fail(value_path, problem)
     if table is MICRO and key == "kind":
-        from dlscale.micro.run import READS
+        from dlscale.micro.kinds import READS
 
         if value not in (*READS, "all"):
             raise lines.fail(value_path, f"unknown microbenchmark {value!r}; choose one of {', '.join(READS)}, all")

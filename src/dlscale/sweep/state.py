@@ -20,7 +20,7 @@ from typing import Any
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import spec, squeue
-from dlscale.sweep.run import latest_by_point
+from dlscale.sweep.driver import latest_by_point
 from dlscale.sweep.spec import Point, Sweep
 
 

@@ -1,6 +1,6 @@
 """Everything a short test records besides step times: the monitor, the real-data feed, the explanation.
 
-``RunObserver`` opens the resource monitor, the energy meter (harness/energy.py: the timed loop
+``RunObserver`` opens the resource monitor, the energy meter (harness/energy_meter.py: the timed loop
 reads it at each measured window's edges) and (with ``--data``) the loader before the first
 repeat, collects each measured window's data-waits and time span, explains the last repeat
 (train/phases.py) and closes workers and the sampler threads whatever happens.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.harness.energy import EnergyMeter
+from dlscale.harness.energy_meter import EnergyMeter
 from dlscale.monitor import Monitor, summarize
 from dlscale.train.phases import explain, process_rank
 
@@ -31,7 +31,7 @@ class RunObserver:
             gpu = (device.index or 0) if device.type == "cuda" else None
             self.monitor = Monitor(cfg.monitor_interval, gpu_index=gpu).start()
         if cfg.data:
-            from dlscale.data.feed import open_feed
+            from dlscale.data.train_feed import open_feed
 
             self.feed = open_feed(cfg, device, process_rank(), world_size)
 

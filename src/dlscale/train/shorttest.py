@@ -17,7 +17,7 @@ from dlscale import workloads
 from dlscale.config import TrainConfig
 from dlscale.errors import UsageError
 from dlscale.harness import device as dev
-from dlscale.harness import energy
+from dlscale.harness import energy_meter as energy
 from dlscale.harness.device import device_name
 from dlscale.harness.metrics import STEP_UNITS, mfu, summarize_steps
 from dlscale.harness.runner import NonFiniteLoss, Outcome
@@ -59,7 +59,7 @@ class Measured:
 
 def build_setup(cfg: TrainConfig, device: Any, seed: int, wrap_model: Callable[[Any], Any] | None = None,
                 feed: Any = None) -> TrainingSetup:
-    """``feed`` (data.feed.DeviceFeed) supplies real batches; None: one synthetic device-resident batch.
+    """``feed`` (data.train_feed.DeviceFeed) supplies real batches; None: one synthetic device-resident batch.
 
     ``step`` is made of the same parts the instrumented steps time one by one.
     """

@@ -55,7 +55,7 @@ class Progress:
     resume_info: dict[str, Any] = field(default_factory=dict)
     hit: dict[str, Any] | None = None  # the first curve point that reached the target
     prior_j: float | None = 0.0  # joules the run had used before a resume (None: not measured then)
-    meter: Any = None  # harness.energy.EnergyMeter over the epochs, open while they run
+    meter: Any = None  # harness.energy_meter.EnergyMeter over the epochs, open while they run
     notes: list[str] = field(default_factory=list)  # warnings for the record (a resumed log that cannot pass)
 
     def clock(self) -> float:
@@ -72,7 +72,7 @@ def run_epochs(s: Any, train: Callable[[Any, int], dict[str, Any]], evaluate: Ca
     """The epoch loop of every time-to-quality run (tta/classifier.py's and tta/domain.py's ``s``):
     train, evaluate on the cadence, log the point, checkpoint; stop at the target or
     ``max_epochs``; the MLPerf log's run_stop says which, and ``s.close()`` always runs."""
-    from dlscale.harness.energy import EnergyMeter
+    from dlscale.harness.energy_meter import EnergyMeter
 
     p, cfg = s.progress, s.cfg
     p.meter = EnergyMeter(s.device)

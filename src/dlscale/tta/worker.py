@@ -24,7 +24,7 @@ def run_rank(spec: Any, env: Any) -> Any:
     from dlscale.harness.runner import execute
     from dlscale.tta.config import TTAConfig
     from dlscale.tta.epochs import Ranks
-    from dlscale.tta.run import add_reference, epoch_line, platform_name
+    from dlscale.tta.repeats import add_reference, epoch_line, platform_name
     from dlscale.tta.classifier import run_tta
     from dlscale.store import Store
     from dlscale.system import collect_cached

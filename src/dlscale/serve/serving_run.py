@@ -50,8 +50,8 @@ def local(url: str) -> bool:
 
 def energy_meter(cfg: ServeConfig) -> Any:
     """An EnergyMeter over the server's devices where it runs here: its GPUs (NVML), else this host's CPUs."""
-    from dlscale.harness.energy import EnergyMeter
-    from dlscale.monitor.energy import Found, cpu_counters, gpu_counters
+    from dlscale.harness.energy_meter import EnergyMeter
+    from dlscale.monitor.energy_counters import Found, cpu_counters, gpu_counters
     from dlscale.monitor import nvml
 
     if not local(cfg.url):

@@ -3,7 +3,7 @@
 ``plan`` decides the starting configuration (what ``dlscale train MODEL`` runs by default, with
 the shape options given), the candidates of each knob the device supports, and what is not
 searched here, with why ("not searched: ..."). Each trial is a real short test run
-as ``dlscale train`` in its own process, exactly as a sweep point (``sweep.run.run_point``): its
+as ``dlscale train`` in its own process, exactly as a sweep point (``sweep.driver.run_point``): its
 peak memory (process peak RSS on CPU) is its own, its intra-op threads are set by
 ``--threads-per-rank``, an out-of-memory kill does not take the search down, and its record
 carries the trial's key (``raw.sweep_point``), so ``--resume`` finds it. The search, the best
@@ -141,7 +141,7 @@ def subprocess_runner(store: Any, name: str, max_memory: int | None = None) -> T
     """Each trial as ``dlscale train`` in its own process, recorded like a sweep point (key in raw.sweep_point).
     With ``max_memory``, a trial whose resident memory passes it is killed at once (``MemoryWatch``)."""
     from dlscale.sweep.fields import to_argv
-    from dlscale.sweep.run import run_point
+    from dlscale.sweep.driver import run_point
     from dlscale.sweep.spec import Point
 
     counter = iter(range(10**9))

@@ -1,6 +1,6 @@
 """Energy over the measured window: read at the window's edges by the code that times it.
 
-``EnergyMeter`` holds the run's counters (``monitor.energy.counters_for``); ``begin()`` and ``end()``
+``EnergyMeter`` holds the run's counters (``monitor.energy_counters.counters_for``); ``begin()`` and ``end()``
 bracket one measured window (the timed loops call them right after the synchronisations that open
 and close it), and several windows (repeats, batch sizes) add up. A background thread reads the
 counters that need it often enough (RAPL's wrap-around, sampled GPU power) and nothing else.
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from dlscale.monitor.energy import Counter, Found, counters_for
+from dlscale.monitor.energy_counters import Counter, Found, counters_for
 
 UNITS = {"energy_j": "J", "energy_per_unit_j": "J/{unit}", "units_per_joule": "{unit}/J", "avg_power_w": "W",
          "energy_to_target_kwh": "kWh"}
