@@ -151,7 +151,8 @@ def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):
     did not finish), record the acceptance."""
     import types
 
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
     from dlscale.record import new_run_id
     from dlscale.store import Store
 

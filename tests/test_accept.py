@@ -53,7 +53,9 @@ def steady(shares: list[float]) -> None:
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, tmp_path, tiny):
-    from dlscale.accept import expect, figures, verdict
+    from dlscale.accept import expectations as expect
+    from dlscale.accept.figures import collect as figures
+    from dlscale.accept.judging import verdict
 
     shares = [cpu_share(2)]
     first = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a1"), "--format", "json",
@@ -169,7 +171,7 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
     with its whole tree and is an ERROR, and the inventory after them runs and is judged."""
     from conftest import end_marked, marked_processes, wait_until
     from dlscale import accept
-    from dlscale.accept import bounded
+    from dlscale.accept.running import check_process as bounded
 
     marker = ("DLSCALE_TEST_MARK", f"hung-{os.getpid()}")
     monkeypatch.setenv(*marker)  # every process the suite starts inherits it

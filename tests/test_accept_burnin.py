@@ -10,8 +10,10 @@ import json
 
 import pytest
 
-from dlscale.accept import burnin, spec, suite
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
+from dlscale.accept.nodehealth import burnin_verdicts as burnin
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
@@ -121,7 +123,7 @@ def test_a_row_remap_recorded_during_the_burn_warns_and_a_hardware_xid_fails():
 
 
 def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_is_an_error():
-    from dlscale.accept.run import judge
+    from dlscale.accept.acceptance import judge
 
     sp = spec.builtin(False).select("burnin")
     wrong = burn([GOOD, BAD, GOOD], status="failed")

@@ -1,8 +1,8 @@
 """Expectations that match what runs: every check of the built-in levels, at its default shapes on a node
 of each GPU model that has healthy rows, finds them (a collectives row through its sizes, converted to the
 run); the H200's own rows judge a healthy card PASS and one 10% slow FAIL (on fake NVML); GEMM's datasheet
-fraction per architecture and board; every row held to its datasheet figure (accept/refs.py,
-accept/datasheet.py, accept/suite.py). Records are built by hand (accept_records.py); nothing runs."""
+fraction per architecture and board; every row held to its datasheet figure (accept/sources/healthy.py,
+accept/sources/datasheet.py, accept/plan/suite.py). Records are built by hand (accept_records.py); nothing runs."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ import accept_records as ar
 import pytest
 
 from dlscale import gpus
-from dlscale.accept import datasheet, refs, run, spec, suite, verdict
-from dlscale.accept.figures import figures
-from dlscale.accept.verdict import FAIL, PASS
+from dlscale.accept.sources import datasheet
+from dlscale.accept.sources import healthy as refs
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
+from dlscale.accept.judging import verdict
+from dlscale.accept.figures.collect import figures
+from dlscale.accept.judging.verdict import FAIL, PASS
 from dlscale.errors import UsageError
 
 GB = 10**9

@@ -17,7 +17,11 @@ import sys
 import pytest
 
 import accept_records as ar
-from dlscale.accept import bounded, run, slurm, spec, suite
+from dlscale.accept.running import check_process as bounded
+from dlscale.accept import acceptance as run
+from dlscale.accept import slurm
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import slurm as executor

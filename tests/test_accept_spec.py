@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlscale.accept import spec, suite
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
 from dlscale.errors import UsageError
 
 CPU = suite.Machine(gpus=0, isa={"avx2": True})
@@ -120,7 +121,7 @@ def test_emulated_nodes_lay_out_every_check_on_nodes():
 
 
 def test_a_node_set_apart_is_the_machines_state_not_the_suite():
-    from dlscale.accept.run import hash_of
+    from dlscale.accept.acceptance import hash_of
 
     healthy = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.Nodes(3, "1gbit"))
     faulty = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=NODES)

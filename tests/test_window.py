@@ -183,7 +183,8 @@ def test_min_duration_is_a_command_option_and_a_bad_one_is_one_line(cli, db_path
 
 
 def test_the_acceptance_sizes_its_windows_on_gpus_and_keeps_the_counts_on_cpus():
-    from dlscale.accept import spec, suite
+    from dlscale.accept.plan import spec
+    from dlscale.accept.plan import suite
 
     gpu = {p.check: p for p in suite.plan(spec.builtin(True), quick=True, m=suite.Machine(gpus=8, capability=(9, 0))).checks}
     for check in ("train_alone", "train"):

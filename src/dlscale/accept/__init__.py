@@ -16,9 +16,9 @@ expectation into PASS / WARN / FAIL / NO EXPECTATION, or ERROR where nothing sou
 (verdicts fail closed), with measured, expected, ratio, threshold, confidence interval and
 significance, pure functions that can re-judge old records with new thresholds; ``inventory.py``
 judges the node's counts; ``explain.py`` links verdicts that explain each other. ``run.py`` runs
-the suite, judges it and records a run of kind ``accept``; ``outputs.py`` writes the verdicts as
+the suite, judges it and records a run of kind ``accept``; ``outputs/artifacts.py`` writes the verdicts as
 JSON, JUnit XML, an HTML report and a manifest of sha256 sums that ``verify`` checks; ``slurm.py``
-runs the suite as one Slurm job and judges it where it was submitted; ``nodehealth.py`` drains or
+runs the suite as one Slurm job and judges it where it was submitted; ``drain.py`` drains or
 resumes the Slurm node an acceptance ran on. docs/METRICS.md ("Acceptance") derives every figure.
 """
 
@@ -60,10 +60,11 @@ def run_suite(spec: str | None = None, *, quick: bool = False, level: int | None
     ``db``, which the nodes must reach, waits for it and judges here. ``drain_on_fail`` and
     ``resume_on_pass`` make it this Slurm node's health check (``accept.nodehealth``): a failed
     acceptance drains the node with its reason, a passed one resumes a node dlscale drained."""
-    from dlscale.accept import nodehealth, slurm
-    from dlscale.accept import spec as specs
-    from dlscale.accept.run import accept as run_accept
-    from dlscale.accept.suite import Nodes
+    from dlscale.accept.nodehealth import drain
+    from dlscale.accept import slurm
+    from dlscale.accept.plan import spec as specs
+    from dlscale.accept.acceptance import accept as run_accept
+    from dlscale.accept.plan.suite import Nodes
 
     opts = slurm.options(executor, partition, nodes, gpus_per_node, time)  # bad combinations before anything
     emulated = Nodes(emulate_nodes, link_bandwidth, link_latency, node_link_bandwidth, node_cpu_quota)
@@ -82,14 +83,14 @@ def run_suite(spec: str | None = None, *, quick: bool = False, level: int | None
     quick = (sp.level or 3) <= 2
     if warn_fails is not None:
         sp.warn_fails = warn_fails
-    node = nodehealth.ready(drain_on_fail, resume_on_pass)
+    node = drain.ready(drain_on_fail, resume_on_pass)
     if opts is not None:
         return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
                                      db=db, healthy=refs)
     acc = run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db,
                      healthy=refs)
     if acc is not None and node is not None:
-        acc.node_action = nodehealth.apply(acc, node, drain_on_fail, resume_on_pass)
+        acc.node_action = drain.apply(acc, node, drain_on_fail, resume_on_pass)
     return acc
 
 
@@ -99,8 +100,8 @@ def judge(acceptance: str, *, spec: str | None = None, baseline: str | None = No
     """The verdicts of a recorded acceptance judged again from the store, with ``spec``'s thresholds
     (default: those it was judged with), another ``baseline``, ``reference`` or healthy-figures file
     ``refs``; nothing runs."""
-    from dlscale.accept import spec as specs
-    from dlscale.accept.run import rejudge
+    from dlscale.accept.plan import spec as specs
+    from dlscale.accept.acceptance import rejudge
 
     return rejudge(acceptance, specs.load(spec) if spec else None, baseline=baseline, reference=reference,
                    warn_fails=warn_fails, out_dir=out_dir, db=db, healthy=refs)
@@ -109,7 +110,7 @@ def judge(acceptance: str, *, spec: str | None = None, baseline: str | None = No
 def list_refs(model: str | None = None, refs: str | None = None) -> list[Any]:
     """The healthy figures acceptances are judged against (``refs``: a lab's file first, then the
     shipped table), those of models whose label or device name contains ``model``: ``refs.Row``s."""
-    from dlscale.accept import refs as healthy
+    from dlscale.accept.sources import healthy
 
     return healthy.listing(healthy.load(refs), model)
 
@@ -118,13 +119,13 @@ def export_refs(selector: str, out: str, db: str | None = None, force: bool = Fa
     """Write the healthy figures of the acceptances ``selector`` picks as a lab's own healthy-figures
     file ``out`` (``dlscale accept --refs OUT`` judges against it; an existing file only with ``force``,
     never a database); returns the document written."""
-    from dlscale.accept.refs_export import export
+    from dlscale.accept.outputs.healthy_export import export
 
     return export(selector, out, db, force)
 
 
 def verify(folder: str) -> tuple[int, list[str]]:
     """Check an acceptance's output folder against its manifest: (files that match, problems)."""
-    from dlscale.accept import outputs
+    from dlscale.accept.outputs import artifacts
 
-    return outputs.verify(folder)
+    return artifacts.verify(folder)

@@ -69,7 +69,7 @@ def _add(out: dict[str, "Series"], key: str, acc: RunRecord, row: dict[str, Any]
 def device_rows(acc: RunRecord, want: str, exact: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(the device's identity, the verdict rows about it) in one acceptance record: ``want`` is the
     device's id (``identity.ident_id``; ``exact=False``: its UUID, serial, machine id or a prefix)."""
-    from dlscale.accept.identity import ident_id, ident_matches, row_device
+    from dlscale.accept.sources.identity import ident_id, ident_matches, row_device
 
     devices = (acc.raw or {}).get("devices") or {}
     keys = {k for k, ident in devices.items() if (ident_id(ident) == want if exact else ident_matches(ident, want))}

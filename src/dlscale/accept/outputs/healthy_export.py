@@ -11,7 +11,7 @@ own figures is what a lab's file is for), and groups them by device model and wh
 mean of its group's values (every device and run of the fleet) and its tolerance the one-sided 95%
 edge of their spread, ``1 - exp(-1.645 s)`` with s the SD of their logs (none with one value or no
 spread: such a row is tested by the figure's own samples). The file has the shipped table's form
-(``refs.py``), each row's source naming the selection, the acceptances and the date, and
+(``healthy.py``), each row's source naming the selection, the acceptances and the date, and
 ``dlscale accept --refs FILE`` judges against it before the shipped rows.
 """
 
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import refs
-from dlscale.accept.verdict import ERROR
+from dlscale.accept.sources import healthy
+from dlscale.accept.judging.verdict import ERROR
 from dlscale.errors import UsageError
 
 MATCH = ("model", "batch_size", "precision", "channels_last", "image_size", "world_size")
@@ -35,7 +35,7 @@ EXPORT_WHEN = {"collectives": ("world_size", "max_size", "nvlinks"), "collective
 
 def gather(store: Any, selector: str) -> tuple[dict[tuple, list[float]], dict[tuple, str], list[Any]]:
     """(group -> values, group -> unit, the acceptances read) of the settled figures of the selection."""
-    from dlscale.accept.figures import figures
+    from dlscale.accept.figures.collect import figures
     from dlscale.analysis.select import select
 
     found = [r for r in select(store, selector) if r.kind == "accept" and r.status == "ok"]
@@ -55,7 +55,7 @@ def gather(store: Any, selector: str) -> tuple[dict[tuple, list[float]], dict[tu
         for f in figures(records):
             if f.key not in keep or not f.value > 0:
                 continue
-            facts = refs.facts(f, systems.get(f.run_id) or {})
+            facts = healthy.facts(f, systems.get(f.run_id) or {})
             if not facts.get("name"):
                 continue
             when = tuple((k, facts[k]) for k in EXPORT_WHEN.get(f.check, ()) if facts.get(k) is not None)
@@ -79,7 +79,7 @@ def tolerance(values: list[float]) -> float | None:
     if len(values) < 2:
         return None
     s = statistics.stdev([math.log(v) for v in values])
-    return round(1 - math.exp(-refs.Z95 * s), 4) if s > 0 else None
+    return round(1 - math.exp(-healthy.Z95 * s), 4) if s > 0 else None
 
 
 def document(selector: str, values: dict[tuple, list[float]], units: dict[tuple, str], accs: list[Any]) -> dict:
@@ -119,5 +119,5 @@ def export(selector: str, out: str, db: str | None = None, force: bool = False) 
     head = (f"# Healthy figures of a lab's fleet, exported by `dlscale accept refs export --from {selector}`.\n"
             "# Judge against it with `dlscale accept --refs THIS_FILE` (its rows come before the shipped ones).\n")
     write_atomic(path, head + yaml.safe_dump(doc, sort_keys=False, width=120), "--out")
-    refs.load(path)  # what was written reads back as a table
+    healthy.load(path)  # what was written reads back as a table
     return doc

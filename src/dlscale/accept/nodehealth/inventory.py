@@ -1,4 +1,5 @@
-"""The inventory check: what a node must have, judged from its inventory (pure: a record in, verdicts out).
+"""The inventory check: what a node must have, judged from its inventory (a record in, verdicts out), and the
+node's inventory at its last sound acceptance, read from the store (``find_last``).
 
 The check records the node's inventory (``dlscale.api.inventory``: a run of kind ``inventory``
 whose metrics count the GPUs CUDA sees, the GPUs NVML lists on the host, the logical CPUs and the
@@ -8,16 +9,25 @@ host must be a CUDA device where ``CUDA_VISIBLE_DEVICES`` hides none (a GPU that
 or whose driver state broke is listed by one and not the other). A count below the spec's is a
 FAIL, above it a WARN (the node is not the one the spec describes; memory is a least value, as
 the kernel's share of it moves between boots). An item the spec does not give is held to the node's
-inventory at its last sound acceptance (``lastinventory``: a GPU or CPU fewer than then is a FAIL,
+inventory at its last sound acceptance (``find_last``: a GPU or CPU fewer than then is a FAIL,
 one more a WARN; memory more than ``MEMORY_SLACK`` below it a FAIL), else NO EXPECTATION. Fast and
 with no load: it belongs to level 1, the Slurm health check.
+
+The last sound acceptance (``find_last``): the newest acceptances of the same system (or those a
+``--baseline`` selector names), newest first, that ended before this one began, did not overlap it, and
+judged their own inventory sound (no FAIL or ERROR of the ``inventory`` check on that node); their
+``inventory`` run per node. What it catches with no count in the spec: a GPU that fell off the bus, a CPU
+socket or DIMM lost since.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
+from dlscale.accept.expectations import MAX_HISTORY, overlaps, span
+from dlscale.accept.figures.collect import node_hosts
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
 from dlscale.record import RunRecord
 
 # option -> (its type, the metric it is compared with, unit, what the item is called)
@@ -119,3 +129,49 @@ def _verdict(rec: RunRecord, figure: str, host: str | None, status: str, measure
                    source=source or (f"the spec's inventory" if kind == "spec" and expected is not None else
                                      "NVML's GPU list" if kind == "NVML" else None),
                    reason=reason, run_ids=[rec.run_id], key=f"inventory|{figure}|{host or ''}")
+
+
+# -- the node's inventory at its last sound acceptance (the store) -------------------------------------
+CHECK = "inventory"
+
+
+def _last_of_system(store: Any, system: str | None, this: tuple[str, str] | None,
+              exclude: str | None = None) -> dict[str | None, tuple[RunRecord, str]]:
+    """Node (None on one node) -> (its inventory run, "acceptance ID (date)") at the newest sound
+    acceptance of ``system`` before ``this`` (its start and end; ``exclude``: its own tag)."""
+    accs = [a for a in store.query(kind="accept", status="ok")
+            if a.tag != exclude and (a.config or {}).get("system") == system]
+    return _last_sound(store, accs[:MAX_HISTORY], this)
+
+
+def _last_sound(store: Any, accs: Sequence[RunRecord], this: tuple[str, str] | None
+           ) -> dict[str | None, tuple[RunRecord, str]]:
+    """The same over ``accs`` (acceptance records, newest first), for every node they inventoried."""
+    found: dict[str | None, tuple[RunRecord, str]] = {}
+    for acc in accs:
+        when = span(store, acc)
+        if this and (overlaps(when, this) or when[1] > this[0]):
+            continue  # measured at the same time, or after it (judging an old acceptance again)
+        rows = (acc.raw or {}).get("verdicts") or []
+        unsound = {r.get("subject") for r in rows if r.get("check") == CHECK and r.get("status") in (FAIL, ERROR)}
+        runs = store.query(tag=acc.tag, status="ok")
+        hosts = node_hosts(runs)
+        for r in runs:
+            host = hosts.get(r.run_id)
+            if r.kind == CHECK and host not in found and host not in unsound:
+                found[host] = (r, f"acceptance {acc.tag} ({when[0][:10]})")
+        if None in found:
+            break  # one node: its newest sound inventory is found
+    return found
+
+
+def find_last(store: Any, selector: str | None, system: str | None, this: tuple[str, str] | None,
+         exclude: str | None = None) -> dict[str | None, tuple[RunRecord, str]]:
+    """What ``_last_of_system`` finds, or with a ``--baseline`` selector, the same among the acceptances it names."""
+    if not selector:
+        return _last_of_system(store, system, this, exclude)
+    from dlscale.analysis.select import select
+
+    accs = sorted((r for r in select(store, selector) if r.kind == "accept" and r.status == "ok" and r.tag != exclude),
+                  key=lambda r: r.created_at, reverse=True)
+    return _last_sound(store, accs, this)

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.accept.figure import Subject, host_subject, rank_subject
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Thresholds, Verdict
+from dlscale.accept.figures.figure import Subject, host_subject, rank_subject
+from dlscale.accept.judging.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Thresholds, Verdict
 from dlscale.micro.burnin import device_words, findings, part_names, changed_parts, reference_ranks
 from dlscale.record import RunRecord, config_hash
 

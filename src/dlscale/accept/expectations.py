@@ -29,9 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.accept import datasheet, noise
-from dlscale.accept.figures import Figure, figures
-from dlscale.accept.verdict import ERROR, FAIL, WARN, Expectation
+from dlscale.accept.sources import datasheet
+from dlscale.accept.judging import noise
+from dlscale.accept.figures.collect import Figure, figures
+from dlscale.accept.judging.verdict import ERROR, FAIL, WARN, Expectation
 from dlscale.record import RunRecord
 
 MAX_HISTORY = 50  # acceptances searched for a figure's baseline
@@ -47,7 +48,7 @@ class Baseline:
     origin: dict[str, list[str]] = field(default_factory=dict)  # figure key -> ["acceptance ID (date)", ...]
     what: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # figure key -> each run's ``measured``
     notes: dict[str, str] = field(default_factory=dict)  # figure key -> why runs of it were set aside
-    # node (None on one node) -> its inventory run at its last sound acceptance, and where from (lastinventory)
+    # node (None on one node) -> its inventory run at its last sound acceptance, where from (``inventory.find_last``)
     inventory: dict[str | None, tuple[RunRecord, str]] = field(default_factory=dict)
 
     def add(self, figs: Iterable[Figure], origin: str, keys: set[str] | None = None,
@@ -248,7 +249,7 @@ def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], bas
                  alpha: float = 0.01) -> dict[int, list[Expectation]]:
     """Every figure's healthy (``table``: ``refs.Row``s, default the shipped table), datasheet (where no
     typical healthy row), baseline and reference expectations (peers are the verdicts' own)."""
-    from dlscale.accept import refs as healthy
+    from dlscale.accept.sources import healthy
 
     rows = healthy.load() if table is None else table
     good = healthy.healthy_expectations(figs, systems, rows)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlscale.accept import spec as specs
-from dlscale.accept.figures import ACROSS_NODES as ACROSS
+from dlscale.accept.plan import spec as specs
+from dlscale.accept.figures.collect import ACROSS_NODES as ACROSS
 from dlscale.errors import RunFailure, UsageError
 from dlscale.format import fmt_size
 from dlscale.log import info
@@ -303,9 +303,9 @@ def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
     from dlscale import api
 
     if p.check == "health":
-        from dlscale.accept import xidhistory
+        from dlscale.accept.nodehealth import xid_history
 
-        return [api.health(tag=tag, db=db, xids_since=xidhistory.since(db))]
+        return [api.health(tag=tag, db=db, xids_since=xid_history.since(db))]
     if p.check == "inventory":
         return [api.inventory(tag=tag, db=db)]
     command, kind, _ = specs.CHECKS[p.check]

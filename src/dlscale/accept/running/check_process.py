@@ -1,6 +1,6 @@
 """Each check of an acceptance in its own process, within its time limit.
 
-``run`` starts ``python -m dlscale.accept.bounded JOB_FILE`` for one planned check (the job file:
+``run`` starts ``python -m dlscale.accept.running.check_process JOB_FILE`` for one planned check (the job file:
 the check, its options, the spec, the acceptance id, the store), in a session of its own and tied
 to this process (``procs.die_with_parent``), forwards its output to stderr, and waits at most the
 check's time limit. The check process makes ordinary recorded runs through ``suite.run_check``, so
@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import spec as specs
-from dlscale.accept import suite
+from dlscale.accept.plan import spec as specs
+from dlscale.accept.plan import suite
 from dlscale.format import fmt_count
 from dlscale.procs import die_with_parent, end_tree
 from dlscale.record import RunRecord
 
-MODULE = "dlscale.accept.bounded"
+MODULE = "dlscale.accept.running.check_process"
 # from SIGTERM to SIGKILL: a run records itself as interrupted; a launcher ends torchrun and its ranks (its
 # own grace, distributed/launch.py's, is 5 s) and then records the run as interrupted
 GRACE_S = 10.0
@@ -152,7 +152,7 @@ def _problem(code: int | None, killed: list[int] | None, tail: list[str], limit_
 # -- in the check's process ------------------------------------------------------------------------------
 
 def main(argv: list[str]) -> int:
-    """``python -m dlscale.accept.bounded JOB_FILE``: one check, its records into the store."""
+    """``python -m dlscale.accept.running.check_process JOB_FILE``: one check, its records into the store."""
     from dlscale.errors import RunFailure, UsageError
     from dlscale.procs import become_subreaper
 

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import gpus
-from dlscale.accept import datasheet
-from dlscale.accept.figure import Figure
-from dlscale.accept.verdict import Expectation
+from dlscale.accept.sources import datasheet
+from dlscale.accept.figures.figure import Figure
+from dlscale.accept.judging.verdict import Expectation
 from dlscale.errors import UsageError
 from dlscale.gpus import normalize_name
 from dlscale.yamlfile import read_yaml

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.verdict import Thresholds
+from dlscale.accept.judging.verdict import Thresholds
 from dlscale.errors import UsageError
 from dlscale.sweep.spec import check_point
 from dlscale.yamlfile import Lines, read_yaml
@@ -245,7 +245,7 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
     bad value is a UsageError at its line in the spec file."""
     command, arg, _ = CHECKS[check]
     if check == "inventory":
-        from dlscale.accept.inventory import check_options
+        from dlscale.accept.nodehealth.inventory import check_options
 
         bad = check_options(options)
         if bad:

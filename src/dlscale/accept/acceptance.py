@@ -17,13 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import burnin, dataparallel, drift, explain, figures, lastinventory
-from dlscale.accept.identity import identities
-from dlscale.accept import spec as specs
-from dlscale.accept import suite
-from dlscale.accept.expect import Baseline, expectations, find_baseline, selected_baseline, span, span_of
-from dlscale.accept.inventory import verdicts as inventory_verdicts
-from dlscale.accept.verdict import (FAIL, NO_EXPECTATION, WARN, Expectation, Verdict, counts, exit_code,
+from dlscale.accept.nodehealth import burnin_verdicts
+from dlscale.accept.sources import dataparallel
+from dlscale.accept.sources import drift
+from dlscale.accept.judging import explain
+from dlscale.accept.figures import collect
+from dlscale.accept.nodehealth import inventory
+from dlscale.accept.sources.identity import identities
+from dlscale.accept.plan import spec as specs
+from dlscale.accept.plan import suite
+from dlscale.accept.expectations import Baseline, expectations, find_baseline, selected_baseline, span, span_of
+from dlscale.accept.nodehealth.inventory import verdicts as inventory_verdicts
+from dlscale.accept.judging.verdict import (FAIL, NO_EXPECTATION, WARN, Expectation, Verdict, counts, exit_code,
                                     judge as judge_figures, outcome)
 from dlscale.errors import UsageError, on_interrupt
 from dlscale.log import info
@@ -61,18 +66,18 @@ class Acceptance:
 
 def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = None,
           refs: Sequence[RunRecord] = (), missing: dict[str, str] | None = None,
-          table: Sequence[Any] | None = None, known_good: dict[str, burnin.KnownGood] | None = None) -> list[Verdict]:
+          table: Sequence[Any] | None = None, known_good: dict[str, burnin_verdicts.KnownGood] | None = None) -> list[Verdict]:
     """Every verdict of an acceptance's records (pure): health, then the ERRORs (failed runs, the checks
     that did not finish, ``missing``: check -> why, figures that cannot be read, checks that gave no
-    figure), the burn-in's bits (``known_good``: burnin.find_known_good's), then each figure against
+    figure), the burn-in's bits (``known_good``: burnin_verdicts.find_known_good's), then each figure against
     its healthy figure (``table``: ``refs.Row``s, default the shipped table), datasheet, baseline,
     reference and peers; then the explanations. On several nodes, a per-node check's verdicts name
     the node."""
     missing = missing or {}
-    rungs = figures.scale_rungs(records)
-    check_of = {r.run_id: figures.check_of(r, rungs) or r.kind for r in records}
-    hosts = figures.node_hosts(records)
-    figs, unreadable = figures.read(records)
+    rungs = collect.scale_rungs(records)
+    check_of = {r.run_id: collect.check_of(r, rungs) or r.kind for r in records}
+    hosts = collect.node_hosts(records)
+    figs, unreadable = collect.read(records)
     base = (base or Baseline()).fit(figs, records)
     exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
                         sp.thresholds.run_spread, sp.thresholds.alpha)
@@ -82,14 +87,14 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
                 for v in _own_verdicts(r, sp, hosts.get(r.run_id), base.inventory.get(hosts.get(r.run_id)))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
                                              and check_of[r.run_id] not in missing
-                                             and not burnin.explained_failure(r)], check_of, hosts)
+                                             and not burnin_verdicts.explained_failure(r)], check_of, hosts)
     runs: dict[str, list[RunRecord]] = {}
     for r in records:
         runs.setdefault(check_of[r.run_id], []).append(r)
     verdicts += explain.missing_run_verdicts(missing, runs)
     verdicts += explain.unreadable_verdicts(unreadable)
     verdicts += explain.figureless_verdicts(records, check_of, figs, unreadable, missing)
-    verdicts += burnin.verdicts(records, known_good or {}, sp.per_check.get(burnin.CHECK), hosts)
+    verdicts += burnin_verdicts.verdicts(records, known_good or {}, sp.per_check.get(burnin_verdicts.CHECK), hosts)
     verdicts += judge_figures(figs, exps, sp.thresholds, sp.peers, sp.per_check)
     dataparallel.annotate(verdicts, figs)
     for v in verdicts:
@@ -134,7 +139,7 @@ def against(baseline: str | None, reference: str | None, db: str | None, healthy
     """The baseline selector (its runs are read when the acceptance is judged, less those that ran at the
     same time), reference runs and healthy figures; an unwritable database, a bad selector or a bad
     healthy-figures file is a UsageError."""
-    from dlscale.accept import refs as healthy_refs
+    from dlscale.accept.sources import healthy as healthy_refs
     from dlscale.analysis.select import select
     from dlscale.store import Store
 
@@ -188,7 +193,7 @@ def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db
     after the other whatever became of the one before; their records, check -> why for every check
     that did not finish (``bounded``), and check -> its seconds. ``clock``: seconds, default
     ``time.monotonic``; ``t0``: when the budget began (default now; before the lock's wait)."""
-    from dlscale.accept import bounded
+    from dlscale.accept.running import check_process
 
     clock = clock or time.monotonic
     t0 = clock() if t0 is None else t0
@@ -204,7 +209,7 @@ def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db
                 continue
             if left < limit:
                 limit, why = left, f" (what was left of the suite's budget of {sp.budget_s:g} s)"
-        ran = bounded.run(p, sp, acc_id, db, limit, why)
+        ran = check_process.run(p, sp, acc_id, db, limit, why)
         records += ran.records
         seconds[p.check] = round(ran.seconds, 3)
         if ran.problem:
@@ -219,8 +224,8 @@ def interrupted(acc_id: str, db: str | None) -> str:
 
     with Store.open(db) as store:
         runs = store.query(tag=acc_id, newest_first=False)
-    rungs = figures.scale_rungs(runs)
-    checks = list(dict.fromkeys(figures.check_of(r, rungs) or r.kind for r in runs))
+    rungs = collect.scale_rungs(runs)
+    checks = list(dict.fromkeys(collect.check_of(r, rungs) or r.kind for r in runs))
     again = "run the same `dlscale accept` again for the verdicts"
     if not runs:
         return f"acceptance {acc_id} recorded no run and judged nothing; {again}"
@@ -229,14 +234,14 @@ def interrupted(acc_id: str, db: str | None) -> str:
 
 
 def host_lock(acc_id: str, wait_s: float | None = None) -> Any:
-    """This host's acceptance lock (``lock.host_lock``: a second acceptance waits for the first, at most
+    """This host's acceptance lock (``host_lock.host_lock``: a second acceptance waits for the first, at most
     ``wait_s``); none for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
     from contextlib import nullcontext
 
-    from dlscale.accept import lock
+    from dlscale.accept.running import host_lock
     from dlscale.distributed.env import launcher_of
 
-    return nullcontext() if launcher_of() else lock.host_lock(acc_id, wait_s=wait_s)
+    return nullcontext() if launcher_of() else host_lock.host_lock(acc_id, wait_s=wait_s)
 
 
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,
@@ -246,16 +251,16 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     checks that ran, each with ``.check`` and ``.options``, and ``.not_run``; ``system``: what its
     baseline is looked up by; ``inventory``: its record's system, default this machine's; ``seconds``:
     how long each check's process took)."""
-    from dlscale.accept import outputs
+    from dlscale.accept.outputs import artifacts
     from dlscale.store import Store
 
     suite_hash = hash_of(plan.checks)
     this = span_of(records)
     with Store.open(db) as store:
         base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
-                find_baseline(store, system, suite_hash, {f.key for f in figures.figures(records)}, this=this))
-        base.inventory = lastinventory.find(store, vs.baseline, system, this)
-        good = burnin.find_known_good(store, records)
+                find_baseline(store, system, suite_hash, {f.key for f in collect.figures(records)}, this=this))
+        base.inventory = inventory.find_last(store, vs.baseline, system, this)
+        good = burnin_verdicts.find_known_good(store, records)
         folder = Path(out_dir) if out_dir else default_out(store, acc_id)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
     verdicts += drift.verdicts_of(records, verdicts, db, sp.thresholds)
@@ -263,7 +268,7 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
                   inventory, seconds, healthy=vs.healthy)
     acc = Acceptance(acc_id, rec, records, verdicts, plan.not_run, sp.warn_fails)
     acc.out_dir = folder
-    acc.files = outputs.write(acc, db)
+    acc.files = artifacts.write(acc, db)
     info(f"dlscale accept {acc_id}: report, JUnit XML, records and manifest in {folder}")
     return acc
 
@@ -292,7 +297,7 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
     """The verdicts of a recorded acceptance computed again (new thresholds, another baseline or
     healthy-figures file; default the file it was judged with, where it is still there); nothing runs
     and nothing is recorded. ``acceptance``: its id (its tag) or a prefix of its record's run id."""
-    from dlscale.accept import refs as healthy_refs
+    from dlscale.accept.sources import healthy as healthy_refs
     from dlscale.store import Store
 
     with Store.open(db, create=False) as store:
@@ -304,9 +309,9 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         this = span(store, acc_rec)
         base = (selected_baseline(store, baseline, this) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
-                              {f.key for f in figures.figures(records)}, exclude=acc_rec.tag, this=this))
-        base.inventory = lastinventory.find(store, baseline, cfg.get("system"), this, exclude=acc_rec.tag)
-        good = burnin.find_known_good(store, records, exclude=acc_rec.tag)
+                              {f.key for f in collect.figures(records)}, exclude=acc_rec.tag, this=this))
+        base.inventory = inventory.find_last(store, baseline, cfg.get("system"), this, exclude=acc_rec.tag)
+        good = burnin_verdicts.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)
     acc = Acceptance(acc_rec.tag, acc_rec, records, judge(records, sp, base, refs, (acc_rec.raw or {}).get("missing"),
@@ -314,10 +319,10 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
                      [tuple(x) for x in (acc_rec.raw or {}).get("not_run") or []],
                      sp.warn_fails if warn_fails is None else warn_fails)
     if out_dir:
-        from dlscale.accept import outputs
+        from dlscale.accept.outputs import artifacts
 
         acc.out_dir = Path(out_dir)
-        acc.files = outputs.write(acc, db)
+        acc.files = artifacts.write(acc, db)
     return acc
 
 
@@ -350,7 +355,7 @@ def healthy_of(lab: str | None) -> dict[str, Any]:
     """What the healthy figures were judged against: the lab file (path, sha256) and the shipped table's sha256."""
     import hashlib
 
-    from dlscale.accept.refs import built_in_path
+    from dlscale.accept.sources.healthy import built_in_path
 
     def sha(p: Path) -> str:
         return hashlib.sha256(p.read_bytes()).hexdigest()
@@ -377,10 +382,10 @@ def _record(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], ve
     from dlscale.harness.runner import Outcome, execute
     from dlscale.store import Store
 
-    rungs = figures.scale_rungs(records)
+    rungs = collect.scale_rungs(records)
     checks: dict[str, list[str]] = {}
     for r in records:
-        checks.setdefault(figures.check_of(r, rungs) or r.kind, []).append(r.run_id)
+        checks.setdefault(collect.check_of(r, rungs) or r.kind, []).append(r.run_id)
     n = counts(verdicts)
     metrics = {"outcome": outcome(verdicts), "verdicts": len(verdicts),
                **{k.lower().replace(" ", "_"): v for k, v in n.items()}}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlscale import stats
-from dlscale.accept.figure import (Figure, Subject, device_of, device_subject, geometric_mean_ci95, rank_subject,
+from dlscale.accept.figures.figure import (Figure, Subject, device_of, device_subject, geometric_mean_ci95, rank_subject,
                                    rates, row_ci, scaled)
 from dlscale.record import RunRecord
 

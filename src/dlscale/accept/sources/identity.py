@@ -31,7 +31,7 @@ CLASSES = ("GPU", "HBM", "host", "network")
 
 def identities(records: Sequence[RunRecord]) -> dict[str, dict[str, Any]]:
     """Device key -> identity ({uuid, serial, name, host} of a GPU; {machine_id, host, name} of the machine)."""
-    from dlscale.accept.figures import node_hosts
+    from dlscale.accept.figures.collect import node_hosts
 
     several = bool(node_hosts(records))
     out: dict[str, dict[str, Any]] = {}

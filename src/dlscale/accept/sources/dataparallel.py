@@ -31,8 +31,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from dlscale.accept.figure import Figure
-from dlscale.accept.verdict import PASS, Expectation, Verdict
+from dlscale.accept.figures.figure import Figure
+from dlscale.accept.judging.verdict import PASS, Expectation, Verdict
 from dlscale.analysis.formulas import scaling_efficiency
 from dlscale.distributed import dpref
 from dlscale.record import RunRecord

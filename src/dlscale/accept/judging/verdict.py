@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dlscale.accept import signif
-from dlscale.accept.figure import Figure, sound
+from dlscale.accept.judging import significance
+from dlscale.accept.figures.figure import Figure, sound
 
 PASS, WARN, FAIL, NO_EXPECTATION, ERROR = "PASS", "WARN", "FAIL", "NO EXPECTATION", "ERROR"
 STATUSES = (PASS, WARN, FAIL, ERROR, NO_EXPECTATION)
@@ -176,15 +176,15 @@ def lines_for(exp: Expectation, th: Thresholds) -> Thresholds:
     return th
 
 
-def _test(fig: Figure, exp: Expectation, th: Thresholds) -> signif.Test | None:
+def _test(fig: Figure, exp: Expectation, th: Thresholds) -> significance.Test | None:
     if exp.sigma is not None and not exp.runs:
-        return signif.vs_known(fig.value, exp.value, exp.sigma)
+        return significance.vs_known(fig.value, exp.value, exp.sigma)
     if exp.runs:
         noun = "peer" if exp.kind == "peers" else "baseline run"
-        return signif.vs_runs(fig.value, exp.runs, th.run_spread, noun, spread=exp.spread)
+        return significance.vs_runs(fig.value, exp.runs, th.run_spread, noun, spread=exp.spread)
     if exp.samples:
-        return signif.vs_samples(fig.samples, exp.samples)
-    return signif.vs_value(fig.samples, exp.value)
+        return significance.vs_samples(fig.samples, exp.samples)
+    return significance.vs_value(fig.samples, exp.value)
 
 
 def _base(fig: Figure, status: str) -> Verdict:

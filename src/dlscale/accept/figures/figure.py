@@ -1,6 +1,6 @@
 """The figure an acceptance judges and what it is about (``Subject``), with the helpers every
 check's reader shares: subjects of devices, ranks and hosts, rates from timed work, intervals.
-``accept/readers.py`` turns each check's record into figures; ``accept/figures.py`` reads an
+``accept/figures/readers.py`` turns each check's record into figures; ``accept/figures/collect.py`` reads an
 acceptance's records with them.
 """
 

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
 from dlscale.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -93,7 +93,7 @@ def record_json(rec: Any) -> str:
 
 def write(acc: Any, db: str | None) -> list[Path]:
     """Write the output folder (module doc); the files written, the manifest last."""
-    from dlscale.accept.report import build_html
+    from dlscale.accept.outputs.report import build_html
 
     out = Path(acc.out_dir)
     try:
@@ -132,7 +132,7 @@ def _forget_old(out: Path) -> None:
 
 def _history(acc: Any, db: str | None) -> list[Any]:
     """The accept records of this system (the store's), this acceptance's included."""
-    from dlscale.accept.history import series
+    from dlscale.accept.sources.history import series
     from dlscale.store import Store
 
     with Store.open(db) as store:

@@ -24,7 +24,7 @@ import socket
 import subprocess
 from typing import Any
 
-from dlscale.accept.verdict import ERROR, FAIL, WARN
+from dlscale.accept.judging.verdict import ERROR, FAIL, WARN
 from dlscale.errors import UsageError
 from dlscale.log import info
 

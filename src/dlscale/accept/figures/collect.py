@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from dlscale.accept import dataparallel
-from dlscale.accept.figure import Figure, Subject, Unreadable, on_host, sound
-from dlscale.accept.readers import READERS
+from dlscale.accept.sources import dataparallel
+from dlscale.accept.figures.figure import Figure, Subject, Unreadable, on_host, sound
+from dlscale.accept.figures.readers import READERS
 from dlscale.record import RunRecord
 
 __all__ = ["Figure", "Subject", "Unreadable", "ACROSS_NODES", "END_TO_END", "check_of", "scale_rungs", "figures",

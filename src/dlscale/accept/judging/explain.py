@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dlscale.accept.figure import Figure, Unreadable, device_subject, host_subject
-from dlscale.accept.readers import READERS
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
+from dlscale.accept.figures.figure import Figure, Unreadable, device_subject, host_subject
+from dlscale.accept.figures.readers import READERS
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
 from dlscale.format import fmt_count
 from dlscale.record import RunRecord
 
@@ -50,7 +50,7 @@ def phrase(v: Verdict) -> str:
 
 
 def _exp_phrase(v: Verdict) -> str:
-    from dlscale.accept.verdict import PHRASES
+    from dlscale.accept.judging.verdict import PHRASES
 
     return PHRASES.get(v.expectation or "", "its expectation")
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.accept.identity import class_of, ident_id, identities, row_device
-from dlscale.accept.verdict import WARN, Thresholds, Verdict
+from dlscale.accept.sources.identity import class_of, ident_id, identities, row_device
+from dlscale.accept.judging.verdict import WARN, Thresholds, Verdict
 from dlscale.record import RunRecord
 
 WINDOW = 3  # the recent acceptances a drift must hold over
@@ -71,7 +71,7 @@ def change_point(values: Sequence[float], window: int = WINDOW, min_history: int
 def verdicts_of(records: Sequence[RunRecord], verdicts: Sequence[Verdict], db: str | None,
                 th: Thresholds) -> list[Verdict]:
     """A WARN per figure of a device whose own series (past acceptances and this one) has a change point."""
-    from dlscale.accept.history import device_values
+    from dlscale.accept.sources.history import device_values
     from dlscale.store import Store
 
     idents = identities(records)
