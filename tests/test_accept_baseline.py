@@ -14,7 +14,7 @@ import types
 import pytest
 
 import accept_records as ar
-from dlscale.accept import expectations as expect
+from dlscale.accept.sources import baseline as expect
 from dlscale.accept.running import host_lock as lock
 from dlscale.accept import acceptance as run
 from dlscale.accept.plan import spec
@@ -169,13 +169,13 @@ def test_a_second_acceptance_waits_at_most_its_share_of_the_budget_and_says_for_
         from dlscale.accept.running import check_process as bounded
 
         asked[p.check] = (limit, why)
-        return bounded.Ran(p.check, [], 0.0, limit)
+        return bounded.CheckResult(p.check, [], 0.0, limit)
 
     from dlscale.accept.running import check_process as bounded
 
     monkeypatch.setattr(bounded, "run", fake_run)
     sp = spec.Spec("s", {"inventory": {}}, budget_s=30.0)
-    run.run_bounded([suite.Planned("inventory", {}, [])], sp, "acc", None, clock=lambda: now[0], t0=0.0)
+    run.run_bounded([suite.PlannedCheck("inventory", {}, [])], sp, "acc", None, clock=lambda: now[0], t0=0.0)
     assert asked["inventory"] == (20.0, " (what was left of the suite's budget of 30 s)")
 
 
@@ -194,7 +194,7 @@ def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
         seen.append(tag)
         raise Stop
 
-    planned = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())
+    planned = suite.Plan([suite.PlannedCheck("gemm", {}, [])], [], suite.MachineFacts())
     monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
     monkeypatch.setattr(run, "run_bounded", run_bounded)
     with pytest.raises(Stop):
@@ -224,9 +224,9 @@ def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_
         r.kind, r.workload, r.tag = "micro", "gemm", tag
         with Store.open(db) as s:
             s.insert(r)
-        return bounded.Ran(p.check, [r], 0.1, limit_s)
+        return bounded.CheckResult(p.check, [r], 0.1, limit_s)
 
-    planned = suite.Plan([suite.Planned("gemm", {}, []), suite.Planned("memory", {}, [])], [], suite.Machine())
+    planned = suite.Plan([suite.PlannedCheck("gemm", {}, []), suite.PlannedCheck("memory", {}, [])], [], suite.MachineFacts())
     monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
     monkeypatch.setattr(bounded, "run", run_check)
     res = cli("accept", "--quick")

@@ -17,7 +17,7 @@ from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WA
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
-CPU = suite.Machine(gpus=0)
+CPU = suite.MachineFacts(gpus=0)
 LOSSES = [7.5, 7.25, 7.0]
 GOOD = {"gemm": "g0", "llm": "w0", "losses": [x.hex() for x in LOSSES]}
 BAD = {**GOOD, "gemm": "g1"}
@@ -172,7 +172,7 @@ def test_checks_selects_the_burn_in_with_its_machine_defaults():
     (p,) = suite.plan(sp, quick=True, m=CPU).checks
     opts, layout = p.configs
     assert (opts.duration, layout.nproc_per_node, layout.threads_per_rank) == (10, 2, 1)
-    gpu = suite.plan(sp, quick=False, m=suite.Machine(gpus=8, capability=(9, 0))).checks[0]
+    gpu = suite.plan(sp, quick=False, m=suite.MachineFacts(gpus=8, capability=(9, 0))).checks[0]
     assert gpu.options == {"duration": 300, "nproc_per_node": 8}
     assert list(spec.builtin(True).select("gemm, burnin").checks) == ["gemm", "burnin"]
     with pytest.raises(UsageError, match="unknown check 'burn'"):

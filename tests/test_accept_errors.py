@@ -247,12 +247,12 @@ def test_the_suite_runs_each_check_within_what_is_left_of_its_budget(monkeypatch
     def fake_run(p, sp, acc_id, db, limit, why=""):
         asked[p.check] = (limit, why)
         now[0] += min(limit, took[p.check])
-        return bounded.Ran(p.check, [], took[p.check], limit,
+        return bounded.CheckResult(p.check, [], took[p.check], limit,
                            f"ran past its time limit of {limit:g} s{why}" if took[p.check] > limit else None)
 
     monkeypatch.setattr(bounded, "run", fake_run)
     sp = spec.Spec("s", {"health": {}, "inventory": {}, "memory": {}}, budget_s=30.0, time_limits={"inventory": 100.0})
-    checks = [suite.Planned(c, {}, []) for c in sp.checks]
+    checks = [suite.PlannedCheck(c, {}, []) for c in sp.checks]
     _, missing, seconds = run.run_bounded(checks, sp, "acc", None, clock=lambda: now[0])
     assert asked["health"] == (spec.TIME_LIMIT_S["health"], "")
     assert asked["inventory"] == (25.0, " (what was left of the suite's budget of 30 s)")

@@ -11,7 +11,8 @@ import accept_records as ar
 from dlscale.accept.figures import collect as figures
 from dlscale.accept import acceptance as run
 from dlscale.accept.plan import spec
-from dlscale.accept.expectations import Baseline, baseline_expectations, reference_expectations
+from dlscale.accept.sources.baseline import Baseline, baseline_expectations
+from dlscale.accept.sources.reference import reference_expectations
 from dlscale.accept.judging.verdict import FAIL, NO_EXPECTATION, PASS, WARN
 
 LOADGEN = "LoadGen offline"

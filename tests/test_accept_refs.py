@@ -19,7 +19,7 @@ from dlscale.accept.sources import healthy as refs
 from dlscale.accept import acceptance as run
 from dlscale.accept.judging import significance as signif
 from dlscale.accept.plan import spec
-from dlscale.accept.expectations import Baseline
+from dlscale.accept.sources.baseline import Baseline
 from dlscale.accept.figures.collect import figures
 from dlscale.accept.judging.verdict import FAIL, PASS, WARN, Thresholds
 

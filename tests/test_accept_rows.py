@@ -89,7 +89,7 @@ def test_every_check_of_the_builtin_levels_finds_its_healthy_rows_on_every_model
     for model in refs.models(rows):
         mine = [r for r in rows if r.model == model]
         n, system = node_of(mine)
-        m = suite.Machine(gpus=n, capability=(9, 0), gpu_memory=MEMORY_GB[model] * GB)
+        m = suite.MachineFacts(gpus=n, capability=(9, 0), gpu_memory=MEMORY_GB[model] * GB)
         plan = suite.plan(spec.builtin(quick), quick=quick, m=m)
         ran = {p.check for p in plan.checks}
         assert {r.check for r in mine} & set(spec.LEVELS[2 if quick else 3]) <= ran, (model, plan.not_run)
@@ -105,11 +105,11 @@ def test_every_check_of_the_builtin_levels_finds_its_healthy_rows_on_every_model
 
 
 def test_the_suite_sizes_its_defaults_by_the_gpus_memory():
-    big = suite.Machine(gpus=8, capability=(9, 0), gpu_memory=80 * GB)
-    a40 = suite.Machine(gpus=8, capability=(8, 0), gpu_memory=42_505_273_344)  # an A100 40GB as torch reports it
-    small = suite.Machine(gpus=8, capability=(8, 0), gpu_memory=24 * GB)
+    big = suite.MachineFacts(gpus=8, capability=(9, 0), gpu_memory=80 * GB)
+    a40 = suite.MachineFacts(gpus=8, capability=(8, 0), gpu_memory=42_505_273_344)  # an A100 40GB as torch reports it
+    small = suite.MachineFacts(gpus=8, capability=(8, 0), gpu_memory=24 * GB)
     for m, batch, quick_sizes, full_sizes in ((big, 256, "1G:16G", "1M:16G"), (a40, 256, "1G:16G", "1M:16G"),
-                                              (small, 128, "1G:8G", "1M:8G"), (suite.Machine(gpus=8), 128, "1G:1G",
+                                              (small, 128, "1G:8G", "1M:8G"), (suite.MachineFacts(gpus=8), 128, "1G:1G",
                                                                                 "1M:1G")):
         assert suite.defaults("train_alone", m, True)["batch_size"] == batch
         assert suite.defaults("train", m, False)["batch_size"] == batch

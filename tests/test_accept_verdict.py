@@ -16,7 +16,7 @@ from dlscale.accept.figures import collect as figures
 from dlscale.accept import acceptance as run
 from dlscale.accept.judging import significance as signif
 from dlscale.accept.plan import spec
-from dlscale.accept.expectations import Baseline
+from dlscale.accept.sources.baseline import Baseline
 from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
 
 

@@ -188,7 +188,7 @@ def test_an_acceptance_check_whose_database_went_away_is_judged_from_the_spool(o
 
     url = own_server.url(own_server.createdb())
     sp = specs.builtin(level=1)
-    planned = suite.Planned("inventory", {}, specs.validate(sp, "inventory", {}))
+    planned = suite.PlannedCheck("inventory", {}, specs.validate(sp, "inventory", {}))
     collect = system.collect_cached
 
     def counted_then_the_server_goes():

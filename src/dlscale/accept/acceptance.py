@@ -17,19 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.nodehealth import burnin_verdicts
-from dlscale.accept.sources import dataparallel
-from dlscale.accept.sources import drift
-from dlscale.accept.judging import explain
+from dlscale.accept import expectations
 from dlscale.accept.figures import collect
-from dlscale.accept.nodehealth import inventory
+from dlscale.accept.judging import explain
+from dlscale.accept.judging.verdict import (FAIL, NO_EXPECTATION, WARN, Verdict, counts, exit_code,
+                                            judge as judge_figures, outcome)
+from dlscale.accept.nodehealth import burnin_verdicts
+from dlscale.accept.nodehealth.inventory import find_last as last_inventory, verdicts as inventory_verdicts
+from dlscale.accept.plan import spec as specs, suite
+from dlscale.accept.sources import dataparallel, drift
+from dlscale.accept.sources.baseline import Baseline, find_baseline, selected_baseline, span, span_of
 from dlscale.accept.sources.identity import identities
-from dlscale.accept.plan import spec as specs
-from dlscale.accept.plan import suite
-from dlscale.accept.expectations import Baseline, expectations, find_baseline, selected_baseline, span, span_of
-from dlscale.accept.nodehealth.inventory import verdicts as inventory_verdicts
-from dlscale.accept.judging.verdict import (FAIL, NO_EXPECTATION, WARN, Expectation, Verdict, counts, exit_code,
-                                    judge as judge_figures, outcome)
 from dlscale.errors import UsageError, on_interrupt
 from dlscale.log import info
 from dlscale.record import RunRecord, config_hash, new_run_id
@@ -70,7 +68,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     """Every verdict of an acceptance's records (pure): health, then the ERRORs (failed runs, the checks
     that did not finish, ``missing``: check -> why, figures that cannot be read, checks that gave no
     figure), the burn-in's bits (``known_good``: burnin_verdicts.find_known_good's), then each figure against
-    its healthy figure (``table``: ``refs.Row``s, default the shipped table), datasheet, baseline,
+    its healthy figure (``table``: ``healthy.Row``s, default the shipped table), datasheet, baseline,
     reference and peers; then the explanations. On several nodes, a per-node check's verdicts name
     the node."""
     missing = missing or {}
@@ -79,10 +77,7 @@ def judge(records: Sequence[RunRecord], sp: specs.Spec, base: Baseline | None = 
     hosts = collect.node_hosts(records)
     figs, unreadable = collect.read(records)
     base = (base or Baseline()).fit(figs, records)
-    exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
-                        sp.thresholds.run_spread, sp.thresholds.alpha)
-    _spec_expectations(figs, sp, exps)
-    dataparallel.expectations(figs, exps)
+    exps = expectations.of_acceptance(figs, records, sp, base, refs, table)
     verdicts = [v for r in records if r.kind in OWN_VERDICTS and check_of[r.run_id] not in missing
                 for v in _own_verdicts(r, sp, hosts.get(r.run_id), base.inventory.get(hosts.get(r.run_id)))]
     verdicts += explain.failed_run_verdicts([r for r in records if r.kind not in OWN_VERDICTS
@@ -115,15 +110,6 @@ def _own_verdicts(rec: RunRecord, sp: specs.Spec, host: str | None, last: tuple[
     return inventory_verdicts(rec, sp.checks.get("inventory") or {}, host, last)
 
 
-def _spec_expectations(figs: Sequence[Any], sp: specs.Spec, exps: dict[int, list[Expectation]]) -> None:
-    """What the spec itself expects: the serving check's ``expected_goodput``."""
-    want = (sp.checks.get("serving") or {}).get("expected_goodput")
-    for i, f in enumerate(figs):
-        if want and f.check == "serving" and f.name == "goodput at SLO":
-            exps.setdefault(i, []).append(Expectation("spec", float(want), f"acceptance spec {sp.name}: "
-                                                                          f"expected_goodput {want:g} requests/s"))
-
-
 @dataclass
 class Against:
     """What an acceptance is compared with, read from the store before anything runs."""
@@ -154,7 +140,7 @@ def new_acceptance_id() -> str:
     return f"accept-{new_run_id()}"
 
 
-def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.Nodes | None = None, baseline: str | None = None,
+def accept(sp: specs.Spec, *, quick: bool = False, nodes: suite.EmulatedNodes | None = None, baseline: str | None = None,
            reference: str | None = None, out_dir: str | None = None, db: str | None = None,
            healthy: str | None = None) -> Acceptance | None:
     """Run the acceptance suite here (see the module doc); None on a rank other than 0 under a launcher."""
@@ -186,12 +172,12 @@ MIN_CHECK_S = 1.0  # less of the budget left than this: the check is not started
 LOCK_SHARE = 1 / 3  # of the suite's budget, the most it waits for another acceptance's lock (then HostBusy)
 
 
-def run_bounded(checks: Sequence[suite.Planned], sp: specs.Spec, acc_id: str, db: str | None,
+def run_bounded(checks: Sequence[suite.PlannedCheck], sp: specs.Spec, acc_id: str, db: str | None,
                 clock: Callable[[], float] | None = None, t0: float | None = None
                 ) -> tuple[list[RunRecord], dict[str, str], dict[str, float]]:
     """Every check in its own process within its time limit and what is left of the suite's budget, one
     after the other whatever became of the one before; their records, check -> why for every check
-    that did not finish (``bounded``), and check -> its seconds. ``clock``: seconds, default
+    that did not finish (``check_process``), and check -> its seconds. ``clock``: seconds, default
     ``time.monotonic``; ``t0``: when the budget began (default now; before the lock's wait)."""
     from dlscale.accept.running import check_process
 
@@ -238,10 +224,10 @@ def host_lock(acc_id: str, wait_s: float | None = None) -> Any:
     ``wait_s``); none for a rank under a launcher, whose job holds the nodes and whose ranks share a host."""
     from contextlib import nullcontext
 
-    from dlscale.accept.running import host_lock
+    from dlscale.accept.running import host_lock as locks
     from dlscale.distributed.env import launcher_of
 
-    return nullcontext() if launcher_of() else host_lock.host_lock(acc_id, wait_s=wait_s)
+    return nullcontext() if launcher_of() else locks.host_lock(acc_id, wait_s=wait_s)
 
 
 def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], system: str, vs: Against,
@@ -259,7 +245,7 @@ def conclude(acc_id: str, sp: specs.Spec, plan: Any, records: list[RunRecord], s
     with Store.open(db) as store:
         base = (selected_baseline(store, vs.baseline, this) if vs.baseline else
                 find_baseline(store, system, suite_hash, {f.key for f in collect.figures(records)}, this=this))
-        base.inventory = inventory.find_last(store, vs.baseline, system, this)
+        base.inventory = last_inventory(store, vs.baseline, system, this)
         good = burnin_verdicts.find_known_good(store, records)
         folder = Path(out_dir) if out_dir else default_out(store, acc_id)
     verdicts = judge(records, sp, base, vs.refs, missing, vs.table or None, good)
@@ -281,7 +267,7 @@ def default_out(store: Any, acc_id: str) -> Path:
     return beside_db(store.path, "acceptances") / acc_id
 
 
-def hash_of(checks: Sequence[suite.Planned]) -> str:
+def hash_of(checks: Sequence[suite.PlannedCheck]) -> str:
     """What an acceptance measured, to find its baseline by: every check's options, less the faults
     set into emulated nodes (a node's own link rate or CPU quota), the price (it changes no rate), and
     the inventory (no figure: a suite with it has the baselines of the same suite without it)."""
@@ -310,7 +296,7 @@ def rejudge(acceptance: str, sp: specs.Spec | None = None, *, baseline: str | No
         base = (selected_baseline(store, baseline, this) if baseline else
                 find_baseline(store, cfg.get("system"), cfg.get("suite_hash"),
                               {f.key for f in collect.figures(records)}, exclude=acc_rec.tag, this=this))
-        base.inventory = inventory.find_last(store, baseline, cfg.get("system"), this, exclude=acc_rec.tag)
+        base.inventory = last_inventory(store, baseline, cfg.get("system"), this, exclude=acc_rec.tag)
         good = burnin_verdicts.find_known_good(store, records, exclude=acc_rec.tag)
     lab = healthy or (cfg.get("healthy_refs") or {}).get("file")
     table = healthy_refs.load(lab if lab and (healthy or Path(lab).is_file()) else None)

@@ -1,253 +1,59 @@
-"""Where each figure's expectation comes from: healthy figures, the datasheet, the system's own baseline, a reference.
+"""Where a figure's expectation comes from: every source, in the order they are tried, and the module of each.
 
-- healthy: the figure a healthy system of the device's model gives, from the table of healthy
-  figures (``refs.py``: shipped, or a lab's own file first), matched on model and topology;
-- datasheet: rated figure x typical fraction (``datasheet.expectation``), GPU figures only, and only
-  where the healthy table has no typical row for the figure;
-- baseline: the same figure (by ``Figure.key``) of a run that measured the same thing (``measured``:
-  the same workload and recorded options; else the figure has no baseline and its NO EXPECTATION
-  says why) in earlier acceptances of the same system and suite, never one whose time overlapped
-  this acceptance's or another acceptance's on the same system (it measured under that one's load):
-  by default, for each figure, the newest ``RUNS`` acceptances in which no verdict of that
-  figure proved a shortfall (no FAIL, no WARN with a significant shortfall: a proven slowdown
-  never becomes a baseline, so a drift cannot walk the baseline down in steps it can see, while
-  the WARNs inside the noise stay, or the runs kept would be the lucky ones and understate the
-  noise); or the runs a ``--baseline`` selector names. The expected value is the geometric mean
-  of those runs' values; the noise a regression is tested against is the spread between runs of
-  that figure on that class of device (``noise.between_runs``, ``signif.vs_runs``);
-- reference: published or imported figures (``--reference ref:seed001-table5,system:...``) of the
-  same model, device count, per-device batch and precision, and the scaling efficiency a reference
-  ladder reached at the same layout.
+A figure (a GPU's training throughput, a node's GEMM rate, ...) is judged against every expectation it
+has (``judging/verdict.py``: one verdict each); a figure with none is NO EXPECTATION, its reason naming
+what was missing (a baseline of other options: ``sources/baseline.py``'s note). In order:
 
-``find_baseline`` reads the store (acceptance records, then the runs of the chosen ones); the rest
-is pure.
+0. healthy: the figure a healthy system of the device's model gives, matched on model, check, figure and
+   topology (``sources/healthy.py``; the data: ``src/dlscale/facts/healthy.yaml``, a lab's own file given
+   with ``--refs`` tried first); a row is a typical figure with its tolerance, or a published floor;
+1. datasheet: rated figure (``dlscale/gpus.py``, ``facts/gpus.yaml``) x the typical fraction a healthy
+   device reaches (``sources/datasheet.py``), GPU figures only, and only where the healthy table has no
+   typical row for the figure;
+2. baseline: the same figure in this system's earlier accepted runs of the same suite (or a
+   ``--baseline`` selection), tested over its spread between runs (``sources/baseline.py``);
+3. reference: published or imported figures (``--reference``) of the same model, devices, per-device
+   batch and precision, and a reference ladder's scaling efficiency (``sources/reference.py``);
+4. spec: a value the acceptance spec gives itself (the serving check's ``expected_goodput``;
+   ``spec_expectations``);
+5. rule: the data-parallel efficiency against the acceptance's own training alone (one rank keeps at
+   least 0.95; N ranks the seed papers' figure at the layout: ``sources/dataparallel.py``);
+6. peers: the median of the figure's peers (the same check, figure and device model in the same run;
+   ``judging/verdict.py``'s ``peer_expectations``): the one slow GPU shows there.
+
+A device's own history is read beside them: a change point in its series across acceptances WARNs
+(``sources/drift.py``, keyed by ``sources/identity.py``). ``of_acceptance`` gathers sources 0-5 for an
+acceptance's figures; all of it is pure but the store reads of ``sources/baseline.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from dlscale.accept.sources import datasheet
-from dlscale.accept.judging import noise
-from dlscale.accept.figures.collect import Figure, figures
-from dlscale.accept.judging.verdict import ERROR, FAIL, WARN, Expectation
+from dlscale.accept.figures.figure import Figure
+from dlscale.accept.judging.verdict import Expectation
+from dlscale.accept.sources import dataparallel, datasheet
+from dlscale.accept.sources.baseline import Baseline, baseline_expectations
+from dlscale.accept.sources.reference import reference_expectations
 from dlscale.record import RunRecord
 
-MAX_HISTORY = 50  # acceptances searched for a figure's baseline
-RUNS = 10  # accepted runs of a figure that make its baseline (their spread is its noise between runs)
 
-
-@dataclass
-class Baseline:
-    """Baseline figures by key, newest first (at most ``RUNS``), each with the acceptance (or
-    selection) it came from and what its run measured (``measured``)."""
-
-    figures: dict[str, list[Figure]] = field(default_factory=dict)
-    origin: dict[str, list[str]] = field(default_factory=dict)  # figure key -> ["acceptance ID (date)", ...]
-    what: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # figure key -> each run's ``measured``
-    notes: dict[str, str] = field(default_factory=dict)  # figure key -> why runs of it were set aside
-    # node (None on one node) -> its inventory run at its last sound acceptance, where from (``inventory.find_last``)
-    inventory: dict[str | None, tuple[RunRecord, str]] = field(default_factory=dict)
-
-    def add(self, figs: Iterable[Figure], origin: str, keys: set[str] | None = None,
-            runs: dict[str, RunRecord] | None = None) -> None:
-        """One more run of each figure (the first of a key in ``figs``), up to ``RUNS`` runs per key
-        (``runs``: the figures' records by run id, for what each measured)."""
-        seen: set[str] = set()
-        for f in figs:
-            if f.key in seen or (keys is not None and f.key not in keys) or len(self.figures.get(f.key, ())) >= RUNS:
-                continue
-            seen.add(f.key)
-            self.figures.setdefault(f.key, []).append(f)
-            self.origin.setdefault(f.key, []).append(origin)
-            rec = (runs or {}).get(f.run_id)
-            self.what.setdefault(f.key, []).append(measured(rec) if rec is not None else {})
-
-    def complete(self) -> set[str]:
-        """The keys that have their ``RUNS`` runs."""
-        return {k for k, v in self.figures.items() if len(v) >= RUNS}
-
-    def fit(self, figs: Sequence[Figure], records: Sequence[RunRecord]) -> "Baseline":
-        """The runs of each figure that measured what ``figs``' own runs did (``records``: theirs); a
-        figure whose baseline runs all measured something else gets a note saying what differs."""
-        mine = {r.run_id: measured(r) for r in records}
-        out = Baseline(notes=dict(self.notes), inventory=dict(self.inventory))
-        for f in figs:
-            if f.key not in self.figures or f.key in out.figures:
-                continue
-            kept, why = [], ""
-            for b, o, w in zip(self.figures[f.key], self.origin[f.key], self.what.get(f.key) or [{}] * RUNS):
-                diff = differences(mine.get(f.run_id) or {}, w)
-                if diff:
-                    why = why or f"{o} measured {diff}"
-                else:
-                    kept.append((b, o, w))
-            if kept:
-                out.figures[f.key], out.origin[f.key], out.what[f.key] = (list(x) for x in zip(*kept))
-            else:
-                out.notes[f.key] = f"no baseline of the same options: {why}"
-        return out
-
-
-UNMEASURED = ("kind", "tag", "monitor_interval", "profile", "profile_steps", "strict")  # options that change no figure
-COMMAND_OF = {"train": "train", "scale": "train", "micro": "micro", "inference": "infer"}  # a record's kind -> its command
-
-
-def measured(rec: RunRecord) -> dict[str, Any]:
-    """What a run measured, to hold one run's figure to another's: its kind and workload, the options
-    of its command that its config records (``sweep.fields``' tables, less ``UNMEASURED`` and the
-    price), and its ranks and nodes."""
-    from dlscale.sweep.fields import COMMANDS
-
-    cfg = rec.config or {}
-    table = COMMANDS.get(COMMAND_OF.get(rec.kind, ""), {})
-    out: dict[str, Any] = {"kind": rec.kind, "workload": rec.workload}
-    out.update({k: cfg[o.field] for k, o in table.items()
-                if o.config not in ("layout", "cost") and k not in UNMEASURED and o.field in cfg})
-    out.update({k: cfg[k] for k in ("world_size", "nodes") if k in cfg})
-    return out
-
-
-def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
-    """'model resnet18, image_size 32 (this run: tinycnn, 16)': the options both record and that differ
-    (empty: none differs)."""
-    keys = [k for k in mine if k in theirs and _same(mine[k]) != _same(theirs[k])]
-    if not keys:
-        return ""
-    return (f"{', '.join(f'{k} {_words(theirs[k])}' for k in keys)} "
-            f"(this run: {', '.join(_words(mine[k]) for k in keys)})")
-
-
-def _same(v: Any) -> Any:
-    """A value as options compare: lists, tuples and comma strings alike, numbers as floats."""
-    if isinstance(v, str) and "," in v:
-        v = [x.strip() for x in v.split(",")]
-    if isinstance(v, (list, tuple)):
-        items = tuple(_same(x) for x in v)
-        return items[0] if len(items) == 1 else items
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    return v
-
-
-def _words(v: Any) -> str:
-    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-
-
-def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]]) -> dict[int, Expectation]:
-    """Figure index -> its datasheet expectation (``systems``: run id -> the record's inventory)."""
-    out = {}
-    for i, f in enumerate(figs):
-        rated = datasheet.expectation(f, systems.get(f.run_id) or {})
-        if rated is not None:
-            out[i] = Expectation("datasheet", rated.value, rated.text)
-    return out
-
-
-def baseline_expectations(figs: Sequence[Figure], base: Baseline, floor: float = 0.15, alpha: float = 0.01,
-                          priors: dict[int, float] | None = None) -> dict[int, Expectation]:
-    """Each figure's baseline: the geometric mean of its accepted runs' values, those values, and the
-    spread between runs of the figure on its class of device (``noise.between_runs``; ``priors``:
-    figure index -> its healthy row's sigma; ``floor``: run_spread)."""
-    import math
-
-    out = {}
-    for i, f in enumerate(figs):
-        runs = [(b, o) for b, o in zip(base.figures.get(f.key, ()), base.origin.get(f.key, ())) if b.value > 0]
-        if not runs:
-            continue
-        (newest, origin), n = runs[0], len(runs)
-        value = math.exp(sum(math.log(b.value) for b, _ in runs) / n)
-        src = (f"{origin}, run {newest.run_id}" if n == 1 else
-               f"geometric mean of {n} accepted runs: {origin}, run {newest.run_id} (newest) to {runs[-1][1]}")
-        mates = [k for k, v in base.figures.items() if k != f.key and v and klass(v[0]) == klass(f)]
-        series = [[b.value for b, _ in runs]] + [[b.value for b in base.figures[k]] for k in mates]
-        spread = noise.between_runs(series, [b.samples for b, _ in runs], floor, alpha, (priors or {}).get(i),
-                                    f.model or "")
-        out[i] = Expectation("baseline", value, src, runs=tuple(b.value for b, _ in runs), run_id=newest.run_id,
-                             spread=spread)
-    return out
-
-
-def klass(f: Figure) -> tuple[str, ...]:
-    """A figure's class of device: the same check and figure on every device of one model (the key alone
-    for a figure with no device model)."""
-    return (f.check, f.name, f.model) if f.model else (f.key,)
-
-
-def reference_expectations(figs: Sequence[Figure], refs: Sequence[RunRecord]) -> dict[int, Expectation]:
-    """Throughput figures against reference runs that match them; scaling efficiencies against a
-    reference ladder's at the same layout."""
-    out = {}
-    for i, f in enumerate(figs):
-        exp = _efficiency_ref(f, refs) if f.name.startswith("efficiency") else _throughput_ref(f, refs)
-        if exp is not None:
-            out[i] = exp
-    return out
-
-
-def _throughput_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
-    """A throughput against the mean of the reference runs of the same model, devices, per-device batch
-    and precision; a LoadGen figure against the references' figure of the same LoadGen scenario (never
-    their raw throughput, which LoadGen's harness does not reach)."""
-    from dlscale.analysis.compare import key_value, system_label
-
-    want = f.context
-    if not want.get("model") or f.check not in ("train", "train_alone", "scale", "inference"):
-        return None
-    kind = "inference" if f.check == "inference" else "train"
-    hits = [(r, v) for r in refs if r.kind == kind and r.workload == want["model"]
-            and key_value(r, "world_size") == want["world_size"]
-            and all(_given(r, k) in (None, want.get(k)) or want.get(k) is None for k in ("batch_size", "precision"))
-            for v in [_ref_value(r, want.get("scenario"))] if v is not None]
-    if not hits:
-        return None
-    value = sum(v for _, v in hits) / len(hits)
-    first = hits[0][0]
-    what = f"LoadGen {want['scenario']} " if want.get("scenario") else ""
-    return Expectation("reference", value, f"{system_label(first)}: {what}{want['model']} on {want['world_size']} "
-                                           f"device(s){f' (mean of {len(hits)})' if len(hits) > 1 else ''}; "
-                                           f"{first.config.get('source') or 'imported'}", run_id=None)
-
-
-def _ref_value(r: RunRecord, scenario: str | None) -> float | None:
-    """A reference run's counterpart of a figure: its LoadGen ``scenario`` figure (that scenario only),
-    else its throughput."""
-    v = r.metrics.get("scenario_metric") if scenario else r.metrics.get("throughput")
-    if scenario and r.metrics.get("scenario") != scenario:
-        return None
-    return float(v) if isinstance(v, (int, float)) else None
-
-
-def _given(r: RunRecord, key: str) -> Any:
-    """A reference run's batch size or precision: an inference run's batch is its LoadGen batch."""
-    if key == "batch_size" and r.kind == "inference":
-        return r.metrics.get("max_batch")
-    return r.config.get(key)
-
-
-def _efficiency_ref(f: Figure, refs: Sequence[RunRecord]) -> Expectation | None:
-    from dlscale.analysis.compare import system_label
-    from dlscale.analysis.scaling import layout_of
-
-    mine = [r for r in refs if r.kind == "train" and r.workload == f.context.get("model")
-            and isinstance(r.metrics.get("throughput"), (int, float))]
-    at = {f"{n}x{g}": r for r in mine for n, g in [layout_of(r)]}
-    one, there = at.get("1x1"), at.get(f.context["layout"])
-    if one is None or there is None:
-        return None
-    n, g = layout_of(there)
-    eff = there.metrics["throughput"] / (n * g * one.metrics["throughput"])
-    return Expectation("reference", eff, f"{system_label(there)}: {there.metrics['throughput']:g} / ({n * g} x "
-                                         f"{one.metrics['throughput']:g}); {there.config.get('source') or 'imported'}")
+def of_acceptance(figs: Sequence[Figure], records: Sequence[RunRecord], sp: Any, base: Baseline,
+                  refs: Sequence[RunRecord], table: Sequence[Any] | None) -> dict[int, list[Expectation]]:
+    """Figure index -> its expectations from sources 0-5 (``sp``: the acceptance spec, its thresholds and
+    its own values; ``table``: ``healthy.Row``s, default the shipped table)."""
+    exps = expectations(figs, {r.run_id: r.system or {} for r in records}, base, refs, table,
+                        sp.thresholds.run_spread, sp.thresholds.alpha)
+    spec_expectations(figs, sp, exps)
+    dataparallel.expectations(figs, exps)
+    return exps
 
 
 def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], base: Baseline | None,
                  refs: Sequence[RunRecord], table: Sequence[Any] | None = None, floor: float = 0.15,
                  alpha: float = 0.01) -> dict[int, list[Expectation]]:
-    """Every figure's healthy (``table``: ``refs.Row``s, default the shipped table), datasheet (where no
+    """Every figure's healthy (``table``: ``healthy.Row``s, default the shipped table), datasheet (where no
     typical healthy row), baseline and reference expectations (peers are the verdicts' own)."""
     from dlscale.accept.sources import healthy
 
@@ -264,106 +70,20 @@ def expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]], bas
     return out
 
 
-# -- the baseline in the store --------------------------------------------------------------------------
-def settled_keys(accept_rec: RunRecord) -> set[str]:
-    """The figure keys an acceptance can serve as baseline for: judged, and no shortfall proven there
-    (no FAIL or ERROR; no WARN whose shortfall was significant; a record from before ``significant`` was
-    recorded counts every WARN as proven)."""
-    rows = (accept_rec.raw or {}).get("verdicts") or []
-    bad = {r["key"] for r in rows if r.get("status") in (FAIL, ERROR) or r.get("status") == WARN
-           and r.get("significant", True)}
-    return {r["key"] for r in rows if r.get("key")} - bad
+def datasheet_expectations(figs: Sequence[Figure], systems: dict[str, dict[str, Any]]) -> dict[int, Expectation]:
+    """Figure index -> its datasheet expectation (``systems``: run id -> the record's inventory)."""
+    out = {}
+    for i, f in enumerate(figs):
+        rated = datasheet.expectation(f, systems.get(f.run_id) or {})
+        if rated is not None:
+            out[i] = Expectation("datasheet", rated.value, rated.text)
+    return out
 
 
-def find_baseline(store: Any, system: str, suite_hash: str, keys: set[str], exclude: str | None = None,
-                  this: tuple[str, str] | None = None) -> Baseline:
-    """For each key, the figures of the newest ``RUNS`` acceptances of ``system`` and ``suite_hash``
-    that settled it (among the newest ``MAX_HISTORY``), less those whose time overlapped ``this``
-    acceptance's (its start and end) or another acceptance's on ``system``."""
-    base = Baseline()
-    todo = set(keys)
-    seen = 0
-    mine = [a for a in store.query(kind="accept", status="ok") if a.tag != exclude
-            and (a.config or {}).get("system") == system]
-    spans: dict[str, tuple[str, str]] = {}
-    for acc in mine:
-        if not todo or seen >= MAX_HISTORY:
-            break
-        if (acc.config or {}).get("suite_hash") != suite_hash:
-            continue
-        seen += 1
-        usable = settled_keys(acc) & todo
-        if not usable:
-            continue
-        busy = _overlapped(store, acc, mine, this, spans)
-        if busy:
-            for k in usable:
-                base.notes.setdefault(k, f"acceptance {acc.tag} ran at the same time as {busy}: measured under its "
-                                         "load, it is no baseline")
-            continue
-        runs = store.query(tag=acc.tag, status="ok")
-        base.add(figures(runs), f"acceptance {acc.tag} ({acc.created_at[:10]})", usable, {r.run_id: r for r in runs})
-        todo -= base.complete()
-    return base
-
-
-def selected_baseline(store: Any, selector: str, this: tuple[str, str] | None = None) -> Baseline:
-    """The baseline a ``--baseline`` selector names: its runs, and every run of each acceptance among
-    them, less those whose time overlapped ``this`` acceptance's (its start and end)."""
-    from dlscale.analysis.select import select
-
-    recs = select(store, selector)
-    base = Baseline()
-    taken: set[str] = set()
-    for acc in (r for r in recs if r.kind == "accept"):
-        runs = store.query(tag=acc.tag, status="ok")
-        taken |= {r.run_id for r in runs}
-        if this and overlaps(span(store, acc), this):
-            base.notes.update({f.key: f"acceptance {acc.tag} ran at the same time as this one: it is no baseline"
-                               for f in figures(runs)})
-            continue
-        base.add(figures(runs), f"acceptance {acc.tag} ({acc.created_at[:10]})", runs={r.run_id: r for r in runs})
-    plain = [r for r in recs if r.kind != "accept" and r.run_id not in taken]
-    during = {r.run_id for r in plain if this and overlaps((r.created_at, r.finished_at or r.created_at), this)}
-    base.notes.update({f.key: f"run {f.run_id} ran at the same time as this acceptance: it is no baseline"
-                       for f in figures([r for r in plain if r.run_id in during])})
-    ok = [r for r in plain if r.run_id not in during]
-    base.add(figures(ok), f"baseline {selector}", runs={r.run_id: r for r in ok})
-    return base
-
-
-# -- when acceptances ran ---------------------------------------------------------------------------
-def span(store: Any, acc: RunRecord) -> tuple[str, str]:
-    """When an acceptance measured: its first check run's start to its last one's end (``started_at``,
-    ``ended_at`` in its config; read from its runs for an acceptance recorded without them)."""
-    cfg = acc.config or {}
-    if cfg.get("started_at") and cfg.get("ended_at"):
-        return cfg["started_at"], cfg["ended_at"]
-    return span_of([r for r in store.query(tag=acc.tag) if r.kind != "accept"]) or (acc.created_at, acc.created_at)
-
-
-def span_of(records: Sequence[RunRecord]) -> tuple[str, str] | None:
-    """The time an acceptance's runs took: the first one's start to the last one's end."""
-    if not records:
-        return None
-    return min(r.created_at for r in records), max(r.finished_at or r.created_at for r in records)
-
-
-def overlaps(a: tuple[str, str], b: tuple[str, str]) -> bool:
-    """Two spans of time (ISO strings, UTC) share a moment."""
-    return a[0] < b[1] and b[0] < a[1]
-
-
-def _overlapped(store: Any, acc: RunRecord, others: Sequence[RunRecord], this: tuple[str, str] | None,
-                spans: dict[str, tuple[str, str]]) -> str:
-    """What ``acc`` ran at the same time as ('this acceptance', 'acceptance ID'), or ''."""
-    def of(a: RunRecord) -> tuple[str, str]:
-        if a.run_id not in spans:
-            spans[a.run_id] = span(store, a)
-        return spans[a.run_id]
-
-    mine = of(acc)
-    if this and overlaps(mine, this):
-        return "this acceptance"
-    hit = next((b for b in others if b is not acc and overlaps(mine, of(b))), None)
-    return f"acceptance {hit.tag}" if hit else ""
+def spec_expectations(figs: Sequence[Figure], sp: Any, exps: dict[int, list[Expectation]]) -> None:
+    """What the spec itself expects: the serving check's ``expected_goodput``."""
+    want = (sp.checks.get("serving") or {}).get("expected_goodput")
+    for i, f in enumerate(figs):
+        if want and f.check == "serving" and f.name == "goodput at SLO":
+            exps.setdefault(i, []).append(Expectation("spec", float(want), f"acceptance spec {sp.name}: "
+                                                                          f"expected_goodput {want:g} requests/s"))

@@ -44,10 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.running import check_process
 from dlscale.accept.figures import collect
-from dlscale.accept.plan import suite
-from dlscale.accept.plan import spec as specs
+from dlscale.accept.plan import spec as specs, suite
+from dlscale.accept.running import check_process
 from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.procs import die_with_parent, end_tree
@@ -94,25 +93,25 @@ def parts(sp: specs.Spec, nodes: int) -> list[tuple[str, specs.Spec]]:
     is left out): one node runs ``all``; several run ``across`` (one job over the nodes) then ``node``."""
     if nodes == 1:
         return [("all", sp)]
-    across = sp.only(suite.ACROSS_NODES)
-    node = sp.only(c for c in sp.checks if c not in suite.ACROSS_NODES)
+    across = sp.only(suite.RUN_IN_PLACE)
+    node = sp.only(c for c in sp.checks if c not in suite.RUN_IN_PLACE)
     return [(name, part) for name, part in (("across", across), ("node", node)) if part.checks]
 
 
-def stand_in(part: str, opts: SlurmOptions) -> suite.Machine:
+def stand_in(part: str, opts: SlurmOptions) -> suite.MachineFacts:
     """A node of the allocation as the submitter pictures it (GPUs as asked), for checking the spec
     before submitting; in the job each part plans on the real node."""
     gpus = int(opts.gpus_per_node or 0)
     if part == "across":
-        return suite.Machine(gpus=gpus, launcher="torchrun", world_size=opts.nodes * max(1, gpus), nodes=opts.nodes)
-    return suite.Machine(gpus=gpus)
+        return suite.MachineFacts(gpus=gpus, launcher="torchrun", world_size=opts.nodes * max(1, gpus), nodes=opts.nodes)
+    return suite.MachineFacts(gpus=gpus)
 
 
 def check(sp: specs.Spec, quick: bool, opts: SlurmOptions) -> None:
     """Refuse, before submitting, a spec that cannot run on the allocation: a bad option value (at its
     ``file:line``), what the allocation sets itself, or no check that can run there."""
     if opts.nodes > 1:
-        for name in suite.ACROSS_NODES:
+        for name in suite.RUN_IN_PLACE:
             bad = next((k for k in sp.checks.get(name, {}) if k in SET_BY_ALLOCATION), None)
             if bad:
                 raise sp.fail(("checks", name, bad), f"with --nodes {opts.nodes} {name} runs on the allocation's "
@@ -340,8 +339,8 @@ def read_plans(folder: Path, sp: specs.Spec, nodes: int) -> JobPlan:
         docs.append(json.loads(path.read_text()))
         checks.update(docs[-1]["checks"])
         not_run.update({c: w for c, w in docs[-1]["not_run"] if c not in docs[-1]["checks"]})
-    plan = suite.Plan([suite.Planned(c, checks[c], []) for c in sp.checks if c in checks],
-                      [(c, not_run[c]) for c in sp.checks if c in not_run and c not in checks], suite.Machine())
+    plan = suite.Plan([suite.PlannedCheck(c, checks[c], []) for c in sp.checks if c in checks],
+                      [(c, not_run[c]) for c in sp.checks if c in not_run and c not in checks], suite.MachineFacts())
     return JobPlan(plan, docs[0]["system"] if docs else "?", docs[0]["host"] if docs else None,
                    len(docs) == len(parts(sp, nodes)))
 

@@ -19,16 +19,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from dlscale.accept.sources import dataparallel
 from dlscale.accept.figures.figure import Figure, Subject, Unreadable, on_host, sound
 from dlscale.accept.figures.readers import READERS
+from dlscale.accept.sources import dataparallel
 from dlscale.record import RunRecord
 
-__all__ = ["Figure", "Subject", "Unreadable", "ACROSS_NODES", "END_TO_END", "check_of", "scale_rungs", "figures",
-           "read", "node_hosts"]
+__all__ = ["Figure", "Subject", "Unreadable", "ONE_RUN_ACROSS_NODES", "END_TO_END", "check_of", "scale_rungs",
+           "figures", "read", "node_hosts"]
 
 END_TO_END = ("train", "scale", "inference")  # checks whose figures are results: energy and cost ride beside
-ACROSS_NODES = ("collectives_nodes", "links", "train_alone", "train")  # one run spans the nodes; the rest are per node
+# the checks whose one run spans the nodes; every other check runs once per node
+ONE_RUN_ACROSS_NODES = ("collectives_nodes", "links", "train_alone", "train")
 
 
 def check_of(rec: RunRecord, rungs: set[str]) -> str | None:
@@ -106,11 +107,11 @@ def unmeasured_gpus(rec: RunRecord, check: str, figs: Sequence[Figure]) -> list[
 
 
 def node_hosts(records: Sequence[RunRecord]) -> dict[str, str]:
-    """Run id -> host of every per-node check's run (not one of ``ACROSS_NODES``), where those runs
+    """Run id -> host of every per-node check's run (not one of ``ONE_RUN_ACROSS_NODES``), where those runs
     come from more than one host (an acceptance of several nodes: every node runs them); else empty."""
     rungs = scale_rungs(records)
     hosts = {r.run_id: str((r.system or {}).get("hostname") or "?") for r in records
-             if r.kind != "accept" and check_of(r, rungs) not in ACROSS_NODES}
+             if r.kind != "accept" and check_of(r, rungs) not in ONE_RUN_ACROSS_NODES}
     return hosts if len(set(hosts.values())) > 1 else {}
 
 

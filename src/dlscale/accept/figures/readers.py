@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlscale import stats
-from dlscale.accept.figures.figure import (Figure, Subject, device_of, device_subject, geometric_mean_ci95, rank_subject,
-                                   rates, row_ci, scaled)
+from dlscale.accept.figures.figure import (Figure, Subject, device_of, device_subject, geometric_mean_ci95,
+                                           rank_subject, rates, row_ci, scaled)
 from dlscale.record import RunRecord
 
 ENERGY_KEYS = ("energy_j", "energy_per_unit_j", "units_per_joule", "avg_power_w", "price_per_hour",

@@ -33,7 +33,7 @@ CHECKS = {  # check -> what it is called in sentences and tables
 }
 PARTS = ("health", "inventory", "memory", "p2p", "gemm", "collectives", "collectives_nodes", "links", "train_alone",
          "burnin")
-ACROSS = ("collectives_nodes", "train", "scale")  # system figures whose traffic crosses the nodes' links
+OVER_THE_LINKS = ("collectives_nodes", "train", "scale")  # system figures whose traffic crosses the nodes' links
 MAX_RELATED = 6
 
 
@@ -120,7 +120,7 @@ def missing_run_verdicts(missing: dict[str, str], runs: dict[str, list[RunRecord
 
 
 def unreadable_verdicts(bad: Sequence[Unreadable]) -> list[Verdict]:
-    """An ERROR for every figure an ok record should have given and did not (``figures.read``)."""
+    """An ERROR for every figure an ok record should have given and did not (``collect.read``)."""
     return [error(u.check, u.reason, figure=u.figure, subject=u.subject, run_ids=[u.run_id]) for u in bad]
 
 
@@ -150,7 +150,7 @@ def explain(verdicts: Sequence[Verdict]) -> None:
                    and (w.subject_key is not None or (w.check in PARTS and w.check != v.check))]
             rel.sort(key=lambda w: (w.subject_key is None, PARTS.index(w.check) if w.check in PARTS else 99))
         phrases = list(dict.fromkeys(phrase(w) for w in rel))
-        if v.check == "links" or (v.subject_key is None and v.check in ACROSS):
+        if v.check == "links" or (v.subject_key is None and v.check in OVER_THE_LINKS):
             phrases = links + phrases
         v.related = phrases[:MAX_RELATED]
 

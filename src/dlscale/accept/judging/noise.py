@@ -2,7 +2,7 @@
 that class of device, not a global floor.
 
 A figure's noise between runs is what its own history shows: the values of the same figure in the
-baseline's accepted runs (``expect.Baseline``), pooled over the figure's *class* (the same check
+baseline's accepted runs (``sources/baseline.py``'s ``Baseline``), pooled over the figure's *class* (the same check
 and figure on every device of the same model: the eight GPUs of a server share one estimate, which
 then rests on eight times the runs). With y_kj = log of device k's value in run j:
 
@@ -22,7 +22,7 @@ always carries:
     sigma = max(s, min(cap, u), within)          (df >= 1)
     sigma = max(cap, within)                     (no history: one baseline run, or none with a spread)
 
-docs/METRICS.md ("Acceptance: noise between runs") derives it with numbers; ``signif.vs_runs`` uses it.
+docs/METRICS.md ("Acceptance: noise between runs") derives it with numbers; ``significance.vs_runs`` uses it.
 """
 
 from __future__ import annotations

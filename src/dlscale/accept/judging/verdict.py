@@ -6,7 +6,7 @@ shortfall ``1 - ratio``:
 
 - PASS: the shortfall is below the warn threshold (against a healthy figure: at least its tolerance);
 - FAIL: the shortfall reaches the fail threshold *and* is significant (one-sided p < alpha:
-  ``signif``; against a baseline, over the spread between runs of that figure on that class of
+  ``significance``; against a baseline, over the spread between runs of that figure on that class of
   device (``noise.py``); against a healthy figure, over its tolerance; against peers, over the raw
   samples of the same run, or for nodes' CPUs over the spread between the peers' values) — a FAIL
   is never declared inside the noise; a healthy *floor* (a published minimum) FAILs below it;
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dlscale.accept.judging import significance
 from dlscale.accept.figures.figure import Figure, sound
+from dlscale.accept.judging import significance
 
 PASS, WARN, FAIL, NO_EXPECTATION, ERROR = "PASS", "WARN", "FAIL", "NO EXPECTATION", "ERROR"
 STATUSES = (PASS, WARN, FAIL, ERROR, NO_EXPECTATION)

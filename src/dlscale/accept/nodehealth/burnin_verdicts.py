@@ -1,4 +1,4 @@
-"""The burn-in check (``burnin``): silent data corruption and the devices' state under a long load.
+"""The burn-in check's verdicts (check ``burnin``): silent data corruption and the devices' state under a long load.
 
 Its run is ``dlscale micro burnin`` (``micro/burnin.py``): every device computes the same seeded
 rounds, and the record keeps each rank's first result, the later rounds that differed from it,
@@ -38,7 +38,7 @@ from typing import Any
 
 from dlscale.accept.figures.figure import Subject, host_subject, rank_subject
 from dlscale.accept.judging.verdict import FAIL, NO_EXPECTATION, PASS, WARN, Thresholds, Verdict
-from dlscale.micro.burnin import device_words, findings, part_names, changed_parts, reference_ranks
+from dlscale.micro.burnin import changed_parts, device_words, findings, part_names, reference_ranks
 from dlscale.record import RunRecord, config_hash
 
 CHECK = "burnin"

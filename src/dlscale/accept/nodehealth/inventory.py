@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dlscale.accept.expectations import MAX_HISTORY, overlaps, span
 from dlscale.accept.figures.collect import node_hosts
 from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Verdict, error
+from dlscale.accept.sources.baseline import MAX_HISTORY, overlaps, span
 from dlscale.record import RunRecord
 
 # option -> (its type, the metric it is compared with, unit, what the item is called)

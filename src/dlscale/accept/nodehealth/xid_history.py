@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.accept.expectations import MAX_HISTORY
 from dlscale.accept.judging.verdict import ERROR, FAIL
+from dlscale.accept.sources.baseline import MAX_HISTORY
 
 CHECK = "health"
 

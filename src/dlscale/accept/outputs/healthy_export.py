@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.sources import healthy
 from dlscale.accept.judging.verdict import ERROR
+from dlscale.accept.sources import healthy
 from dlscale.errors import UsageError
 
 MATCH = ("model", "batch_size", "precision", "channels_last", "image_size", "world_size")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscale.accept.sources import history
 from dlscale.accept.judging.explain import CHECKS
 from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, STATUSES, WARN, counts
+from dlscale.accept.sources import history
 from dlscale.format import fmt_num
 from dlscale.report.model import Figure, Report, Section, TableData
 

@@ -8,7 +8,7 @@ the collectives across them and every node's link) and level 3 or ``full`` (ever
 burn-in with its silent-corruption comparison: ``LEVEL3_EXTRA``). ``select`` keeps the checks named
 by ``--checks`` (any check, the burn-in too, with its defaults where the spec gives none). Every
 check runs in its own process within its time limit (``TIME_LIMIT_S``, or the spec's
-``time_limit``), and the suite within its level's budget (``run.py``). A YAML file chooses its own::
+``time_limit``), and the suite within its level's budget (``acceptance.py``). A YAML file chooses its own::
 
     name: h100-node                 # default: the file's stem
     budget: 1800                    # seconds for the whole suite (default: none, each check its limit)
@@ -87,10 +87,11 @@ TIME_LIMIT_S = {"health": 30.0, "inventory": 30.0, "memory": 300.0, "p2p": 300.0
                 "collectives": 600.0, "collectives_nodes": 600.0, "links": 300.0, "train_alone": 600.0,
                 "train": 600.0, "scale": 1800.0, "inference": 600.0, "burnin": 600.0, "serving": 1800.0}
 DEFAULT_TIME_LIMIT_S = 600.0  # a check the table does not list
-ACROSS_NODES = ("collectives_nodes", "links")  # what crosses the nodes: built-in specs run them on several nodes
-ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")  # the checks --emulate-nodes lays out
+NETWORK_CHECKS = ("collectives_nodes", "links")  # they measure between nodes: built-in specs run them on several
+# the checks --emulate-nodes lays out on its nodes
+LAID_OUT_ON_NODES = ("collectives_nodes", "links", "train_alone", "train", "scale")
 SCALE_ONLY = ("devices", "layouts")  # scale's own fields beside train's
-SET_BY_SUITE = {"train_alone": {"parallel": "none"}, "inference": {"scenario": "offline"}}  # what makes the check
+DEFINING_OPTIONS = {"train_alone": {"parallel": "none"}, "inference": {"scenario": "offline"}}  # what makes the check
 TOP_LEVEL = ("name", "description", "budget", "checks", "thresholds", "peers", "warn_fails")
 
 
@@ -264,7 +265,7 @@ def validate(spec: Spec, check: str, options: dict[str, Any]) -> list[Any]:
     opts = {k: v for k, v in options.items() if k not in SCALE_ONLY}
     if arg is not None:
         opts["kind"] = arg
-    opts.update(SET_BY_SUITE.get(check, {}))
+    opts.update(DEFINING_OPTIONS.get(check, {}))
     if check == "scale":
         _scale_fields(spec, options)
         opts.setdefault("nproc_per_node", 1)  # every rung runs ranks through the launcher: DDP's options apply

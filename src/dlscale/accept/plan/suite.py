@@ -8,11 +8,11 @@ without network namespaces). ``run_check`` is the thin list of ``dlscale.api`` c
 makes ordinary recorded runs tagged with the acceptance id, and a failed run is kept (recorded
 failed) for the verdicts.
 
-Several nodes: ``Nodes`` (``dlscale accept --emulate-nodes K`` with the link rate and a node's own
-link rate or CPU quota) lays out every check that runs ranks across nodes (``spec.ON_NODES``: the
+Several nodes: ``EmulatedNodes`` (``dlscale accept --emulate-nodes K`` with the link rate and a node's own
+link rate or CPU quota) lays out every check that runs ranks across nodes (``specs.LAID_OUT_ON_NODES``: the
 collectives across the nodes, every node's link, the short test alone and on all, the scale
 ladder) on K emulated nodes, over the machine's defaults and the spec's own options; the
-built-in specs then also run the checks across nodes (``spec.ACROSS_NODES``).
+built-in specs then also run the checks across nodes (``specs.NETWORK_CHECKS``).
 
 Under a launcher (torchrun, srun, mpirun) this process is one rank of a job across nodes: the
 checks that run on every rank (collectives across the nodes and every node's link, the short test
@@ -25,14 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlscale.accept.figures.collect import ONE_RUN_ACROSS_NODES
 from dlscale.accept.plan import spec as specs
-from dlscale.accept.figures.collect import ACROSS_NODES as ACROSS
 from dlscale.errors import RunFailure, UsageError
 from dlscale.format import fmt_size
 from dlscale.log import info
 
 LINK = "1gbit"  # the emulated link rate where none is given
-ACROSS_NODES = tuple(c for c in ACROSS if c in specs.CHECKS)  # under a launcher: the checks its ranks run in place
+# under a launcher: the checks its ranks run in place (the rest are left to each node)
+RUN_IN_PLACE = tuple(c for c in ONE_RUN_ACROSS_NODES if c in specs.CHECKS)
 FAULTS = ("node_link_bandwidth", "node_cpu_quota")  # a node set apart: the emulated machine's state, not the suite
 SCENARIO_RUNS = 3  # inference: LoadGen offline runs, whose spread is the figure's noise
 # GPUs: the least a measured window lasts (seconds, quick and full; harness/window.py counts its steps or
@@ -48,7 +49,10 @@ P2P_CASE_S = 0.05
 
 
 @dataclass
-class Machine:
+class MachineFacts:
+    """What planning knows of the machine it plans for: this one (``machine()``), or on Slurm the
+    allocation's shape (``slurm.stand_in``)."""
+
     gpus: int = 0
     capability: tuple[int, int] | None = None
     launcher: str | None = None  # torchrun / srun / mpirun when this process is a rank
@@ -65,13 +69,13 @@ BIG_GPU = 32 * GIB  # from here the short test runs ResNet-50 at batch 256 (dlsc
 TOP_SIZE = 16 * GIB  # the collectives' largest message where a GPU holds it twice: the health checks' 16G
 
 
-def short_batch(m: Machine) -> int:
+def short_batch(m: MachineFacts) -> int:
     """The short test's batch on a GPU server: 256, as dlscale's healthy rows measured it, where every GPU
     has ``BIG_GPU`` (ResNet-50 bf16 at 256 takes about a third of that); else, or unknown, 128."""
     return 256 if (m.gpu_memory or 0) >= BIG_GPU else 128
 
 
-def top_size(m: Machine) -> int:
+def top_size(m: MachineFacts) -> int:
     """The collectives' largest message on a GPU server: ``TOP_SIZE`` where the smallest GPU holds it twice
     (an out-of-place collective's two buffers; the exact check works in pieces), else the largest power of
     two it holds twice; 1G where the memory is unknown."""
@@ -84,7 +88,7 @@ def top_size(m: Machine) -> int:
 
 
 @dataclass(frozen=True)
-class Nodes:
+class EmulatedNodes:
     """The emulated nodes of an acceptance (``--emulate-nodes K`` and its link and per-node options),
     validated where built, as ``Layout`` validates them (rates, quotas, node numbers)."""
 
@@ -119,7 +123,9 @@ class Nodes:
 
 
 @dataclass
-class Planned:
+class PlannedCheck:
+    """A check that runs here, with its options resolved and its typed configs built."""
+
     check: str
     options: dict[str, Any]  # the check's fields (command spelling), defaults under the spec's
     configs: list[Any]  # its typed configs, built (validated)
@@ -127,12 +133,12 @@ class Planned:
 
 @dataclass
 class Plan:
-    checks: list[Planned]
+    checks: list[PlannedCheck]
     not_run: list[tuple[str, str]]  # (check, why not here)
-    machine: Machine
+    machine: MachineFacts
 
 
-def machine() -> Machine:
+def machine() -> MachineFacts:
     import torch
 
     from dlscale.distributed.cgroup import unavailable_reason as no_quota
@@ -143,19 +149,19 @@ def machine() -> Machine:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = detect() if launcher_of() else None
     memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus)) if gpus else None
-    return Machine(gpus=gpus, capability=torch.cuda.get_device_capability(0) if gpus else None,
+    return MachineFacts(gpus=gpus, capability=torch.cuda.get_device_capability(0) if gpus else None,
                    launcher=env.launcher if env else None, world_size=env.world_size if env else 1,
                    nodes=env.nnodes if env else 1, no_emulation=unavailable_reason(), no_quota=no_quota(),
                    isa=cpu_info().get("isa") or {}, gpu_memory=memory)
 
 
-def defaults(check: str, m: Machine, quick: bool, k: int | None = None) -> dict[str, Any]:
+def defaults(check: str, m: MachineFacts, quick: bool, k: int | None = None) -> dict[str, Any]:
     """A check's options on this machine before the spec's own (docs/CLUSTER.md lists them); ``k``:
-    the emulated nodes the checks on nodes run on (``Nodes``), else None."""
+    the emulated nodes the checks on nodes run on (``EmulatedNodes``), else None."""
     return (_gpu_defaults if m.gpus else _cpu_defaults)(check, m, quick, k)
 
 
-def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[str, Any]:
+def _gpu_defaults(check: str, m: MachineFacts, quick: bool, k: int | None) -> dict[str, Any]:
     low = (m.capability or (8, 0))[0] < 8  # before Ampere: no bf16, no tf32
     prec = "fp16" if low else "bf16"
     per = max(1, m.gpus // k) if k else m.gpus  # GPUs per node (emulated nodes: each its own GPUs)
@@ -184,7 +190,7 @@ def _gpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
     }.get(check, {})
 
 
-def _cpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[str, Any]:
+def _cpu_defaults(check: str, m: MachineFacts, quick: bool, k: int | None) -> dict[str, Any]:
     one = {"nproc_per_node": 1, "threads_per_rank": 1}  # a rank per (emulated) node
     ranks = {} if m.launcher else one if k else {"nproc_per_node": 2, "threads_per_rank": 1}
     short = {"model": "resnet18", "image_size": 32, "batch_size": 16, "steps": 15 if quick else 30,
@@ -210,9 +216,9 @@ def _cpu_defaults(check: str, m: Machine, quick: bool, k: int | None) -> dict[st
     }.get(check, {})
 
 
-def why_not(check: str, m: Machine, nodes: Nodes | None = None) -> str | None:
+def why_not(check: str, m: MachineFacts, nodes: EmulatedNodes | None = None) -> str | None:
     """Why a check cannot run on this machine (None: it can)."""
-    if m.launcher and check not in ACROSS_NODES:
+    if m.launcher and check not in RUN_IN_PLACE:
         return (f"under {m.launcher} only the checks across every rank run; run `dlscale accept` on each node "
                 "without a launcher for the per-node checks")
     if check == "health" and not m.gpus:
@@ -221,53 +227,53 @@ def why_not(check: str, m: Machine, nodes: Nodes | None = None) -> str | None:
         return f"needs at least 2 GPUs; this machine has {m.gpus}"
     if check in ("collectives", "scale") and m.gpus == 1:
         return "needs at least 2 devices; this machine has 1 GPU"
-    if check in specs.ACROSS_NODES and not m.launcher and not (nodes and nodes.emulate_nodes):
+    if check in specs.NETWORK_CHECKS and not m.launcher and not (nodes and nodes.emulate_nodes):
         if m.gpus:
             return ("one node: run `dlscale accept` under srun/torchrun/mpirun across the nodes (or with "
                     "--emulate-nodes K) for what crosses them")
         if m.no_emulation:
             return f"emulated nodes unavailable here: {m.no_emulation}"
-    if check in specs.ACROSS_NODES and m.launcher and m.nodes < 2:
+    if check in specs.NETWORK_CHECKS and m.launcher and m.nodes < 2:
         return f"{m.launcher} started one node: nothing crosses a node"
     return None
 
 
-def several_nodes(m: Machine, nodes: Nodes) -> bool:
+def several_nodes(m: MachineFacts, nodes: EmulatedNodes) -> bool:
     return bool(nodes.emulate_nodes) or (m.launcher is not None and m.nodes > 1)
 
 
-def check_names(spec: specs.Spec, m: Machine, nodes: Nodes) -> list[str]:
+def check_names(spec: specs.Spec, m: MachineFacts, nodes: EmulatedNodes) -> list[str]:
     """The spec's checks in its order; a built-in spec on several nodes adds the checks across them."""
     names = list(spec.checks)
     if spec.source == "built-in" and several_nodes(m, nodes):
-        names += [c for c in specs.ACROSS_NODES if c not in names]
+        names += [c for c in specs.NETWORK_CHECKS if c not in names]
         names.sort(key=list(specs.CHECKS).index)
     return names
 
 
-def plan(spec: specs.Spec, quick: bool, m: Machine | None = None, nodes: Nodes | None = None) -> Plan:
+def plan(spec: specs.Spec, quick: bool, m: MachineFacts | None = None, nodes: EmulatedNodes | None = None) -> Plan:
     """The spec's checks that run here, each with its options validated (the machine's defaults,
     under the spec's, under the emulated nodes' layout); the others with why not."""
     m = m or machine()
-    nodes = nodes or Nodes()
+    nodes = nodes or EmulatedNodes()
     _check_nodes(nodes, m)
     names = check_names(spec, m, nodes)
-    if nodes.emulate_nodes and not any(c in specs.ON_NODES for c in names):
+    if nodes.emulate_nodes and not any(c in specs.LAID_OUT_ON_NODES for c in names):
         raise UsageError(f"--emulate-nodes: acceptance spec {spec.name} has no check that runs on nodes "
-                         f"({', '.join(specs.ON_NODES)}); add one or leave out --emulate-nodes")
+                         f"({', '.join(specs.LAID_OUT_ON_NODES)}); add one or leave out --emulate-nodes")
     checks, not_run = [], []
     for name in names:
         why = why_not(name, m, nodes)
         if why is not None:
             not_run.append((name, why))
             continue
-        layout = nodes.options() if name in specs.ON_NODES else {}
+        layout = nodes.options() if name in specs.LAID_OUT_ON_NODES else {}
         options = {**defaults(name, m, quick, nodes.emulate_nodes), **spec.checks.get(name, {}), **layout}
-        checks.append(Planned(name, options, specs.validate(spec, name, options)))
+        checks.append(PlannedCheck(name, options, specs.validate(spec, name, options)))
     return Plan(checks, not_run, m)
 
 
-def _check_nodes(nodes: Nodes, m: Machine) -> None:
+def _check_nodes(nodes: EmulatedNodes, m: MachineFacts) -> None:
     """Emulated nodes this machine can make (before anything runs)."""
     if not nodes.emulate_nodes:
         return
@@ -281,7 +287,7 @@ def _check_nodes(nodes: Nodes, m: Machine) -> None:
 
 
 # -- the api calls --------------------------------------------------------------------------------------
-def run_check(p: Planned, tag: str, db: str | None) -> list[Any]:
+def run_check(p: PlannedCheck, tag: str, db: str | None) -> list[Any]:
     """Run one check through ``dlscale.api``; its records (failed runs too)."""
     info(f"dlscale accept: {p.check}")
     try:
@@ -297,7 +303,7 @@ def run_check(p: Planned, tag: str, db: str | None) -> list[Any]:
         raise
 
 
-def _call(p: Planned, tag: str, db: str | None) -> list[Any]:
+def _call(p: PlannedCheck, tag: str, db: str | None) -> list[Any]:
     from dataclasses import replace
 
     from dlscale import api

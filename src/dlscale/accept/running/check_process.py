@@ -10,7 +10,7 @@ stays below it, and a check past its limit is ended with its whole tree (``procs
 SIGTERM, which a run turns into an ``interrupted`` record and a launcher into the end of its
 torchrun and ranks, then SIGKILL after ``GRACE_S`` to everything still there). What ended it, or
 why it recorded nothing, is its ``problem``: judging makes that an ERROR naming the runs it had
-recorded, whose figures are judged on their own (``run.judge``). A run the check could not store
+recorded, whose figures are judged on their own (``acceptance.judge``). A run the check could not store
 (its database stayed away past the retry window) is in the local spool: the check hands the spool's
 notes over in its job folder, and they are noted here (the command ends naming the spool and the
 push that delivers it, exit 1) and read back from the spool to be judged.
@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept.plan import spec as specs
-from dlscale.accept.plan import suite
+from dlscale.accept.plan import spec as specs, suite
 from dlscale.format import fmt_count
 from dlscale.procs import die_with_parent, end_tree
 from dlscale.record import RunRecord
@@ -50,7 +49,7 @@ TAIL = 40
 
 
 @dataclass
-class Ran:
+class CheckResult:
     """One check's process: its records, how long it took, and why it did not finish (None: it did)."""
 
     check: str
@@ -61,8 +60,8 @@ class Ran:
     tail: list[str] = field(default_factory=list)  # its last lines of output
 
 
-def run(p: suite.Planned, sp: specs.Spec, acc_id: str, db: str | None, limit_s: float,
-        why_limit: str = "") -> Ran:
+def run(p: suite.PlannedCheck, sp: specs.Spec, acc_id: str, db: str | None, limit_s: float,
+        why_limit: str = "") -> CheckResult:
     """Run one planned check in its own process within ``limit_s`` seconds (``why_limit``: where the
     limit comes from, for the ERROR's reason); its outcome."""
     from dlscale.store import Store
@@ -81,7 +80,7 @@ def run(p: suite.Planned, sp: specs.Spec, acc_id: str, db: str | None, limit_s: 
     with Store.open(db) as store:
         records = [r for r in store.query(tag=acc_id, newest_first=False) if r.run_id not in before]
     records += [r for r in kept if r.run_id not in {x.run_id for x in records}]
-    return Ran(p.check, records, seconds, limit_s, _problem(code, killed, tail, limit_s, why_limit, records), tail)
+    return CheckResult(p.check, records, seconds, limit_s, _problem(code, killed, tail, limit_s, why_limit, records), tail)
 
 
 def _spooled(job_dir: str) -> list[RunRecord]:
@@ -166,7 +165,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_term)  # a run records itself as interrupted; a launcher ends its ranks
     try:
         sp = specs.Spec.from_dict(job["spec"])
-        p = suite.Planned(job["check"], job["options"], specs.validate(sp, job["check"], job["options"]))
+        p = suite.PlannedCheck(job["check"], job["options"], specs.validate(sp, job["check"], job["options"]))
         suite.run_check(p, job["acceptance"], job["db"])
     except UsageError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)

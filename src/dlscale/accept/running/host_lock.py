@@ -4,7 +4,7 @@ Two acceptances at once on one machine measure each other's load: both read slow
 become the other's baseline. ``host_lock`` takes the lock before the first check runs; a second
 acceptance on the host waits for the first to finish (saying on stderr which acceptance and process
 it waits for, and how long it waited), so both finish with figures of an unshared machine, but at
-most ``wait_s`` seconds (the acceptance's share of its level's budget, ``run.LOCK_SHARE``: a level-1
+most ``wait_s`` seconds (the acceptance's share of its level's budget, ``acceptance.LOCK_SHARE``: a level-1
 health check behind a level 3 gives up inside Slurm's 60 s instead of being killed there): past it
 ``HostBusy``, one line naming the holder, exit 1, nothing measured. ``wait=False`` refuses at once
 (one line, exit 2). The kernel drops a ``flock`` when the process holding it ends, however

@@ -9,7 +9,7 @@ the best GEMM rate healthy parts reached, over their dense peak), and a part wit
 falls back to a conservative default that its expectation says it is; docs/METRICS.md ("Acceptance:
 datasheet expectations") repeats them. A figure with no rated figure here (every CPU figure, inter-node links, training throughput) gets no
 datasheet expectation. ``row_figure`` is the rated figure a row of the healthy table is held to
-(``refs.py`` refuses a row far from it).
+(``healthy.py`` refuses a row far from it).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def nvlink_pair(system: dict[str, Any], i: int, j: int) -> tuple[float, str] | N
 
 
 def expectation(fig: Any, system: dict[str, Any]) -> Rated | None:
-    """The datasheet expectation of a figure (``figures.Figure``), or None where no rated figure applies."""
+    """The datasheet expectation of a figure (``figure.Figure``), or None where no rated figure applies."""
     ctx = fig.context
     on_device = fig.subject is not None and fig.subject.kind == "device"
     if fig.check == "gemm" and on_device:
@@ -205,7 +205,7 @@ def _busbw(fig: Any, system: dict[str, Any]) -> Rated | None:
 
 # -- the rated figure a healthy-table row is held to -------------------------------------------------------
 def row_figure(row: Any) -> tuple[float, str] | None:
-    """What a row of the healthy table (``refs.Row``) can be held to, and where it comes from: the
+    """What a row of the healthy table (``healthy.Row``) can be held to, and where it comes from: the
     dense peak of a GEMM, the memory bandwidth of a device copy, the PCIe link of a pinned copy (its
     ``when``), the NVLinks of a peer copy, the busbw a node's NVLinks allow a collective; None where
     no table here knows the model or the link (nothing to hold the row to)."""

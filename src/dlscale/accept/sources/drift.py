@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.accept.sources.identity import class_of, ident_id, identities, row_device
 from dlscale.accept.judging.verdict import WARN, Thresholds, Verdict
+from dlscale.accept.sources.identity import class_of, ident_id, identities, row_device
 from dlscale.record import RunRecord
 
 WINDOW = 3  # the recent acceptances a drift must hold over

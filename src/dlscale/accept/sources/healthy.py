@@ -2,7 +2,7 @@
 
 The table ships as ``dlscale/facts/healthy.yaml`` (each row with its source and tolerance; the file's
 head says what a row holds; each model names its row of the GPU facts, ``dlscale.gpus``, whose device
-names and PCI ids it matches on); a lab's own file (``dlscale accept refs export``, ``refs_export.py``)
+names and PCI ids it matches on); a lab's own file (``dlscale accept refs export``, ``outputs/healthy_export.py``)
 has the same form and, given with ``--refs FILE``, comes first: its rows are tried before the
 shipped ones. A figure's row is found by its device model (the driver's name, else the PCI device
 id), its check and figure name, and the row's ``when`` (the topology and options its source
@@ -14,7 +14,7 @@ of kind ``healthy``:
 - typical: expected = the row's value; the warn line is at least the row's tolerance (a healthy
   system of the model measures down to it) and the fail line at least the warn line; the noise of
   the test is the tolerance read as a one-sided 95% edge, sigma = -log(1 - tolerance) / 1.645
-  (``signif.vs_known``);
+  (``significance.vs_known``);
 - floor: a published pass/fail minimum: warn and fail lines at 0 (below the floor, significantly by
   the figure's own samples, FAILs; a shortfall inside them WARNs).
 
@@ -28,7 +28,7 @@ Every row, shipped or a lab's, is held to its datasheet figure where one is know
 (``datasheet.row_figure``): a value outside ``DATASHEET_RANGE`` of it (a unit slip such as MB/s
 written for GB/s, or a floor that passes anything) is refused at load, naming the row, the value,
 the datasheet figure and the ratio. Where a figure has a typical row the datasheet x fraction is
-not used (``expect.py``). Pure, but for reading the files. docs/METRICS.md ("Acceptance: healthy
+not used (``accept/expectations.py``). Pure, but for reading the files. docs/METRICS.md ("Acceptance: healthy
 figures").
 """
 
@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import gpus
-from dlscale.accept.sources import datasheet
 from dlscale.accept.figures.figure import Figure
 from dlscale.accept.judging.verdict import Expectation
+from dlscale.accept.sources import datasheet
 from dlscale.errors import UsageError
 from dlscale.gpus import normalize_name
 from dlscale.yamlfile import read_yaml
