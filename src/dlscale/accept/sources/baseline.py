@@ -142,7 +142,7 @@ def baseline_expectations(figs: Sequence[Figure], base: Baseline, floor: float =
         value = math.exp(sum(math.log(b.value) for b, _ in runs) / n)
         src = (f"{origin}, run {newest.run_id}" if n == 1 else
                f"geometric mean of {n} accepted runs: {origin}, run {newest.run_id} (newest) to {runs[-1][1]}")
-        mates = [k for k, v in base.figures.items() if k != f.key and v and klass(v[0]) == klass(f)]
+        mates = [k for k, v in base.figures.items() if k != f.key and v and device_class(v[0]) == device_class(f)]
         series = [[b.value for b, _ in runs]] + [[b.value for b in base.figures[k]] for k in mates]
         spread = noise.between_runs(series, [b.samples for b, _ in runs], floor, alpha, (priors or {}).get(i),
                                     f.model or "")
@@ -151,7 +151,7 @@ def baseline_expectations(figs: Sequence[Figure], base: Baseline, floor: float =
     return out
 
 
-def klass(f: Figure) -> tuple[str, ...]:
+def device_class(f: Figure) -> tuple[str, ...]:
     """A figure's class of device: the same check and figure on every device of one model (the key alone
     for a figure with no device model)."""
     return (f.check, f.name, f.model) if f.model else (f.key,)

@@ -95,7 +95,7 @@ def verdicts_of(records: Sequence[RunRecord], verdicts: Sequence[Verdict], db: s
     return out
 
 
-def _verdict(v: Verdict, ident: dict[str, Any], ch: Change, klass: str) -> Verdict:
+def _verdict(v: Verdict, ident: dict[str, Any], ch: Change, part: str) -> Verdict:
     who = ident_id(ident)
     where = f" on {v.subject}" if v.subject else ""
     return Verdict(check="drift", figure=f"{v.check} {v.figure}", subject=v.subject, status=WARN, measured=v.measured,
@@ -105,6 +105,6 @@ def _verdict(v: Verdict, ident: dict[str, Any], ch: Change, klass: str) -> Verdi
                                              f"{ch.history} before, one-sided", "shift": ch.shift},
                    significant=True, key=f"drift|{v.check} {v.figure}|{v.subject_key or ''}", subject_key=v.subject_key,
                    devices=list(v.devices), nodes=list(v.nodes), run_ids=list(v.run_ids),
-                   reason=f"{klass}: {v.check} {v.figure}{where} ({who}) is {-ch.shift:.1%} lower over the last "
+                   reason=f"{part}: {v.check} {v.figure}{where} ({who}) is {-ch.shift:.1%} lower over the last "
                           f"{ch.recent} acceptances than over the {ch.history} before (p = {ch.p:.2g}): a drift "
                           "that passes each baseline comparison")
