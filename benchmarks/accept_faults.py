@@ -117,7 +117,7 @@ def spreads(db: Path) -> None:
     import math
     import statistics
 
-    from dlscale.accept.figures import figures
+    from dlscale.accept.figures.collect import figures
     from dlscale.store import Store
 
     with Store.open(str(db)) as s:

@@ -151,7 +151,8 @@ def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):
     did not finish), record the acceptance."""
     import types
 
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
     from dlscale.record import new_run_id
     from dlscale.store import Store
 
@@ -164,7 +165,7 @@ def recorded(db, recs, name="quick", when=None, missing=None, warn_fails=False):
             s.insert(r)
     sp = spec.builtin(True)
     with Store.open(db) as s:
-        base = run.find_baseline(s, "gpu-node-07", "h1", {f.key for f in run.figures.figures(recs)})
+        base = run.find_baseline(s, "gpu-node-07", "h1", {f.key for f in run.collect.figures(recs)})
     sp.warn_fails = warn_fails
     verdicts = run.judge(recs, sp, base, missing=missing)
     plan = types.SimpleNamespace(checks=[types.SimpleNamespace(check="train_alone", options={})],

@@ -53,7 +53,10 @@ def steady(shares: list[float]) -> None:
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, tmp_path, tiny):
-    from dlscale.accept import expect, figures, verdict
+    from dlscale.accept import expectations
+    from dlscale.accept.sources import baseline
+    from dlscale.accept.figures import collect as figures
+    from dlscale.accept.judging import verdict
 
     shares = [cpu_share(2)]
     first = cli_subprocess("accept", "--spec", str(tiny), "--out", str(tmp_path / "a1"), "--format", "json",
@@ -81,9 +84,9 @@ def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, 
         recs = [r for r in s.query(tag=doc1["acceptance_id"]) if r.kind != "accept"]
         figs = [replace(f, value=f.value / 2, samples=[x / 2 for x in f.samples]) for f in figures.figures(recs)]
         acc = next(r for r in runs if r.kind == "accept")
-        b = expect.find_baseline(s, acc.config["system"], acc.config["suite_hash"], {f.key for f in figs},
+        b = baseline.find_baseline(s, acc.config["system"], acc.config["suite_hash"], {f.key for f in figs},
                                  exclude=acc.tag)
-    halved = verdict.judge(figs, expect.expectations(figs, {}, b, []), verdict.Thresholds())
+    halved = verdict.judge(figs, expectations.expectations(figs, {}, b, []), verdict.Thresholds())
     assert [v.status for v in halved] == ["FAIL"] * len(base), [(v.figure, v.reason) for v in halved]
     assert sorted(r.kind for r in runs) == ["accept", "micro", "train"]
     assert next(r for r in runs if r.kind == "train").config["parallel"] == "none"
@@ -169,7 +172,7 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
     with its whole tree and is an ERROR, and the inventory after them runs and is judged."""
     from conftest import end_marked, marked_processes, wait_until
     from dlscale import accept
-    from dlscale.accept import bounded
+    from dlscale.accept.running import check_process as bounded
 
     marker = ("DLSCALE_TEST_MARK", f"hung-{os.getpid()}")
     monkeypatch.setenv(*marker)  # every process the suite starts inherits it

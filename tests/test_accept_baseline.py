@@ -14,7 +14,10 @@ import types
 import pytest
 
 import accept_records as ar
-from dlscale.accept import expect, lock, run, spec
+from dlscale.accept.sources import baseline as expect
+from dlscale.accept.running import host_lock as lock
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
 from dlscale.errors import UsageError
 from dlscale.paths import beside_db
 from dlscale.store import Store
@@ -94,7 +97,7 @@ def test_acceptances_that_measured_at_the_same_time_are_nobodys_baseline(db_path
 
 HOLD = """
 import sys, time
-from dlscale.accept import lock
+from dlscale.accept.running import host_lock as lock
 with lock.host_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)
@@ -136,7 +139,7 @@ def test_a_second_acceptance_waits_at_most_its_share_of_the_budget_and_says_for_
     """A level-1 health check behind a level 3 waited without limit (and Slurm killed it at 60 s): now a third
     of its budget at most, then one line naming the holder, exit 1, nothing measured or recorded; the wait
     counts against the budget its checks get."""
-    from dlscale.accept import suite
+    from dlscale.accept.plan import suite
 
     holder = subprocess.Popen([sys.executable, "-c", HOLD, "accept-level3"], stdout=subprocess.PIPE, text=True)
     try:
@@ -163,21 +166,21 @@ def test_a_second_acceptance_waits_at_most_its_share_of_the_budget_and_says_for_
     asked = {}
 
     def fake_run(p, sp, acc, db, limit, why=""):
-        from dlscale.accept import bounded
+        from dlscale.accept.running import check_process as bounded
 
         asked[p.check] = (limit, why)
-        return bounded.Ran(p.check, [], 0.0, limit)
+        return bounded.CheckResult(p.check, [], 0.0, limit)
 
-    from dlscale.accept import bounded
+    from dlscale.accept.running import check_process as bounded
 
     monkeypatch.setattr(bounded, "run", fake_run)
     sp = spec.Spec("s", {"inventory": {}}, budget_s=30.0)
-    run.run_bounded([suite.Planned("inventory", {}, [])], sp, "acc", None, clock=lambda: now[0], t0=0.0)
+    run.run_bounded([suite.PlannedCheck("inventory", {}, [])], sp, "acc", None, clock=lambda: now[0], t0=0.0)
     assert asked["inventory"] == (20.0, " (what was left of the suite's budget of 30 s)")
 
 
 def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
-    from dlscale.accept import suite
+    from dlscale.accept.plan import suite
 
     class Stop(Exception):
         pass
@@ -191,7 +194,7 @@ def test_accept_holds_the_lock_while_its_checks_run(db_path, monkeypatch):
         seen.append(tag)
         raise Stop
 
-    planned = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())
+    planned = suite.Plan([suite.PlannedCheck("gemm", {}, [])], [], suite.MachineFacts())
     monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
     monkeypatch.setattr(run, "run_bounded", run_bounded)
     with pytest.raises(Stop):
@@ -211,7 +214,8 @@ def test_outputs_default_to_a_folder_beside_the_results_database(db_path, tmp_pa
 
 def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_path, monkeypatch):
     """Ctrl-C in the second check: exit 130, one line naming the acceptance, its kept run and what to do."""
-    from dlscale.accept import bounded, suite
+    from dlscale.accept.running import check_process as bounded
+    from dlscale.accept.plan import suite
 
     def run_check(p, sp, tag, db, limit_s, why=""):  # each check's own process, as bounded.run starts it
         if p.check == "memory":
@@ -220,9 +224,9 @@ def test_an_interrupted_acceptance_says_what_it_kept_and_frees_the_host(cli, db_
         r.kind, r.workload, r.tag = "micro", "gemm", tag
         with Store.open(db) as s:
             s.insert(r)
-        return bounded.Ran(p.check, [r], 0.1, limit_s)
+        return bounded.CheckResult(p.check, [r], 0.1, limit_s)
 
-    planned = suite.Plan([suite.Planned("gemm", {}, []), suite.Planned("memory", {}, [])], [], suite.Machine())
+    planned = suite.Plan([suite.PlannedCheck("gemm", {}, []), suite.PlannedCheck("memory", {}, [])], [], suite.MachineFacts())
     monkeypatch.setattr(suite, "plan", lambda *a, **k: planned)
     monkeypatch.setattr(bounded, "run", run_check)
     res = cli("accept", "--quick")

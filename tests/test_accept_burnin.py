@@ -10,12 +10,14 @@ import json
 
 import pytest
 
-from dlscale.accept import burnin, spec, suite
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
+from dlscale.accept.nodehealth import burnin_verdicts as burnin
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Thresholds
 from dlscale.errors import UsageError
 from dlscale.record import RunRecord
 
-CPU = suite.Machine(gpus=0)
+CPU = suite.MachineFacts(gpus=0)
 LOSSES = [7.5, 7.25, 7.0]
 GOOD = {"gemm": "g0", "llm": "w0", "losses": [x.hex() for x in LOSSES]}
 BAD = {**GOOD, "gemm": "g1"}
@@ -121,7 +123,7 @@ def test_a_row_remap_recorded_during_the_burn_warns_and_a_hardware_xid_fails():
 
 
 def test_a_failed_burn_is_judged_by_its_bits_and_any_other_failure_is_an_error():
-    from dlscale.accept.run import judge
+    from dlscale.accept.acceptance import judge
 
     sp = spec.builtin(False).select("burnin")
     wrong = burn([GOOD, BAD, GOOD], status="failed")
@@ -170,7 +172,7 @@ def test_checks_selects_the_burn_in_with_its_machine_defaults():
     (p,) = suite.plan(sp, quick=True, m=CPU).checks
     opts, layout = p.configs
     assert (opts.duration, layout.nproc_per_node, layout.threads_per_rank) == (10, 2, 1)
-    gpu = suite.plan(sp, quick=False, m=suite.Machine(gpus=8, capability=(9, 0))).checks[0]
+    gpu = suite.plan(sp, quick=False, m=suite.MachineFacts(gpus=8, capability=(9, 0))).checks[0]
     assert gpu.options == {"duration": 300, "nproc_per_node": 8}
     assert list(spec.builtin(True).select("gemm, burnin").checks) == ["gemm", "burnin"]
     with pytest.raises(UsageError, match="unknown check 'burn'"):

@@ -1,12 +1,13 @@
 """Accept's collectives within a node: judged on their bandwidth plateau, each against its own fraction
-of the NVLink rate (accept/figures.py ``plateau``, accept/datasheet.py ``COLLECTIVE_FRACTIONS``)."""
+of the NVLink rate (accept/figures/collect.py ``plateau``, accept/sources/datasheet.py ``COLLECTIVE_FRACTIONS``)."""
 
 from __future__ import annotations
 
 import pytest
 
 import accept_records as ar
-from dlscale.accept import datasheet, figures
+from dlscale.accept.sources import datasheet
+from dlscale.accept.figures import collect as figures
 
 MIB = 2**20
 

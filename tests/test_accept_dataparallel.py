@@ -1,4 +1,4 @@
-"""The acceptance judges data-parallel efficiency (accept/dataparallel.py) on hand-built records shaped like the
+"""The acceptance judges data-parallel efficiency (accept/sources/dataparallel.py) on hand-built records shaped like the
 suite's (tests/accept_records.py): one GPU at the H200's 0.70 of training alone FAILs and a healthy one PASSes,
 four GPUs against seed 001's published in-node figure, every node's ladder against its peers, and the verdicts
 judged again from the store. Nothing is measured here; every expected number is worked out beside it."""
@@ -9,8 +9,10 @@ import pytest
 
 import accept_records as ar
 from dlscale import accept
-from dlscale.accept import dataparallel, run, spec
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS
+from dlscale.accept.sources import dataparallel
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
+from dlscale.accept.judging.verdict import FAIL, NO_EXPECTATION, PASS
 
 H200 = "NVIDIA H200"
 

@@ -84,7 +84,8 @@ def test_each_rank_records_its_gpu_identity(monkeypatch):
 
 def test_the_health_check_is_a_recorded_run_and_a_verdict_per_gpu(monkeypatch, db_path, tmp_path):
     from dlscale import api, system
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
     from dlscale.monitor import kernlog
 
     (tmp_path / "kernel.log").write_text("[    5.000000] nvidia: loading out-of-tree module\n")
@@ -116,7 +117,7 @@ def test_gemm_every_device_on_a_cpu_labels_the_cpu(cli, db_path, tmp_path):
     assert r.code == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
     assert [x["device"] for x in rows if x["set"] == "user"] == ["cpu"]
-    from dlscale.accept import figures
+    from dlscale.accept.figures import collect as figures
     from dlscale.store import Store
 
     with Store.open(db_path) as s:

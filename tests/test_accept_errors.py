@@ -15,8 +15,12 @@ import pytest
 
 import accept_records as ar
 from accept_records import recorded
-from dlscale.accept import figures, inventory, nodehealth, run, spec
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, exit_code, outcome
+from dlscale.accept.figures import collect as figures
+from dlscale.accept.nodehealth import inventory
+from dlscale.accept.nodehealth import drain as nodehealth
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, exit_code, outcome
 
 
 def judge(recs, missing=None, sp=None):
@@ -145,7 +149,7 @@ def test_nothing_judged_is_an_error_and_a_health_check_that_saw_no_gpu_too():
 
 
 def test_an_unsound_expectation_is_an_error_not_a_verdict():
-    from dlscale.accept.verdict import Expectation, Thresholds, compare
+    from dlscale.accept.judging.verdict import Expectation, Thresholds, compare
 
     f = figures.Figure("gemm", "bf16 best rate", 700.0, "TFLOP/s", "r1", samples=[700.0] * 5)
     for value in (0.0, math.nan, math.inf):
@@ -233,7 +237,8 @@ def test_levels_have_their_checks_and_budgets_and_a_spec_its_own_limits(tmp_path
 
 
 def test_the_suite_runs_each_check_within_what_is_left_of_its_budget(monkeypatch):
-    from dlscale.accept import bounded, suite
+    from dlscale.accept.running import check_process as bounded
+    from dlscale.accept.plan import suite
 
     now = [0.0]
     took = {"health": 5.0, "inventory": 30.0, "memory": 1.0}
@@ -242,12 +247,12 @@ def test_the_suite_runs_each_check_within_what_is_left_of_its_budget(monkeypatch
     def fake_run(p, sp, acc_id, db, limit, why=""):
         asked[p.check] = (limit, why)
         now[0] += min(limit, took[p.check])
-        return bounded.Ran(p.check, [], took[p.check], limit,
+        return bounded.CheckResult(p.check, [], took[p.check], limit,
                            f"ran past its time limit of {limit:g} s{why}" if took[p.check] > limit else None)
 
     monkeypatch.setattr(bounded, "run", fake_run)
     sp = spec.Spec("s", {"health": {}, "inventory": {}, "memory": {}}, budget_s=30.0, time_limits={"inventory": 100.0})
-    checks = [suite.Planned(c, {}, []) for c in sp.checks]
+    checks = [suite.PlannedCheck(c, {}, []) for c in sp.checks]
     _, missing, seconds = run.run_bounded(checks, sp, "acc", None, clock=lambda: now[0])
     assert asked["health"] == (spec.TIME_LIMIT_S["health"], "")
     assert asked["inventory"] == (25.0, " (what was left of the suite's budget of 30 s)")

@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 
 import accept_records as ar
-from dlscale.accept import figures, run, spec
-from dlscale.accept.expect import Baseline, baseline_expectations, reference_expectations
-from dlscale.accept.verdict import FAIL, NO_EXPECTATION, PASS, WARN
+from dlscale.accept.figures import collect as figures
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
+from dlscale.accept.sources.baseline import Baseline, baseline_expectations
+from dlscale.accept.sources.reference import reference_expectations
+from dlscale.accept.judging.verdict import FAIL, NO_EXPECTATION, PASS, WARN
 
 LOADGEN = "LoadGen offline"
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import wait_until
-from dlscale.accept import nodehealth
+from dlscale.accept.nodehealth import drain as nodehealth
 
 
 def scontrol(cluster, *args):

@@ -11,7 +11,9 @@ import pytest
 
 import accept_records as ar
 from accept_records import recorded
-from dlscale.accept import outputs, run, spec
+from dlscale.accept.outputs import artifacts as outputs
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
 from dlscale.store import Store
 
 

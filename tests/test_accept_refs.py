@@ -11,10 +11,17 @@ import math
 import accept_records as ar
 import pytest
 
-from dlscale.accept import drift, history, identity, noise, refs, run, signif, spec
-from dlscale.accept.expect import Baseline
-from dlscale.accept.figures import figures
-from dlscale.accept.verdict import FAIL, PASS, WARN, Thresholds
+from dlscale.accept.sources import drift
+from dlscale.accept.sources import history
+from dlscale.accept.sources import identity
+from dlscale.accept.judging import noise
+from dlscale.accept.sources import healthy as refs
+from dlscale.accept import acceptance as run
+from dlscale.accept.judging import significance as signif
+from dlscale.accept.plan import spec
+from dlscale.accept.sources.baseline import Baseline
+from dlscale.accept.figures.collect import figures
+from dlscale.accept.judging.verdict import FAIL, PASS, WARN, Thresholds
 
 
 def judge(recs, base=None, table=None):
@@ -372,7 +379,7 @@ def test_an_acceptance_that_ended_in_error_is_never_exported_as_healthy(cli, db_
     assert r.code == 2 and "all ended in ERROR" in line and not (tmp_path / "none.yaml").exists()
     from types import SimpleNamespace
 
-    from dlscale.accept.refs_export import settled
+    from dlscale.accept.outputs.healthy_export import settled
 
     rows = [{"key": "a", "status": "PASS", "expectation": "peers"}, {"key": "b", "status": "ERROR", "expectation": "healthy"},
             {"key": "c", "status": "FAIL", "expectation": "healthy"}]

@@ -1,8 +1,8 @@
 """Expectations that match what runs: every check of the built-in levels, at its default shapes on a node
 of each GPU model that has healthy rows, finds them (a collectives row through its sizes, converted to the
 run); the H200's own rows judge a healthy card PASS and one 10% slow FAIL (on fake NVML); GEMM's datasheet
-fraction per architecture and board; every row held to its datasheet figure (accept/refs.py,
-accept/datasheet.py, accept/suite.py). Records are built by hand (accept_records.py); nothing runs."""
+fraction per architecture and board; every row held to its datasheet figure (accept/sources/healthy.py,
+accept/sources/datasheet.py, accept/plan/suite.py). Records are built by hand (accept_records.py); nothing runs."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ import accept_records as ar
 import pytest
 
 from dlscale import gpus
-from dlscale.accept import datasheet, refs, run, spec, suite, verdict
-from dlscale.accept.figures import figures
-from dlscale.accept.verdict import FAIL, PASS
+from dlscale.accept.sources import datasheet
+from dlscale.accept.sources import healthy as refs
+from dlscale.accept import acceptance as run
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
+from dlscale.accept.judging import verdict
+from dlscale.accept.figures.collect import figures
+from dlscale.accept.judging.verdict import FAIL, PASS
 from dlscale.errors import UsageError
 
 GB = 10**9
@@ -84,7 +89,7 @@ def test_every_check_of_the_builtin_levels_finds_its_healthy_rows_on_every_model
     for model in refs.models(rows):
         mine = [r for r in rows if r.model == model]
         n, system = node_of(mine)
-        m = suite.Machine(gpus=n, capability=(9, 0), gpu_memory=MEMORY_GB[model] * GB)
+        m = suite.MachineFacts(gpus=n, capability=(9, 0), gpu_memory=MEMORY_GB[model] * GB)
         plan = suite.plan(spec.builtin(quick), quick=quick, m=m)
         ran = {p.check for p in plan.checks}
         assert {r.check for r in mine} & set(spec.LEVELS[2 if quick else 3]) <= ran, (model, plan.not_run)
@@ -100,11 +105,11 @@ def test_every_check_of_the_builtin_levels_finds_its_healthy_rows_on_every_model
 
 
 def test_the_suite_sizes_its_defaults_by_the_gpus_memory():
-    big = suite.Machine(gpus=8, capability=(9, 0), gpu_memory=80 * GB)
-    a40 = suite.Machine(gpus=8, capability=(8, 0), gpu_memory=42_505_273_344)  # an A100 40GB as torch reports it
-    small = suite.Machine(gpus=8, capability=(8, 0), gpu_memory=24 * GB)
+    big = suite.MachineFacts(gpus=8, capability=(9, 0), gpu_memory=80 * GB)
+    a40 = suite.MachineFacts(gpus=8, capability=(8, 0), gpu_memory=42_505_273_344)  # an A100 40GB as torch reports it
+    small = suite.MachineFacts(gpus=8, capability=(8, 0), gpu_memory=24 * GB)
     for m, batch, quick_sizes, full_sizes in ((big, 256, "1G:16G", "1M:16G"), (a40, 256, "1G:16G", "1M:16G"),
-                                              (small, 128, "1G:8G", "1M:8G"), (suite.Machine(gpus=8), 128, "1G:1G",
+                                              (small, 128, "1G:8G", "1M:8G"), (suite.MachineFacts(gpus=8), 128, "1G:1G",
                                                                                 "1M:1G")):
         assert suite.defaults("train_alone", m, True)["batch_size"] == batch
         assert suite.defaults("train", m, False)["batch_size"] == batch

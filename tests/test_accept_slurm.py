@@ -17,7 +17,11 @@ import sys
 import pytest
 
 import accept_records as ar
-from dlscale.accept import bounded, run, slurm, spec, suite
+from dlscale.accept.running import check_process as bounded
+from dlscale.accept import acceptance as run
+from dlscale.accept import slurm
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
 from dlscale.errors import UsageError
 from dlscale.store import Store
 from dlscale.sweep import slurm as executor
@@ -153,7 +157,7 @@ def test_two_nodes_run_the_checks_across_them_as_one_job_then_each_its_own(db_pa
 
 
 def test_a_job_slurm_ended_fails_every_check_it_did_not_record(tmp_path):
-    plan = suite.Plan([suite.Planned(c, {}, []) for c in ("health", "gemm", "train")], [], suite.Machine())
+    plan = suite.Plan([suite.PlannedCheck(c, {}, []) for c in ("health", "gemm", "train")], [], suite.MachineFacts())
     records = [ar.health(), ar.gemm()]
     js = JobState("42", "TIMEOUT", "TimeLimit", "00:30:00")
     missing = slurm.unrecorded(plan, records, js, slurm.job_failure(js, "/nowhere", 1))
@@ -164,7 +168,7 @@ def test_a_job_slurm_ended_fails_every_check_it_did_not_record(tmp_path):
     assert fail.status == "ERROR" and fail.reason == missing["train"]  # nothing measured: fails closed
     # every check recorded but one node's task failed: the job itself is the FAIL
     js = JobState("43", "FAILED", "NonZeroExitCode")
-    done = suite.Plan([suite.Planned("gemm", {}, [])], [], suite.Machine())
+    done = suite.Plan([suite.PlannedCheck("gemm", {}, [])], [], suite.MachineFacts())
     assert slurm.unrecorded(done, records, js, slurm.job_failure(js, "/nowhere", 2)) == {
         slurm.JOB_CHECK: "Slurm job 43 FAILED (NonZeroExitCode)"}
     # two nodes, ended during the checks across them: the per-node part never planned, yet was to run

@@ -1,16 +1,17 @@
 """The acceptance spec (YAML, file:line errors) and the suite's plan on GPU servers, CPU machines and
-under launchers (a ``Machine`` built by hand: nothing here depends on this machine's devices)."""
+under launchers (a ``MachineFacts`` built by hand: nothing here depends on this machine's devices)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dlscale.accept import spec, suite
+from dlscale.accept.plan import spec
+from dlscale.accept.plan import suite
 from dlscale.errors import UsageError
 
-CPU = suite.Machine(gpus=0, isa={"avx2": True})
-GPU8 = suite.Machine(gpus=8, capability=(9, 0))
-SRUN = suite.Machine(gpus=8, capability=(9, 0), launcher="srun", world_size=16, nodes=2)
+CPU = suite.MachineFacts(gpus=0, isa={"avx2": True})
+GPU8 = suite.MachineFacts(gpus=8, capability=(9, 0))
+SRUN = suite.MachineFacts(gpus=8, capability=(9, 0), launcher="srun", world_size=16, nodes=2)
 
 
 def write(tmp_path, text):
@@ -73,7 +74,7 @@ def test_the_builtin_spec_plans_on_an_8_gpu_server():
     assert by["gemm"].configs[0].precisions == ("fp32", "tf32", "bf16", "fp16")
     assert by["collectives"].configs[1].nproc_per_node == 8
     assert by["scale"].options["devices"] == [1, 2, 4, 8]
-    v100 = suite.plan(spec.builtin(True), quick=True, m=suite.Machine(gpus=8, capability=(7, 0)))
+    v100 = suite.plan(spec.builtin(True), quick=True, m=suite.MachineFacts(gpus=8, capability=(7, 0)))
     assert next(p for p in v100.checks if p.check == "train").configs[0].precision == "fp16"  # no bf16 before Ampere
 
 
@@ -82,7 +83,7 @@ def test_under_a_launcher_only_the_checks_across_ranks_run():
     assert [p.check for p in plan.checks] == ["collectives_nodes", "links", "train_alone", "train"]
     quick = suite.plan(spec.builtin(True), quick=True, m=SRUN)  # across nodes, quick runs what crosses them too
     assert [p.check for p in quick.checks] == ["collectives_nodes", "links", "train_alone", "train"]
-    one = suite.Machine(gpus=8, capability=(9, 0), launcher="torchrun", world_size=8, nodes=1)
+    one = suite.MachineFacts(gpus=8, capability=(9, 0), launcher="torchrun", world_size=8, nodes=1)
     assert dict(suite.plan(spec.builtin(False), quick=False, m=one).not_run)["links"] == \
         "torchrun started one node: nothing crosses a node"
     assert "links" not in {c for c, _ in suite.plan(spec.builtin(True), quick=True, m=one).not_run}
@@ -92,12 +93,12 @@ def test_under_a_launcher_only_the_checks_across_ranks_run():
 
 
 def test_no_emulation_leaves_the_cross_node_collectives_out_with_the_reason():
-    m = suite.Machine(gpus=0, no_emulation="emulated nodes need root")
+    m = suite.MachineFacts(gpus=0, no_emulation="emulated nodes need root")
     plan = suite.plan(spec.builtin(False), quick=False, m=m)
     assert dict(plan.not_run)["collectives_nodes"] == "emulated nodes unavailable here: emulated nodes need root"
 
 
-NODES = suite.Nodes(3, "1gbit", node_link_bandwidth="2=100mbit", node_cpu_quota=["1=0.5"])
+NODES = suite.EmulatedNodes(3, "1gbit", node_link_bandwidth="2=100mbit", node_cpu_quota=["1=0.5"])
 
 
 def test_emulated_nodes_lay_out_every_check_on_nodes():
@@ -120,11 +121,11 @@ def test_emulated_nodes_lay_out_every_check_on_nodes():
 
 
 def test_a_node_set_apart_is_the_machines_state_not_the_suite():
-    from dlscale.accept.run import hash_of
+    from dlscale.accept.acceptance import hash_of
 
-    healthy = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.Nodes(3, "1gbit"))
+    healthy = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.EmulatedNodes(3, "1gbit"))
     faulty = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=NODES)
-    other = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.Nodes(3, "10gbit"))
+    other = suite.plan(spec.builtin(True), quick=True, m=CPU, nodes=suite.EmulatedNodes(3, "10gbit"))
     assert hash_of(healthy.checks) == hash_of(faulty.checks) != hash_of(other.checks)
 
 
@@ -134,17 +135,17 @@ def test_a_node_set_apart_is_the_machines_state_not_the_suite():
     (dict(emulate_nodes=1), CPU, "need at least 2 nodes"),
     (dict(emulate_nodes=2, link_bandwidth="fast"), CPU, "fast"),
     (dict(emulate_nodes=2), SRUN, "under srun the nodes are the launcher's"),
-    (dict(emulate_nodes=2), suite.Machine(no_emulation="network namespaces need root"), "need root"),
-    (dict(emulate_nodes=2, node_cpu_quota="1=0.5"), suite.Machine(no_quota="CPU quotas need root"), "quotas need root"),
+    (dict(emulate_nodes=2), suite.MachineFacts(no_emulation="network namespaces need root"), "need root"),
+    (dict(emulate_nodes=2, node_cpu_quota="1=0.5"), suite.MachineFacts(no_quota="CPU quotas need root"), "quotas need root"),
 ])
 def test_bad_nodes_are_refused_before_anything_runs(nodes, m, words):
     with pytest.raises(UsageError, match=words):
-        suite.plan(spec.builtin(True), quick=True, m=m, nodes=suite.Nodes(**nodes))
+        suite.plan(spec.builtin(True), quick=True, m=m, nodes=suite.EmulatedNodes(**nodes))
 
 
 def test_nodes_with_no_check_on_nodes_are_refused(tmp_path):
     with pytest.raises(UsageError, match="has no check that runs on nodes"):
-        suite.plan(spec.load(write(tmp_path, "checks:\n  gemm: {}\n")), quick=True, m=CPU, nodes=suite.Nodes(2))
+        suite.plan(spec.load(write(tmp_path, "checks:\n  gemm: {}\n")), quick=True, m=CPU, nodes=suite.EmulatedNodes(2))
 
 
 def test_cli_refuses_bad_nodes_with_one_line(cli, db_path):

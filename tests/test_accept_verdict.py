@@ -10,9 +10,14 @@ import pytest
 
 import accept_records as ar
 from dlscale import gpus
-from dlscale.accept import datasheet, explain, figures, run, signif, spec
-from dlscale.accept.expect import Baseline
-from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
+from dlscale.accept.sources import datasheet
+from dlscale.accept.judging import explain
+from dlscale.accept.figures import collect as figures
+from dlscale.accept import acceptance as run
+from dlscale.accept.judging import significance as signif
+from dlscale.accept.plan import spec
+from dlscale.accept.sources.baseline import Baseline
+from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, PASS, WARN, Expectation, Figure, Thresholds, compare
 
 
 def judge(recs, base=None, refs=(), sp=None, table=None):
@@ -238,7 +243,7 @@ def test_reference_figures_match_model_devices_and_batch():
 
 # -- outcome, energy, explanations -------------------------------------------------------------------------------
 def test_outcome_and_exit_code():
-    from dlscale.accept.run import Acceptance
+    from dlscale.accept.acceptance import Acceptance
 
     vs = judge([ar.alone(slow_gpu=1, slow=0.07, n=4)])  # 7% below: WARN only
     acc = Acceptance("a", ar.rec("accept", "quick", {}), [], vs, [])
@@ -248,7 +253,7 @@ def test_outcome_and_exit_code():
 
 
 def test_energy_and_cost_ride_beside_end_to_end_checks():
-    from dlscale.accept.report import energy_text
+    from dlscale.accept.outputs.report import energy_text
 
     v = judge([ar.train(energy=True)])[0]
     assert v.energy["energy_per_unit_j"] == {"value": 0.5, "unit": "J/image"}

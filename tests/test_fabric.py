@@ -88,7 +88,8 @@ def test_state_health_mask_and_summary(monkeypatch, state, mask, summary, expect
 
 def _judged(monkeypatch, db_path, tmp_path, gpus):
     from dlscale import api, system
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
     from dlscale.monitor import kernlog
 
     (tmp_path / "kernel.log").write_text("")
@@ -100,7 +101,7 @@ def _judged(monkeypatch, db_path, tmp_path, gpus):
 
 
 def test_the_acceptance_fails_a_node_whose_fabric_read_errors_and_passes_a_healthy_one(monkeypatch, db_path, tmp_path):
-    from dlscale.accept.verdict import exit_code
+    from dlscale.accept.judging.verdict import exit_code
 
     healthy = [FakeGpu(bus=0x18 + 0x10 * i, fabric=(3, 0, 0), **SWITCHED) for i in range(2)]
     vs = _judged(monkeypatch, db_path, tmp_path, healthy)

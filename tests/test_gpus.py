@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dlscale import gpus, peaks
-from dlscale.accept import datasheet, refs
+from dlscale.accept.sources import datasheet
+from dlscale.accept.sources import healthy as refs
 from dlscale.errors import UsageError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dlscale"

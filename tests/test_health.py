@@ -203,7 +203,7 @@ def test_pcie_below_its_maximum_and_a_power_cap_warn(monkeypatch, gpu, expect, k
 
 
 def test_accept_fails_a_fault_and_warns_on_a_setup(monkeypatch):
-    from dlscale.accept.explain import health_verdicts
+    from dlscale.accept.judging.explain import health_verdicts
     from dlscale.record import RunRecord
 
     fake_nvml(monkeypatch, gpus=[FakeGpu(pcie=(5, 8)), FakeGpu(bus=0x28, power_limit_mw=500_000), FakeGpu(bus=0x38)])

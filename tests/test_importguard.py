@@ -63,7 +63,7 @@ def test_once_torch_is_in_the_guard_is_gone_and_imports_are_plain():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("entry", ["dlscale.cli.app", "dlscale.distributed.rank", "dlscale.accept.bounded",
+@pytest.mark.parametrize("entry", ["dlscale.cli.app", "dlscale.distributed.rank", "dlscale.accept.running.check_process",
                                    "dlscale.accept.slurm"])
 def test_every_entry_point_guards_torchs_first_import(entry):
     import ast

@@ -145,7 +145,8 @@ def test_each_devices_figure_is_its_own_and_the_node_sums_them(monkeypatch):
 
 
 def test_a_device_below_its_peers_is_named_and_failed(monkeypatch):
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
 
     host, fakes = _gpus(monkeypatch, 4)
     durations = [[400 * US]] * 3 + [[500 * US]]  # GPU 3 at 0.8 of its peers

@@ -7,7 +7,8 @@ import pytest
 
 import accept_records as ar
 from dlscale import gpus, nvlink, system
-from dlscale.accept import datasheet, figures
+from dlscale.accept.sources import datasheet
+from dlscale.accept.figures import collect as figures
 from fakes_gpu import FakeGpu, cuda_from_host, fake_nvml
 
 

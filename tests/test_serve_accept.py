@@ -31,7 +31,7 @@ def test_serving_check_judges_goodput_against_the_spec(tmp_path, db_path):
 
 
 def test_serving_check_needs_an_endpoint_and_good_values(tmp_path):
-    from dlscale.accept import spec as specs
+    from dlscale.accept.plan import spec as specs
 
     assert "serving" not in specs.FULL and "serving" not in specs.QUICK
     p = tmp_path / "s.yaml"

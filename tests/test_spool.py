@@ -176,18 +176,19 @@ def test_a_sweep_names_the_spool_a_point_kept_its_record_in(home, tmp_path):
 
 
 def test_an_acceptance_check_whose_database_went_away_is_judged_from_the_spool(own_server, home, monkeypatch):
-    """A check runs in its own process (accept/bounded.py): a run it could not store reaches the spool there,
+    """A check runs in its own process (accept/running/check_process.py): a run it could not store reaches the spool there,
     and the acceptance's process notes it (the command ends naming the spool) and judges it from the spool.
     The check's process is played here in this one (run_check, then the hand-over, then this process's
     notes forgotten as a process's end forgets them), the server going away once the node is counted."""
     from dlscale import system
-    from dlscale.accept import bounded, suite
-    from dlscale.accept import spec as specs
+    from dlscale.accept.running import check_process as bounded
+    from dlscale.accept.plan import suite
+    from dlscale.accept.plan import spec as specs
     from dlscale.distributed import faults
 
     url = own_server.url(own_server.createdb())
     sp = specs.builtin(level=1)
-    planned = suite.Planned("inventory", {}, specs.validate(sp, "inventory", {}))
+    planned = suite.PlannedCheck("inventory", {}, specs.validate(sp, "inventory", {}))
     collect = system.collect_cached
 
     def counted_then_the_server_goes():

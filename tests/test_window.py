@@ -183,17 +183,18 @@ def test_min_duration_is_a_command_option_and_a_bad_one_is_one_line(cli, db_path
 
 
 def test_the_acceptance_sizes_its_windows_on_gpus_and_keeps_the_counts_on_cpus():
-    from dlscale.accept import spec, suite
+    from dlscale.accept.plan import spec
+    from dlscale.accept.plan import suite
 
-    gpu = {p.check: p for p in suite.plan(spec.builtin(True), quick=True, m=suite.Machine(gpus=8, capability=(9, 0))).checks}
+    gpu = {p.check: p for p in suite.plan(spec.builtin(True), quick=True, m=suite.MachineFacts(gpus=8, capability=(9, 0))).checks}
     for check in ("train_alone", "train"):
         assert gpu[check].options["min_duration"] == suite.WINDOW_S[True] and gpu[check].configs[0].min_duration_s == 3.0
     assert gpu["inference"].options["duration"] == 3.0 and gpu["inference"].configs[0].min_duration_s == 1.0
     assert gpu["gemm"].configs[0].min_duration_s == suite.CASE_S["gemm"][True]
     assert gpu["collectives"].configs[0].min_duration_s <= gpu["collectives"].configs[0].budget
-    full = {p.check: p for p in suite.plan(spec.builtin(False), quick=False, m=suite.Machine(gpus=8, capability=(9, 0))).checks}
+    full = {p.check: p for p in suite.plan(spec.builtin(False), quick=False, m=suite.MachineFacts(gpus=8, capability=(9, 0))).checks}
     assert full["scale"].options["min_duration"] == 5.0 and full["p2p"].configs[0].min_duration_s == suite.P2P_CASE_S
-    cpu = suite.plan(spec.builtin(True), quick=True, m=suite.Machine(gpus=0, isa={"avx2": True}))
+    cpu = suite.plan(spec.builtin(True), quick=True, m=suite.MachineFacts(gpus=0, isa={"avx2": True}))
     assert all("min_duration" not in p.options for p in cpu.checks)
 
 

@@ -1,6 +1,6 @@
 """Xids (monitor/xid.py, monitor/kernlog.py) on the fake NVML and a fake kernel log: a MIG instance's watch
 keeps its own Xids, a lost GPU is a fault naming it, Xid 63 is a WARN, and the health check reads the
-kernel's Xid history since this host's last sound acceptance (accept/xidhistory.py)."""
+kernel's Xid history since this host's last sound acceptance (accept/nodehealth/xid_history.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def test_a_gpu_lost_during_a_run_is_a_fault_naming_it(monkeypatch):
 
 def test_a_gpu_nvml_cannot_open_fails_the_health_check(monkeypatch, db_path, tmp_path, kernel_log):
     from dlscale import api, system
-    from dlscale.accept import run, spec
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
 
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18), FakeGpu(bus=0x28, lost=True)])
     cuda_from_host(monkeypatch, host, visible=[0])
@@ -144,7 +145,9 @@ def test_an_unreadable_kernel_log_is_a_warning_on_every_gpu(monkeypatch):
 
 def test_level_1_reads_on_from_the_last_sound_acceptance_of_this_host(monkeypatch, db_path, kernel_log, tmp_path):
     from dlscale import api, system
-    from dlscale.accept import run, spec, xidhistory
+    from dlscale.accept import acceptance as run
+    from dlscale.accept.plan import spec
+    from dlscale.accept.nodehealth import xid_history as xidhistory
     from dlscale.store import Store
 
     host = fake_nvml(monkeypatch, gpus=[FakeGpu(bus=0x18)])

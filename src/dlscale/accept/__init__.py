@@ -6,20 +6,27 @@ calls: ``run_suite`` (the suite, judged), ``judge`` (a recorded acceptance judge
 ``verify`` (an output folder against its manifest), ``list_refs`` and ``export_refs`` (the
 healthy figures, and a lab's own file of them).
 
-The suite (``suite.py``) is a thin list of ``dlscale.api`` calls: each check makes ordinary recorded
-runs, all tagged with one acceptance id, in a process of its own within its time limit and its
-level's budget (``bounded.py``, ``run.py``; levels and limits in ``spec.py``). Judging only reads
-records: ``figures.py`` reads each check's figures (with their raw samples) from its records,
-``expect.py`` finds an expectation for each (datasheet x typical fraction, the system's own
-baseline, a reference figure, or the median of its peers), and ``verdict.py`` turns figure and
-expectation into PASS / WARN / FAIL / NO EXPECTATION, or ERROR where nothing sound was measured
-(verdicts fail closed), with measured, expected, ratio, threshold, confidence interval and
-significance, pure functions that can re-judge old records with new thresholds; ``inventory.py``
-judges the node's counts; ``explain.py`` links verdicts that explain each other. ``run.py`` runs
-the suite, judges it and records a run of kind ``accept``; ``outputs.py`` writes the verdicts as
-JSON, JUnit XML, an HTML report and a manifest of sha256 sums that ``verify`` checks; ``slurm.py``
-runs the suite as one Slurm job and judges it where it was submitted; ``nodehealth.py`` drains or
-resumes the Slurm node an acceptance ran on. docs/METRICS.md ("Acceptance") derives every figure.
+Its rooms, in the order an acceptance passes through them:
+
+- ``plan/``: the spec (checks, levels and their budgets, time limits, thresholds) and the suite (the
+  checks that apply to this machine, with the ``dlscale.api`` call of each: ordinary recorded runs, all
+  tagged with one acceptance id);
+- ``running/``: each check in a process of its own within its time limit; one acceptance at a time per host;
+- ``figures/``: each check's figures (with their raw samples) read from its records (pure);
+- ``expectations.py`` and ``sources/``: where each figure's expectation comes from, every source in its
+  order (healthy rows, datasheet, baseline, reference, the spec, the data-parallel rule, peers; a
+  device's own history);
+- ``judging/``: figure and expectation into PASS / WARN / FAIL / NO EXPECTATION, or ERROR where nothing
+  sound was measured (verdicts fail closed), with ratio, threshold, confidence interval and significance,
+  pure functions that can re-judge old records with new thresholds; verdicts that explain each other;
+- ``outputs/``: the verdicts as JSON, JUnit XML, an HTML report and a sha256 manifest that ``verify``
+  checks; a lab's own healthy-figures file;
+- ``nodehealth/``: the node's inventory, its kernel's Xid history, the burn-in's verdicts, and draining
+  or resuming the Slurm node an acceptance ran on;
+- ``slurm.py``: the suite as one Slurm job, judged where it was submitted.
+
+``acceptance.py`` runs them in turn and records a run of kind ``accept``. docs/METRICS.md ("Acceptance")
+derives every figure.
 """
 
 from __future__ import annotations
@@ -58,15 +65,16 @@ def run_suite(spec: str | None = None, *, quick: bool = False, level: int | None
     ``executor="slurm"`` runs the suite as one Slurm job (``accept.slurm``: ``nodes`` nodes of
     ``partition`` with ``gpus_per_node`` GPUs each, ``time`` minutes or ``[D-]H:MM[:SS]``) into
     ``db``, which the nodes must reach, waits for it and judges here. ``drain_on_fail`` and
-    ``resume_on_pass`` make it this Slurm node's health check (``accept.nodehealth``): a failed
+    ``resume_on_pass`` make it this Slurm node's health check (``accept.nodehealth.drain``): a failed
     acceptance drains the node with its reason, a passed one resumes a node dlscale drained."""
-    from dlscale.accept import nodehealth, slurm
-    from dlscale.accept import spec as specs
-    from dlscale.accept.run import accept as run_accept
-    from dlscale.accept.suite import Nodes
+    from dlscale.accept.nodehealth import drain
+    from dlscale.accept import slurm
+    from dlscale.accept.plan import spec as specs
+    from dlscale.accept.acceptance import accept as run_accept
+    from dlscale.accept.plan.suite import EmulatedNodes
 
     opts = slurm.options(executor, partition, nodes, gpus_per_node, time)  # bad combinations before anything
-    emulated = Nodes(emulate_nodes, link_bandwidth, link_latency, node_link_bandwidth, node_cpu_quota)
+    emulated = EmulatedNodes(emulate_nodes, link_bandwidth, link_latency, node_link_bandwidth, node_cpu_quota)
     if opts is not None and emulated.emulate_nodes:
         raise UsageError("--executor slurm runs on the allocation's real nodes: leave out --emulate-nodes and the "
                          "emulated link and node options")
@@ -82,14 +90,14 @@ def run_suite(spec: str | None = None, *, quick: bool = False, level: int | None
     quick = (sp.level or 3) <= 2
     if warn_fails is not None:
         sp.warn_fails = warn_fails
-    node = nodehealth.ready(drain_on_fail, resume_on_pass)
+    node = drain.ready(drain_on_fail, resume_on_pass)
     if opts is not None:
         return slurm.accept_on_slurm(sp, opts, quick=quick, baseline=baseline, reference=reference, out_dir=out_dir,
                                      db=db, healthy=refs)
     acc = run_accept(sp, quick=quick, nodes=emulated, baseline=baseline, reference=reference, out_dir=out_dir, db=db,
                      healthy=refs)
     if acc is not None and node is not None:
-        acc.node_action = nodehealth.apply(acc, node, drain_on_fail, resume_on_pass)
+        acc.node_action = drain.apply(acc, node, drain_on_fail, resume_on_pass)
     return acc
 
 
@@ -99,8 +107,8 @@ def judge(acceptance: str, *, spec: str | None = None, baseline: str | None = No
     """The verdicts of a recorded acceptance judged again from the store, with ``spec``'s thresholds
     (default: those it was judged with), another ``baseline``, ``reference`` or healthy-figures file
     ``refs``; nothing runs."""
-    from dlscale.accept import spec as specs
-    from dlscale.accept.run import rejudge
+    from dlscale.accept.plan import spec as specs
+    from dlscale.accept.acceptance import rejudge
 
     return rejudge(acceptance, specs.load(spec) if spec else None, baseline=baseline, reference=reference,
                    warn_fails=warn_fails, out_dir=out_dir, db=db, healthy=refs)
@@ -108,8 +116,8 @@ def judge(acceptance: str, *, spec: str | None = None, baseline: str | None = No
 
 def list_refs(model: str | None = None, refs: str | None = None) -> list[Any]:
     """The healthy figures acceptances are judged against (``refs``: a lab's file first, then the
-    shipped table), those of models whose label or device name contains ``model``: ``refs.Row``s."""
-    from dlscale.accept import refs as healthy
+    shipped table), those of models whose label or device name contains ``model``: ``healthy.Row``s."""
+    from dlscale.accept.sources import healthy
 
     return healthy.listing(healthy.load(refs), model)
 
@@ -118,13 +126,13 @@ def export_refs(selector: str, out: str, db: str | None = None, force: bool = Fa
     """Write the healthy figures of the acceptances ``selector`` picks as a lab's own healthy-figures
     file ``out`` (``dlscale accept --refs OUT`` judges against it; an existing file only with ``force``,
     never a database); returns the document written."""
-    from dlscale.accept.refs_export import export
+    from dlscale.accept.outputs.healthy_export import export
 
     return export(selector, out, db, force)
 
 
 def verify(folder: str) -> tuple[int, list[str]]:
     """Check an acceptance's output folder against its manifest: (files that match, problems)."""
-    from dlscale.accept import outputs
+    from dlscale.accept.outputs import artifacts
 
-    return outputs.verify(folder)
+    return artifacts.verify(folder)

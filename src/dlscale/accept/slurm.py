@@ -9,7 +9,7 @@ acceptance measures them whole) named ``dlscale-accept-<id>``, waits for it with
 sweep's wait loop (``sweep.squeue``; a controller outage is waited through and said once when it
 begins and once when it ends), saying on stderr where the job stands and each run as it is recorded, and then
 judges the runs recorded under the acceptance id and writes the outputs as a local ``dlscale
-accept`` does (``run.conclude``). Ctrl-C cancels the job.
+accept`` does (``acceptance.conclude``). Ctrl-C cancels the job.
 
 In the job each node's task runs the suite's parts with srun's step variables hidden, so dlscale
 starts its own ranks as on a workstation:
@@ -20,13 +20,13 @@ starts its own ranks as on a workstation:
   torchrun on every node with c10d rendezvous on the first (``sweep.slurm.torchrun_on_node``),
   each rank running its checks in place as under srun; then the per-node checks on every node at
   once (part ``node``), each node's runs carrying its host, so that the judging names the node of
-  every per-node verdict (``figures.node_hosts``).
+  every per-node verdict (``collect.node_hosts``).
 
 A part is ``python -m dlscale.accept.slurm JOB_FILE PART`` (the job file: the acceptance id, the
 spec, ``--quick``, the store, the node count), and the first node's part writes what it planned
 (``plan-PART.json``: each check's options, the checks that cannot run there and why, the system)
 beside the job's logs. On a node each check runs in its own process within its time limit, as a
-local ``dlscale accept`` runs it (``run.run_bounded``), and a check that did not finish is written
+local ``dlscale accept`` runs it (``acceptance.run_bounded``), and a check that did not finish is written
 into ``problems-PART-NODE.json``; the checks across the nodes, in place in torchrun's ranks, are
 bounded together by their limits summed. A planned check that recorded no run (the job ended first:
 its time limit, scancel, a crash), or that a node says did not finish, is an ERROR naming why.
@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlscale.accept import bounded, figures, suite
-from dlscale.accept import spec as specs
+from dlscale.accept.figures import collect
+from dlscale.accept.plan import spec as specs, suite
+from dlscale.accept.running import check_process
 from dlscale.errors import UsageError
 from dlscale.log import info
 from dlscale.procs import die_with_parent, end_tree
@@ -92,25 +93,25 @@ def parts(sp: specs.Spec, nodes: int) -> list[tuple[str, specs.Spec]]:
     is left out): one node runs ``all``; several run ``across`` (one job over the nodes) then ``node``."""
     if nodes == 1:
         return [("all", sp)]
-    across = sp.only(suite.ACROSS_NODES)
-    node = sp.only(c for c in sp.checks if c not in suite.ACROSS_NODES)
+    across = sp.only(suite.RUN_IN_PLACE)
+    node = sp.only(c for c in sp.checks if c not in suite.RUN_IN_PLACE)
     return [(name, part) for name, part in (("across", across), ("node", node)) if part.checks]
 
 
-def stand_in(part: str, opts: SlurmOptions) -> suite.Machine:
+def stand_in(part: str, opts: SlurmOptions) -> suite.MachineFacts:
     """A node of the allocation as the submitter pictures it (GPUs as asked), for checking the spec
     before submitting; in the job each part plans on the real node."""
     gpus = int(opts.gpus_per_node or 0)
     if part == "across":
-        return suite.Machine(gpus=gpus, launcher="torchrun", world_size=opts.nodes * max(1, gpus), nodes=opts.nodes)
-    return suite.Machine(gpus=gpus)
+        return suite.MachineFacts(gpus=gpus, launcher="torchrun", world_size=opts.nodes * max(1, gpus), nodes=opts.nodes)
+    return suite.MachineFacts(gpus=gpus)
 
 
 def check(sp: specs.Spec, quick: bool, opts: SlurmOptions) -> None:
     """Refuse, before submitting, a spec that cannot run on the allocation: a bad option value (at its
     ``file:line``), what the allocation sets itself, or no check that can run there."""
     if opts.nodes > 1:
-        for name in suite.ACROSS_NODES:
+        for name in suite.RUN_IN_PLACE:
             bad = next((k for k in sp.checks.get(name, {}) if k in SET_BY_ALLOCATION), None)
             if bad:
                 raise sp.fail(("checks", name, bad), f"with --nodes {opts.nodes} {name} runs on the allocation's "
@@ -146,7 +147,7 @@ class AcceptJob:
             launcher = (torchrun_on_node(self.nodes, self.ranks_per_node, env) if part == "across"
                         else [sys.executable])
             # the checks across the nodes run in place in torchrun's ranks: bounded together, by their limits summed
-            limit = sum(part_spec.time_limit(c) for c in part_spec.checks) + bounded.GRACE_S if part == "across" \
+            limit = sum(part_spec.time_limit(c) for c in part_spec.checks) + check_process.GRACE_S if part == "across" \
                 else None
             code = _part([*launcher, "-m", MODULE, self.job_file, part], env, limit)
             if code is None:
@@ -164,7 +165,7 @@ def _part(cmd: list[str], env: dict[str, str], limit_s: float | None) -> int | N
     try:
         return proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
-        end_tree(proc.pid, bounded.GRACE_S)
+        end_tree(proc.pid, check_process.GRACE_S)
         proc.wait()
         return None
 
@@ -172,9 +173,9 @@ def _part(cmd: list[str], env: dict[str, str], limit_s: float | None) -> int | N
 def run_part(job_file: str, part: str) -> None:
     """One part of the suite on this node (or as this rank): plan it here, write the plan (first node,
     rank 0), run its checks under the acceptance id: on a node, each in its own process within its
-    time limit (``run.run_bounded``) and holding the host's acceptance lock, writing why a check did
+    time limit (``acceptance.run_bounded``) and holding the host's acceptance lock, writing why a check did
     not finish into ``problems-PART-NODE.json``; as a rank, in place."""
-    from dlscale.accept import run
+    from dlscale.accept import acceptance
     from dlscale.distributed.env import detect, launcher_of
 
     doc = json.loads(Path(job_file).read_text())
@@ -189,8 +190,8 @@ def run_part(job_file: str, part: str) -> None:
         for p in plan.checks:
             suite.run_check(p, doc["acceptance"], doc["db"])
         return
-    with run.host_lock(doc["acceptance"]):
-        _, problems, _ = run.run_bounded(plan.checks, sp, doc["acceptance"], doc["db"])
+    with acceptance.host_lock(doc["acceptance"]):
+        _, problems, _ = acceptance.run_bounded(plan.checks, sp, doc["acceptance"], doc["db"])
     if problems:
         from dlscale.system import collect_cached
 
@@ -235,7 +236,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
                     reference: str | None = None, out_dir: str | None = None, db: str | None = None,
                     healthy: str | None = None) -> Any:
     """Check, submit, wait for and judge the suite as one Slurm job (the module doc); an ``Acceptance``."""
-    from dlscale.accept import run
+    from dlscale.accept import acceptance
     from dlscale.distributed.env import launcher_of
     from dlscale.store import Store
     from dlscale.sweep import slurm
@@ -247,10 +248,10 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     if shutil.which("sbatch") is None:
         raise UsageError("--executor slurm needs Slurm's client commands (sbatch not on PATH): run it on a login "
                          "node of the cluster")
-    vs = run.against(baseline, reference, db, healthy)
-    acc_id = run.new_acceptance_id()
+    vs = acceptance.against(baseline, reference, db, healthy)
+    acc_id = acceptance.new_acceptance_id()
     with Store.open(db) as store:
-        folder = run.default_out(store, acc_id)
+        folder = acceptance.default_out(store, acc_id)
         folder.mkdir(parents=True, exist_ok=True)
         job_file = folder / "job.json"
         job_file.write_text(json.dumps({"acceptance": acc_id, "spec": sp.to_dict(), "quick": quick,
@@ -270,7 +271,7 @@ def accept_on_slurm(sp: specs.Spec, opts: SlurmOptions, *, quick: bool = False, 
     missing = {**unrecorded(ran.plan, records, state, job_failure(state, str(folder), opts.nodes)),
                **read_problems(folder)}
     inventory = next((r.system for r in records if (r.system or {}).get("hostname") == ran.host), None)
-    return run.conclude(acc_id, sp, ran.plan, records, ran.system, vs, out_dir, db, missing,
+    return acceptance.conclude(acc_id, sp, ran.plan, records, ran.system, vs, out_dir, db, missing,
                         inventory or {"hostname": ran.host or ran.system})
 
 
@@ -306,11 +307,11 @@ class _Progress:
             why = f" ({js.reason})" if js.phase == "queued" and js.reason not in ("", "None") else ""
             info(f"Slurm job {self.job_id} {js.state}{why}")
         recs = [r for r in self.store.query(tag=self.acc_id, newest_first=False) if r.run_id not in self.seen]
-        rungs = figures.scale_rungs(recs)
+        rungs = collect.scale_rungs(recs)
         for r in recs:
             self.seen.add(r.run_id)
             host = (r.system or {}).get("hostname")
-            info(f"  recorded {figures.check_of(r, rungs) or r.kind}: {r.kind} {r.workload} {r.status}"
+            info(f"  recorded {collect.check_of(r, rungs) or r.kind}: {r.kind} {r.workload} {r.status}"
                  f"{' on ' + host if host else ''} (run {r.run_id})")
 
 
@@ -338,8 +339,8 @@ def read_plans(folder: Path, sp: specs.Spec, nodes: int) -> JobPlan:
         docs.append(json.loads(path.read_text()))
         checks.update(docs[-1]["checks"])
         not_run.update({c: w for c, w in docs[-1]["not_run"] if c not in docs[-1]["checks"]})
-    plan = suite.Plan([suite.Planned(c, checks[c], []) for c in sp.checks if c in checks],
-                      [(c, not_run[c]) for c in sp.checks if c in not_run and c not in checks], suite.Machine())
+    plan = suite.Plan([suite.PlannedCheck(c, checks[c], []) for c in sp.checks if c in checks],
+                      [(c, not_run[c]) for c in sp.checks if c in not_run and c not in checks], suite.MachineFacts())
     return JobPlan(plan, docs[0]["system"] if docs else "?", docs[0]["host"] if docs else None,
                    len(docs) == len(parts(sp, nodes)))
 
@@ -366,8 +367,8 @@ def job_failure(js: Any, folder: str, nodes: int) -> str | None:
 def unrecorded(plan: suite.Plan, records: list[RunRecord], js: Any, failure: str | None) -> dict[str, str]:
     """Check -> why, for every planned check that recorded no run; where the job failed although each
     recorded one (a node of several died), the job itself (``JOB_CHECK``)."""
-    rungs = figures.scale_rungs(records)
-    recorded = {figures.check_of(r, rungs) for r in records}
+    rungs = collect.scale_rungs(records)
+    recorded = {collect.check_of(r, rungs) for r in records}
     why = failure or f"Slurm job {js.job_id} {js.state} without recording it"
     missing = {p.check: f"no run recorded: {why}" for p in plan.checks if p.check not in recorded}
     if failure and not missing:

@@ -203,9 +203,9 @@ def _check_args(action: str | None, target: str | None, *, running: bool, slurm:
 
 def show(acc: Any, fmt: Format) -> None:
     """The verdict table first (or the JSON document), then why, what did not run, and where the report is."""
-    from dlscale.accept.outputs import document
-    from dlscale.accept.report import COLUMNS, cells
-    from dlscale.accept.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
+    from dlscale.accept.outputs.artifacts import document
+    from dlscale.accept.outputs.report import COLUMNS, cells
+    from dlscale.accept.judging.verdict import ERROR, FAIL, NO_EXPECTATION, WARN, counts
 
     if fmt == Format.json:
         print_json(document(acc))

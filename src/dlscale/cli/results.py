@@ -197,7 +197,7 @@ def history(
     last: Annotated[int, typer.Option("--last", help="Show the newest this many acceptances (JSON: all).")] = 6,
     db: DbOpt = None, fmt: FormatOpt = Format.human,
 ) -> None:
-    from dlscale.accept.history import device_series, series
+    from dlscale.accept.sources.history import device_series, series
     from dlscale.analysis.select import select
     from dlscale.errors import UsageError
     from dlscale.store import Store
