@@ -75,9 +75,9 @@ def run_infer(a: argparse.Namespace) -> None:
         else:
             y, x = hand(a.warmup, a.iters), dl()
         ratios.append(x / y)
-        print(f"round {r + 1}: dlscale {x:.1f} images/s, hand-written {y:.1f} images/s, ratio {ratios[-1]:.3f}",
+        print(f"round {r + 1}: dlscale {x:.1f} images/s, plain {y:.1f} images/s, ratio {ratios[-1]:.3f}",
               flush=True)
-    print(f"median ratio dlscale / hand-written over {len(ratios)} rounds: {statistics.median(ratios):.3f} "
+    print(f"median ratio dlscale / plain over {len(ratios)} rounds: {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 

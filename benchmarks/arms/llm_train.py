@@ -9,7 +9,7 @@ measured steps. A is dlscale, in one of two modes:
   ``timed_loop``, both models built once, alternating blocks of ``--steps`` steps A/B then B/A:
   short blocks keep drift on a shared machine out of the ratio;
 - ``--mode api``: ``dlscale.api.train`` exactly as a user calls it (monitor on, record written to a
-  scratch database, a fresh model each round) against a fresh hand-written loop each round: the
+  scratch database, a fresh model each round) against a fresh plain loop each round: the
   whole short test, but each round is long, so drift between A and B enters the ratio.
 
 Prints each round's ratio A/B (tokens/s), the median (target >= 0.98) and the pooled ratio, then
@@ -87,7 +87,7 @@ def api_round(a: argparse.Namespace, precision: str, db: str) -> tuple[float, ob
 
 
 def measure(a: argparse.Namespace, precision: str, db: str) -> dict:
-    """Alternating rounds of A (dlscale) and B (hand-written); the per-round ratios A/B."""
+    """Alternating rounds of A (dlscale) and B (the plain loop); the per-round ratios A/B."""
     shape = (a.model, a.batch_size, a.seq_len, precision, a.lr)
     if a.mode == "loop":
         run_a, run_b = dlscale_loop(*shape), hand_written(*shape)
@@ -105,7 +105,7 @@ def measure(a: argparse.Namespace, precision: str, db: str) -> dict:
                 run = hand_written(*shape)
                 run(a.warmup)
                 rb.append(run(a.steps))
-        print(f"  {precision} round {r + 1} ({'/'.join(order)}): dlscale {ra[-1]:.1f}  hand-written {rb[-1]:.1f} "
+        print(f"  {precision} round {r + 1} ({'/'.join(order)}): dlscale {ra[-1]:.1f}  plain {rb[-1]:.1f} "
               f"tokens/s  ratio {ra[-1] / rb[-1]:.4f}", flush=True)
     ratios = [x / y for x, y in zip(ra, rb)]
     return {"model": a.model, "mode": a.mode, "precision": precision, "batch_size": a.batch_size,

@@ -2,7 +2,7 @@
 
 Both loops train the same model (same init), batch, precision and memory format, in one process,
 alternating A/B then B/A round by round so drift on the machine hits both. Prints, per config,
-the ratio dlscale throughput / hand-written throughput (median over rounds, and pooled).
+the ratio dlscale throughput / plain throughput (median over rounds, and pooled).
 
     python benchmarks/overhead.py train                # the four configs of docs/PERFORMANCE.md
     python benchmarks/overhead.py train --quick        # a smoke run

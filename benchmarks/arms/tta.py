@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         a, b = (ours(), bare()) if r % 2 == 0 else tuple(reversed((bare(), ours())))
         ratios.append(a / b)
-        print(f"round {r + 1}: dlscale {a:8.1f} samples/s  bare {b:8.1f} samples/s  ratio {a / b:.3f}")
+        print(f"round {r + 1}: dlscale {a:8.1f} samples/s  plain {b:8.1f} samples/s  ratio {a / b:.3f}")
     print(f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
           f"over {args.rounds} rounds, {len(batches)} steps of 32 per epoch")
 
