@@ -132,7 +132,8 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
 
 
 def forward_loop(model: torch.nn.Module, x: torch.Tensor):
-    """The plain inference loop: ``run(n)`` makes n forwards of ``x`` under inference_mode and returns the seconds."""
+    """The plain inference loop: ``run(n)`` makes n eager forwards of ``x`` under inference_mode and returns the
+    seconds on the host's clock (no device synchronise: the CPU arms of overhead.py run it)."""
     def run(n: int) -> float:
         with torch.inference_mode():
             t0 = time.perf_counter()
