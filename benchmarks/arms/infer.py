@@ -120,7 +120,7 @@ def run_infer_speedups(a: argparse.Namespace) -> None:
 
 
 def _name(c: tuple) -> str:
-    return f"{c[0]}/{c[1]}" + ("/compiled" if len(c) > 2 and c[2] else "")
+    return f"{c[0]}/{c[1]}" + ("/compiled" if (len(c) > 2 and c[2]) or c[0] == "int8" else "")  # int8 always is
 
 
 def _label(c: tuple) -> str:
