@@ -6,7 +6,7 @@ are fitted from `dlscale micro collectives` all-reduce runs over the same paths 
 2x1 at each rate). Then `dlscale predict` from the 1x1 run, with the measured links, and the
 error (predicted - measured) / measured per layout. Every rank gets one thread (as `dlscale
 scale` fixes threads per rank), so the 2-rank layouts use both cores of this machine; the
-contention that costs is measured from the 1x2 run's forward and optimizer phases (predict.run).
+contention that costs is measured from the 1x2 run's forward and optimizer phases (predict.layouts).
 
     .venv/bin/python benchmarks/predict_validation.py ladder --models tinycnn,resnet18 --links 100mbit,1gbit,10gbit
     .venv/bin/python benchmarks/predict_validation.py seeds --seed001 --seed002   # the published cases only
