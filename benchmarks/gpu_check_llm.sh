@@ -5,7 +5,7 @@
 #   infer llama_7b b1 decode compiled / eager        each against its memory limit (bytes/s, fraction of the
 #                                                    copy measured first and of the datasheet)
 #   transformers serve --continuous-batching         measured by serve-bench: goodput at the MLPerf Llama 3.1
-#     on llama_7b (benchmarks/serve_llm.py)          8B SLO, J per output token (needs benchmarks/gpu_wheels.txt)
+#     on llama_7b (inference.py serve)             8B SLO, J per output token (needs benchmarks/gpu_wheels.txt)
 #   train llama3.2_1b bf16 --compile, fused AdamW    vs  the same plain loop (gpu_peers.py train-llm); MFU
 #   infer llama_7b b1 decode graph-eager             vs  transformers generate eager (DynamicCache, compile
 #                                                        off) and compiled (static cache, torch.compile + CUDA graphs)
@@ -31,7 +31,7 @@ BIGG=(--config "$BIG_CONFIG" --precision $BIGP --batch 1 --prompt $BP --output $
 
 step llm_decode_compiled 150 $DL infer $BIG --decode compiled "${BIGD[@]}"
 step llm_decode_eager 90 $DL infer $BIG --decode eager "${BIGD[@]}"
-step llm_serve 240 $PY benchmarks/serve_llm.py "${SERVE[@]}"
+step llm_serve 240 $PY benchmarks/inference.py serve "${SERVE[@]}"
 step llm_train 150 $DL train $TRAIN_MODEL "${TRAIN[@]}" --compile --optimizer-impl fused "${TSTEPS[@]}" --device "$DEVICE" --tag gpu-check --format json
 step llm_peer_train 150 $PEER train-llm --config "$TRAIN_CONFIG" "${PTRAIN[@]}" --compile --fused "${PTSTEPS[@]}"
 [ "$DEVICE" = cuda ] && step llm_decode_graph_eager 90 $DL infer $BIG --decode graph-eager "${BIGD[@]}"

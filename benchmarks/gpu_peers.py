@@ -1,5 +1,7 @@
-"""The plain PyTorch programs `benchmarks/gpu_check.sh` sets beside dlscale: what a user would write
-to time the same work without dlscale. Each subcommand prints one JSON line on stdout.
+"""The plain PyTorch peers: what a user would write to do dlscale's work without dlscale. The one peer module
+of benchmarks/: `gpu_check.sh` runs its subcommands (each prints one JSON line on stdout), and the side-by-side
+entry points (overhead.py, inference.py) build their plain arms from its steps (``sgd_step``, ``llama_step``,
+``forward_loop``, ``generate_kwargs``), each with the label saying what it runs.
 
     python benchmarks/gpu_peers.py train --model resnet50 --batch 256 --precision bf16 --channels-last
     torchrun --nproc-per-node 8 benchmarks/gpu_peers.py train --model resnet50 --batch 128   (a plain DDP loop)
@@ -12,7 +14,7 @@ to time the same work without dlscale. Each subcommand prints one JSON line on s
 They import torch, torchvision and transformers only (never dlscale), run on `--device cuda` (the
 default where a GPU is visible) or `cpu` (the dry run), and time with CUDA events on a GPU and
 the monotonic clock on a CPU, synchronising once around each timed window. Under torchrun (or in a
-process that joined a process group, as benchmarks/ddp_ab_worker.py's ranks do) `train` is a plain DDP
+process that joined a process group, as the ranks of `overhead.py ddp` do) `train` is a plain DDP
 loop: the model wrapped in DistributedDataParallel with `--broadcast-buffers` and `--bucket-view` as
 given (torch's defaults: on and off), a barrier before the window, and images/s over all ranks in the
 slowest rank's window; rank 0 prints.
@@ -74,12 +76,40 @@ def timed_steps(step, device: torch.device, warmup: int, steps: int, barrier=Non
     return clock.intervals()
 
 
-def train(a: argparse.Namespace, device: torch.device) -> dict:
+def vision_model(name: str, device: torch.device, channels_last: bool) -> torch.nn.Module:
+    """torchvision's ``name``, random init, on the device, in channels_last when asked."""
     import torchvision
 
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torchvision.models.get_model(name, weights=None).to(device).to(memory_format=fmt)
+
+
+def sgd_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device,
+             lr: float = 0.1):
+    """The plain training step a user writes: autocast (bf16/fp16), cross-entropy, backward, SGD with momentum
+    and weight decay, gradients set to None; ``step(xb, yb)`` trains on another batch. Every plain CNN training
+    arm of benchmarks/ runs this step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    amp = DTYPES[precision] if precision in ("bf16", "fp16") else None
+
+    def step(xb: torch.Tensor = x, yb: torch.Tensor = y) -> None:
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def sgd_label(precision: str, ddp: str = "") -> str:
+    """What a plain SGD arm runs, said in its label."""
+    return f"plain PyTorch loop (benchmarks/gpu_peers.py sgd_step): {precision}, eager, SGD{ddp}"
+
+
+def train(a: argparse.Namespace, device: torch.device) -> dict:
     torch.backends.cudnn.benchmark = True
-    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
-    model = torchvision.models.get_model(a.model, weights=None).to(device).to(memory_format=fmt)
+    model = vision_model(a.model, device, a.channels_last)
     ddp = dist.is_initialized() and not getattr(a, "alone", False)  # ``alone``: no DDP in a rank (a caller's A/B)
     world = dist.get_world_size() if ddp else 1
     if ddp:
@@ -87,26 +117,31 @@ def train(a: argparse.Namespace, device: torch.device) -> dict:
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     broadcast_buffers=a.broadcast_buffers, gradient_as_bucket_view=a.bucket_view)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device).to(memory_format=fmt)
+    x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=device)
+    x = x.contiguous(memory_format=torch.channels_last if a.channels_last else torch.contiguous_format)
     y = torch.randint(0, 1000, (a.batch,), device=device)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    amp = DTYPES[a.precision] if a.precision in ("bf16", "fp16") else None
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = sgd_step(model, x, y, a.precision, device)
     dts = timed_steps(step, device, a.warmup, a.steps, barrier=dist.barrier if ddp else None)
     window = torch.tensor([sum(dts)], device=device)  # on the GPU where NCCL reduces it
     if ddp:  # every rank's images over the slowest rank's window
         dist.all_reduce(window, op=dist.ReduceOp.MAX)
-    return {"peer": "train", "model": a.model, "batch": a.batch, "ranks": world,
+    how = (f", DDP broadcast_buffers={a.broadcast_buffers} gradient_as_bucket_view={a.bucket_view}" if ddp else "")
+    return {"peer": "train", "label": sgd_label(a.precision, how), "model": a.model, "batch": a.batch, "ranks": world,
             "images_per_s": world * a.batch * len(dts) / window.item(),
             "images_per_s_median_step": a.batch / statistics.median(dts)}
+
+
+def forward_loop(model: torch.nn.Module, x: torch.Tensor):
+    """The plain inference loop: ``run(n)`` makes n eager forwards of ``x`` under inference_mode and returns the
+    seconds on the host's clock (no device synchronise: the CPU arms of overhead.py run it)."""
+    def run(n: int) -> float:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                model(x)
+            return time.perf_counter() - t0
+
+    return run
 
 
 def window(fn, device: torch.device, calls: int, reps: int) -> float:
@@ -154,6 +189,23 @@ def llama(config: str, device: torch.device, dtype: torch.dtype):
                                                 attn_implementation="sdpa")
 
 
+def generate_kwargs(mode: str, ids: torch.Tensor, device: torch.device) -> tuple[dict, str]:
+    """generate's keyword arguments for ``mode`` (eager or compiled; greedy, the cache on, output length not
+    included) and the label saying what that runs. Every generate arm of benchmarks/ takes them from here."""
+    from transformers import CompileConfig
+
+    kw = dict(do_sample=False, use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    how = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode == "compiled":
+        cc = CompileConfig(fullgraph=True, dynamic=False, mode=how)
+        cc._compile_all_devices = device.type != "cuda"  # generate compiles only on accelerators unless told
+        kw.update(cache_implementation="static", compile_config=cc)
+    else:
+        kw.update(disable_compile=True)
+    what = "Inductor's fused kernels replayed as CUDA graphs" if how == "reduce-overhead" else "Inductor's fused kernels"
+    return kw, GENERATE_LABELS[mode].format(mode=how, what=what)
+
+
 def generate(a: argparse.Namespace, device: torch.device) -> dict:
     """transformers' generate as a user calls it, greedy, a fixed output length. ``--mode eager``: its default
     DynamicCache with compilation switched off (generate compiles its decode step by itself only for a
@@ -161,19 +213,10 @@ def generate(a: argparse.Namespace, device: torch.device) -> dict:
     ``--mode compiled``: the static cache with generate's own CompileConfig (reduce-overhead, i.e. CUDA
     graphs, on CUDA; Inductor's default mode on a CPU, where generate compiles only when told to). Its
     decode rate is derived from two request lengths: b·(N − 1) / (T(N) − T(1)), T the median request time."""
-    from transformers import CompileConfig
-
     torch.manual_seed(0)
     model = llama(a.config, device, DTYPES[a.precision]).eval()
     ids = torch.randint(0, model.config.vocab_size, (a.batch, a.prompt), device=device)
-    kw = dict(do_sample=False, use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    mode = "reduce-overhead" if device.type == "cuda" else "default"
-    if a.mode == "compiled":
-        cc = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
-        cc._compile_all_devices = device.type != "cuda"  # generate compiles only on accelerators unless told
-        kw.update(cache_implementation="static", compile_config=cc)
-    else:
-        kw.update(disable_compile=True)
+    kw, label = generate_kwargs(a.mode, ids, device)
 
     def median_request(n: int) -> float:
         times = []
@@ -187,8 +230,7 @@ def generate(a: argparse.Namespace, device: torch.device) -> dict:
         return statistics.median(times[a.warmup:])
 
     request, first = median_request(a.output), median_request(1)
-    what = "Inductor's fused kernels replayed as CUDA graphs" if mode == "reduce-overhead" else "Inductor's fused kernels"
-    return {"peer": "generate", "mode": a.mode, "label": GENERATE_LABELS[a.mode].format(mode=mode, what=what),
+    return {"peer": "generate", "mode": a.mode, "label": label,
             "batch": a.batch, "prompt": a.prompt, "output": a.output, "request_s": request, "first_token_s": first,
             "output_tokens_per_s": a.batch * a.output / request,
             "decode_tokens_per_s": a.batch * (a.output - 1) / (request - first) if request > first else None}
@@ -197,28 +239,39 @@ def generate(a: argparse.Namespace, device: torch.device) -> dict:
 def train_llm(a: argparse.Namespace, device: torch.device) -> dict:
     """A plain training loop of the same Llama as `dlscale train`: fp32 weights under bf16 autocast, next-token
     cross-entropy on fp32 logits, AdamW (fused with --fused), the model under torch.compile with --compile."""
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     model = llama(a.config, device, torch.float32).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0, **({"fused": True} if a.fused else {}))
-    fwd = torch.compile(model) if a.compile else model
     tokens = torch.randint(0, model.config.vocab_size, (a.batch, a.seq + 1), device=device)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    amp = DTYPES[a.precision] if a.precision in ("bf16", "fp16") else None
+    step = llama_step(model, tokens, a.precision, a.fused, a.compile)
+    dts = timed_steps(step, device, a.warmup, a.steps)
+    return {"peer": "train-llm", "batch": a.batch, "seq": a.seq, "compile": a.compile, "fused": a.fused,
+            "tokens_per_s": a.batch * a.seq * len(dts) / sum(dts), "label": llama_label(a.precision, a.fused, a.compile)}
+
+
+def llama_step(model: torch.nn.Module, tokens: torch.Tensor, precision: str, fused: bool = False,
+               compile: bool = False, weight_decay: float = 0.0):
+    """The plain Llama training step: next-token cross-entropy on fp32 logits under autocast (bf16/fp16), AdamW
+    (fused with ``fused``), the model under torch.compile with ``compile``. Every plain LLM training arm runs it."""
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+    fwd = torch.compile(model) if compile else model
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    amp = DTYPES[precision] if precision in ("bf16", "fp16") else None
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+        with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
             logits = fwd(x).logits
         F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    dts = timed_steps(step, device, a.warmup, a.steps)
-    return {"peer": "train-llm", "batch": a.batch, "seq": a.seq, "compile": a.compile, "fused": a.fused,
-            "tokens_per_s": a.batch * a.seq * len(dts) / sum(dts),
-            "label": f"plain loop: bf16 autocast, AdamW{' fused' if a.fused else ''}"
-                     f"{', torch.compile(model)' if a.compile else ', eager'}"}
+    return step
+
+
+def llama_label(precision: str, fused: bool, compile: bool) -> str:
+    return (f"plain transformers loop (benchmarks/gpu_peers.py llama_step): {precision} autocast, "
+            f"AdamW{' fused' if fused else ''}, {'torch.compile(model)' if compile else 'eager'}")
 
 
 def main() -> None:

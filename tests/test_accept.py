@@ -4,7 +4,7 @@ thresholds, and the same figures at half the rate would), a check whose run fail
 and the suite under torchrun. Every process runs one thread (OMP_NUM_THREADS=1, one thread per rank): two threads of one
 GEMM on a shared 2-core machine stall each other's barriers and swing the rate 3x between runs. The
 injected faults are tests/test_accept_faults.py; the false-alarm count of many healthy repeats is
-benchmarks/accept_faults.py's."""
+`benchmarks/faults.py accept`'s."""
 
 from __future__ import annotations
 

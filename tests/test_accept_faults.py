@@ -3,7 +3,7 @@ its processes under a CPU quota of half a core FAILs against its healthy baselin
 significance of the regression; (c) of two emulated nodes, the one under half the other's CPU quota is
 named the outlier; (d) of three emulated nodes, the one whose link is shaped 10x slower fails the
 collectives across the nodes, and the verdict names its link. (a), a healthy run after a healthy
-baseline, is tests/test_accept.py's; the counts over many runs are benchmarks/accept_faults.py's.
+baseline, is tests/test_accept.py's; the counts over many runs are `benchmarks/faults.py accept`'s.
 
 Each needs root and the machine's cgroup cpu controller or network namespaces (iproute2), and skips
 saying which is missing (fails where DLSCALE_REQUIRE_NETNS=1). A quota only shows where the machine

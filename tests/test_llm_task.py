@@ -294,7 +294,7 @@ def test_llama_tiny_learns_the_chain_to_a_test_target(tmp_path):
     """dlscale tta end to end at a test-only target, 1.5 nats/token (a unigram model gets about
     ln 256 = 5.5, the chain 0.67), on a tenth-size dataset with 32-token windows: llama_tiny learns
     the transition table in two epochs (about 25 s on an idle 2-core machine; how long it takes is
-    benchmarks/tta_domains.py's business, not this test's)."""
+    docs/METRICS.md's default runs' business, not this test's)."""
     from dlscale import api
     from dlscale.tta.config import TTAConfig
 

@@ -81,7 +81,7 @@ def probe(session: Any, batch: int, worker_thread: bool = False) -> float:
     samples than min duration needs, single/multi-stream generate more queries than they use, the
     server's query cap is larger). The thread matters: on a CPU shared with other busy processes a
     forward on the main thread, whose 2-thread OpenMP team waits at barriers for descheduled workers,
-    ran a median 52x slower than on a fresh thread (benchmarks/loadgen_threads.py; 1x with one thread).
+    ran a median 52x slower than on a fresh thread (docs/PERFORMANCE.md; 1x with one thread).
     """
     from dlscale.infer.probe import time_batch
 

@@ -5,7 +5,7 @@ has a rate over its whole length. Counters (bytes, CPU seconds) become rates bet
 samples, reported at the later sample's time; gauges (CPU %, RSS, GPU utilisation, power) are
 reported as read. The thread sleeps on an Event, so stopping is immediate; reading psutil's
 counters for a process tree takes well under a millisecond, so the default 1 s interval costs
-under 0.1% of one core (benchmarks/monitor_overhead.py measures the effect on throughput).
+under 0.1% of one core (`benchmarks/overhead.py monitor` measures the effect on throughput).
 """
 
 from __future__ import annotations

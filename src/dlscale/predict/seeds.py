@@ -3,7 +3,7 @@
 A case is a published figure (an efficiency, a speed-up, the difference of two layouts), how it
 follows from predicted throughputs, and the tolerance it is judged with. ``judge`` is a pure
 function from the predicted throughput of each layout to one row per case: predicted, target,
-error, within. ``benchmarks/predict_validation.py --seed001 --seed002`` and the tests run the
+error, within. ``benchmarks/predict_validation.py seeds --seed001 --seed002`` and the tests run the
 predictions as a user would (``dlscale import``, then ``dlscale predict``) and judge them here;
 docs/METRICS.md and docs/PERFORMANCE.md give the figures and why each model choice was made.
 """

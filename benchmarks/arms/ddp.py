@@ -1,6 +1,6 @@
-"""dlscale's data-parallel short test beside a plain DDP loop (gloo, 1 and 2 ranks), side by side.
+"""`overhead.py ddp` and `ddp-ops`: dlscale's data-parallel short test beside a plain DDP loop (gloo, 1 and 2 ranks).
 
-For each rank count, starts one job through dlscale's own launcher running benchmarks/ddp_ab_worker.py,
+For each rank count, starts one job through dlscale's own launcher running benchmarks/arms/ddp_worker.py,
 which rotates, round by round in the same processes, dlscale's per-rank data-parallel short test, the plain
 DDP loop of benchmarks/gpu_peers.py with the same DDP options, the plain loop with torch's DDP defaults and,
 on one rank, the plain loop without DDP, so a drift in machine load hits every variant alike. Prints each
@@ -11,16 +11,16 @@ round's figures, then per rank count the medians of the per-round ratios:
   gain over torch's;
 - plain / alone and plain-torch / alone (one rank): the plain loop's data-parallel efficiency at one rank.
 
-    .venv/bin/python benchmarks/ddp_overhead.py --model resnet18 --image-size 32 --batch-size 16 --steps 30 --rounds 8
+    .venv/bin/python benchmarks/overhead.py ddp --model resnet18 --image-size 32 --batch-size 16 --steps 30 --rounds 8
 
-``--one-rank`` looks inside one rank instead (this process, gloo, one thread): per DDP variant (no DDP,
+``ddp-ops`` looks inside one rank instead (this process, gloo, one thread): per DDP variant (no DDP,
 torch's DDP defaults, dlscale's, dlscale's own training step under them, and DDP's batched gradient copy where
 the installed torch has it) the operators one training step dispatches (top-level aten ops, each a kernel
 launch on a GPU) and what DDP adds to them, and images per CPU-second of this process over ``--steps`` steps,
 the variants rotated over ``--rounds`` rounds (CPU time, not wall time: other tenants' load on a shared
 machine moves it much less):
 
-    .venv/bin/python benchmarks/ddp_overhead.py --one-rank --model resnet18 --image-size 32 --batch-size 16 --steps 15 --rounds 6
+    .venv/bin/python benchmarks/overhead.py ddp-ops --model resnet18 --image-size 32 --batch-size 16 --steps 15 --rounds 6
 """
 
 from __future__ import annotations
@@ -33,10 +33,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from arms import say_arms
+
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: gpu_peers and arms import from there
+NO_DDP = "plain, no DDP"
 RATIOS = (("dlscale", "plain", "target >= 0.98"), ("plain", "plain-torch", "dlscale's DDP defaults over torch's"),
           ("plain", "alone", "DP efficiency at one rank, dlscale's DDP options"),
           ("plain-torch", "alone", "DP efficiency at one rank, torch's DDP defaults"))
+
+
+ARMS = {  # the worker's variants (arms/ddp_worker.py), each as it runs: all eager, SGD, channels_last, gloo
+    "dlscale": "dlscale's data-parallel short test (distributed.worker.data_parallel_short_test), DDP "
+               "broadcast_buffers=False gradient_as_bucket_view=True",
+    "plain": "gpu_peers train (sgd_step), DDP broadcast_buffers=False gradient_as_bucket_view=True (dlscale's options)",
+    "plain-torch": "gpu_peers train (sgd_step), DDP broadcast_buffers=True gradient_as_bucket_view=False (torch's)",
+    "alone": "gpu_peers train (sgd_step), no DDP (one rank only)",
+}
 
 
 def job(a: argparse.Namespace, ranks: int) -> list[dict]:
@@ -46,7 +58,7 @@ def job(a: argparse.Namespace, ranks: int) -> list[dict]:
     argv = [a.model, str(a.image_size), str(a.batch_size), str(a.warmup_steps), str(a.steps), str(a.rounds)]
     cmd = [sys.executable, "-c", (
         "import sys; from dlscale.distributed.launch import run_torchrun; from dlscale.layout import Layout; "
-        f"sys.exit(run_torchrun('ddp_ab_worker', {argv!r}, Layout(nproc_per_node={ranks})))")]
+        f"sys.exit(run_torchrun('arms.ddp_worker', {argv!r}, Layout(nproc_per_node={ranks})))")]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     rows = [json.loads(x) for x in (p.stdout + p.stderr).splitlines() if x.startswith('{"round"')]
     if p.returncode != 0 or not rows:
@@ -62,13 +74,14 @@ def variants(a: argparse.Namespace) -> dict:
     import inspect
 
     import torch
-    import torchvision
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    import gpu_peers
     from dlscale.config import TrainConfig
     from dlscale.distributed.worker import ddp_options
     from dlscale.train.shorttest import build_setup
 
+    cpu = torch.device("cpu")
     x = torch.randn(a.batch_size, 3, a.image_size, a.image_size).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (a.batch_size,))
     ours = {"broadcast_buffers": False, "gradient_as_bucket_view": True}
@@ -76,27 +89,21 @@ def variants(a: argparse.Namespace) -> dict:
     def plain(opts: dict | None):
         def make():
             torch.manual_seed(0)
-            m = torchvision.models.get_model(a.model, weights=None).to(memory_format=torch.channels_last)
-            m = m if opts is None else DDP(m, **opts)
-            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-
-            def step() -> None:
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(m(x), y).backward()
-                opt.step()
-            return step
+            m = gpu_peers.vision_model(a.model, cpu, channels_last=True)
+            return gpu_peers.sgd_step(m if opts is None else DDP(m, **opts), x, y, "fp32", cpu, lr=0.01)
         return make
 
     cfg = TrainConfig(model=a.model, image_size=a.image_size, batch_size=a.batch_size, device="cpu").resolve("cpu")
-    out = {"no DDP": plain(None), "torch's DDP defaults": plain({}), "dlscale's DDP defaults": plain(ours),
-           "dlscale's step": lambda: build_setup(cfg, torch.device("cpu"), 0,
+    out = {"plain, no DDP": plain(None), "plain, torch's DDP defaults": plain({}),
+           "plain, DDP broadcast_buffers=False gradient_as_bucket_view=True (dlscale's defaults)": plain(ours),
+           "dlscale's short-test step under DDP with its defaults": lambda: build_setup(cfg, cpu, 0,
                                                  wrap_model=lambda m: DDP(m, **ddp_options(cfg))).step}
     if "batched_grad_copy" in inspect.signature(DDP.__init__).parameters:
-        out["dlscale's + batched_grad_copy"] = plain({**ours, "batched_grad_copy": True})
+        out["plain, dlscale's DDP defaults + batched_grad_copy"] = plain({**ours, "batched_grad_copy": True})
     return out
 
 
-def one_rank(a: argparse.Namespace) -> None:
+def run_ddp_ops(a: argparse.Namespace) -> None:
     """Operators per step and images per CPU-second by DDP variant, in this process (see the module doc)."""
     import collections
     import socket
@@ -115,6 +122,7 @@ def one_rank(a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     makers = variants(a)
     names = list(makers)
+    say_arms({n: n for n in names})
     rates: dict[str, list[float]] = {k: [] for k in names}
     ops: dict[str, collections.Counter] = {}
     for r in range(a.rounds):
@@ -133,19 +141,18 @@ def one_rank(a: argparse.Namespace) -> None:
             rates[name].append(a.batch_size * a.steps / (time.process_time() - t0))
     dist.destroy_process_group()
     for name in names:
-        added = {k: ops[name][k] - ops["no DDP"].get(k, 0) for k in sorted(ops[name])
-                 if ops[name][k] != ops["no DDP"].get(k, 0)}
-        ratio = statistics.median(x / y for x, y in zip(rates[name], rates["no DDP"]))
+        added = {k: ops[name][k] - ops[NO_DDP].get(k, 0) for k in sorted(ops[name])
+                 if ops[name][k] != ops[NO_DDP].get(k, 0)}
+        ratio = statistics.median(x / y for x, y in zip(rates[name], rates[NO_DDP]))
         print(f"{a.model}, {name}: {sum(ops[name].values())} operators per step, {statistics.median(rates[name]):.1f} "
               f"images per CPU-second (median over {a.rounds} rounds; {ratio:.3f} of no DDP, median of the rounds' "
               f"ratios); added by DDP: {added or 'none'}")
-    ours = [x / y for x, y in zip(rates["dlscale's step"], rates["dlscale's DDP defaults"])]
+    ours = [x / y for x, y in zip(rates[names[3]], rates[names[2]])]
     print(f"{a.model}: dlscale's step / the plain DDP loop's with the same options, per CPU-second: median "
           f"{statistics.median(ours):.3f} (min {min(ours):.3f}, max {max(ours):.3f}, {len(ours)} rounds)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -154,11 +161,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--ranks", default="1,2", help="rank counts, one job each")
     ap.add_argument("--threads", type=int, default=1, help="threads per rank")
-    ap.add_argument("--one-rank", action="store_true", help="operators and CPU time per step by DDP variant instead")
-    a = ap.parse_args()
-    if a.one_rank:
-        one_rank(a)
-        return
+
+
+add_ddp_ops_args = add_args
+
+
+def run(a: argparse.Namespace) -> None:
+    say_arms(ARMS)
     for ranks in (int(x) for x in a.ranks.split(",")):
         rows = job(a, ranks)
         for r in rows:
@@ -169,7 +178,3 @@ def main() -> None:
                 got = [r[num] / r[den] for r in rows]
                 print(f"{ranks} rank(s): median {num} / {den} {statistics.median(got):.3f} (min {min(got):.3f}, "
                       f"max {max(got):.3f}, {len(got)} rounds; {what})")
-
-
-if __name__ == "__main__":
-    main()

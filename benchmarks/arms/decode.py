@@ -1,4 +1,4 @@
-"""LLM decode, side by side: dlscale's decode modes and transformers' generate, eager and compiled, each for what it runs.
+"""`inference.py decode`: dlscale's decode modes and transformers' generate, eager and compiled, each for what it runs.
 
 Four arms (five on CUDA) on one model (the registered llm workload, random init from the seed, eval, inference_mode,
 greedy, a fixed output length), each prepared once before the rounds (compiles and captures excluded):
@@ -11,7 +11,8 @@ greedy, a fixed output length), each prepared once before the rounds (compiles a
   ``CompileConfig`` (fullgraph, the same Inductor mode; ``_compile_all_devices`` so that it compiles
   on a CPU too, which generate otherwise refuses): transformers' compiled decode, the compiled peer;
 - ``hf eager``: ``model.generate()`` with its DynamicCache and ``disable_compile=True`` (generate
-  compiles by itself only for a compileable cache on an accelerator; that is the switch): the eager peer;
+  compiles by itself only for a compileable cache on an accelerator; that is the switch): the eager peer
+  (both generate arms take their arguments and labels from gpu_peers.generate_kwargs, as gpu_check.sh's do);
 - on CUDA also ``dlscale graph-eager``: ``GraphDecoder`` (``--decode graph-eager``), the eager step's
   unfused kernels captured as one CUDA graph.
 
@@ -28,9 +29,9 @@ llama_tiny at batch 1, >= 3 on a GPU for llama_small at batch 1; ``--target``), 
 exits 1 on FAIL (different tokens also fail in fp32; in bf16/fp16 other kernels may flip an
 argmax that a random-init model's near-uniform logits leave almost tied, so there they are shown only).
 
-    .venv/bin/python benchmarks/llm_decode.py                                  # llama_tiny, CPU, fp32, batch 1
-    .venv/bin/python benchmarks/llm_decode.py --threads 1 --rounds 10          # on a shared machine
-    .venv/bin/python benchmarks/llm_decode.py --model llama_small --device cuda --precision bf16 --prompt-len 128
+    .venv/bin/python benchmarks/inference.py decode                             # llama_tiny, CPU, fp32, batch 1
+    .venv/bin/python benchmarks/inference.py decode --threads 1 --rounds 10     # on a shared machine
+    .venv/bin/python benchmarks/inference.py decode --model llama_small --device cuda --precision bf16 --prompt-len 128
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from dataclasses import replace
 
 import torch
 
+import gpu_peers
+from arms import say_arms
+
 os.environ.setdefault("DLSCALE_QUIET", "1")
 
 from dlscale import workloads  # noqa: E402
@@ -56,6 +60,13 @@ from dlscale.infer import limit  # noqa: E402
 from dlscale.infer.llm import llm_config  # noqa: E402
 from dlscale.domains.llm.workload import kv_bytes_per_position  # noqa: E402
 
+LABELS = {  # each arm as it runs; the generate arms' labels are gpu_peers.generate_kwargs' (set in hf_arm)
+    "dlscale compiled": "infer.decode.CompiledDecoder: StaticCache, the one-token step under torch.compile "
+                        "(Inductor default mode on a CPU, reduce-overhead = CUDA graphs on CUDA)",
+    "dlscale eager": "infer.decode.EagerDecoder: DynamicCache, one eager Python forward per token",
+    "dlscale graph-eager": "infer.decode.GraphDecoder (CUDA only): the eager step's unfused kernels captured as one "
+                           "CUDA graph, no compiler",
+}
 Arm = Callable[[], tuple[float | None, float, torch.Tensor]]  # -> (decode tokens/s or None, request s, tokens)
 
 
@@ -70,17 +81,10 @@ def dlscale_arm(decoder, prompt, n: int, device) -> Arm:
     return run
 
 
-def hf_arm(model, prompt, n: int, device, static: bool, mode: str) -> Arm:
-    from transformers import CompileConfig
-
-    kw = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "pad_token_id": 0, "use_cache": True,
-          "attention_mask": torch.ones_like(prompt)}
-    if static:
-        cc = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
-        cc._compile_all_devices = True  # transformers compiles only on accelerators unless told
-        kw.update(cache_implementation="static", compile_config=cc)
-    else:
-        kw.update(disable_compile=True)
+def hf_arm(model, prompt, n: int, device, mode: str) -> Arm:
+    """transformers' generate in ``mode`` (eager or compiled) as gpu_peers.generate_kwargs sets it; its label kept."""
+    kw, LABELS[f"hf {mode}"] = gpu_peers.generate_kwargs(mode, prompt, device)
+    kw.update(max_new_tokens=n, min_new_tokens=n)
 
     def run():
         synchronize(device)
@@ -113,12 +117,11 @@ def build(a: argparse.Namespace, device) -> tuple[dict[str, Arm], dict[str, floa
     net = w.build_in(cfg, device, autocast_dtype(a.precision) or torch.float32).eval()  # as dlscale infer makes it
     peer = copy.deepcopy(net)  # generate's compiled call lives on its own model
     prompt = w.make_batch(replace(cfg, batch_size=a.batch_size), device, a.seed)[0]
-    mode = "reduce-overhead" if device.type == "cuda" else "default"
     compiled, eager = CompiledDecoder(net, device, a.output_len), EagerDecoder(net, device, a.output_len)
     arms = {"dlscale compiled": dlscale_arm(compiled, prompt, a.output_len, device),
             "dlscale eager": dlscale_arm(eager, prompt, a.output_len, device),
-            "hf compiled": hf_arm(peer, prompt, a.output_len, device, True, mode),
-            "hf eager": hf_arm(peer, prompt, a.output_len, device, False, mode)}
+            "hf compiled": hf_arm(peer, prompt, a.output_len, device, "compiled"),
+            "hf eager": hf_arm(peer, prompt, a.output_len, device, "eager")}
     setup = {}
     t0 = time.perf_counter()
     compiled.prepare(prompt)
@@ -137,8 +140,7 @@ def build(a: argparse.Namespace, device) -> tuple[dict[str, Arm], dict[str, floa
     return arms, setup
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama_tiny")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
@@ -152,7 +154,9 @@ def main() -> None:
                     help="exit 1 when the median compiled/eager decode ratio is below it (default 1.3 on a CPU, 3 on CUDA)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default torch's); 1 keeps a shared machine's load out of OpenMP barriers")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -163,6 +167,7 @@ def main() -> None:
     copy_ref = limit.copy_bandwidth(device)  # before the models take memory
     with torch.inference_mode():
         arms, setup = build(a, device)
+        say_arms({k: LABELS[k] for k in arms})
         print("preparation (excluded): " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()), flush=True)
         names = list(arms)
         rate = {k: [] for k in names}
@@ -204,7 +209,7 @@ def main() -> None:
     ok = got >= target and (same or a.precision != "fp32")  # bf16/fp16 kernels may flip a near-tied argmax
     print(f"{'PASS' if ok else 'FAIL'}: compiled / eager decode {got:.3f} (target >= {target}), same tokens {same}"
           f"{'' if a.precision == 'fp32' else ' (checked in fp32 only)'}")
-    print(json.dumps({"benchmark": "llm_decode", "model": a.model, "device": a.device, "precision": a.precision,
+    print(json.dumps({"benchmark": "inference.py decode", "model": a.model, "device": a.device, "precision": a.precision,
                       "batch_size": a.batch_size, "prompt_len": a.prompt_len, "output_len": a.output_len,
                       "rounds": a.rounds, "gens": a.gens, "same_tokens": same, "setup_s": setup,
                       "decode_tokens_s": rate, "request_s": req, "against_limit": limits,
@@ -213,6 +218,3 @@ def main() -> None:
                       "passed": ok}))
     raise SystemExit(0 if ok else 1)
 
-
-if __name__ == "__main__":
-    main()

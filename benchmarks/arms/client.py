@@ -1,4 +1,4 @@
-"""dlscale serve-bench side by side with NVIDIA AIPerf on the same server and load, alternating A/B.
+"""`inference.py client`: dlscale serve-bench side by side with NVIDIA AIPerf on the same server and load, alternating A/B.
 
 Two servers, each on loopback:
 (a) dlscale's instant server (``serve.instant``) in its own process: every answer at once, so the TTFT
@@ -16,9 +16,9 @@ the server shares, a client's CPU is taken from the server.
 AIPerf comes from PyPI into its own venv (``--aiperf``, default /tmp/aiperf-venv/bin/aiperf; made with
 ``python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf``), never into dlscale's.
 
-    .venv/bin/python benchmarks/serving_peer.py --rounds 3 --requests 40 --concurrency 2
-    .venv/bin/python benchmarks/serving_peer.py --rounds 5 --servers transformers --pin   # server and clients apart
-    .venv/bin/python benchmarks/serving_peer.py --rounds 5 --servers transformers --burn  # + dlscale beside a spinner
+    .venv/bin/python benchmarks/inference.py client --rounds 3 --requests 40 --concurrency 2
+    .venv/bin/python benchmarks/inference.py client --rounds 5 --servers transformers --pin   # server and clients apart
+    .venv/bin/python benchmarks/inference.py client --rounds 5 --servers transformers --burn  # + dlscale beside a spinner
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # serve_model: the tiny Llama and tokenizer the tests serve
 
 
@@ -181,8 +181,7 @@ def compare(kind: str, url: str, model: str, tok: Path, a: argparse.Namespace, w
               f"{b['req_s']:.3f} req/s (medians)", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=2)
@@ -194,7 +193,14 @@ def main() -> None:
                                                       "a client's CPU no longer taken from the server's core")
     ap.add_argument("--burn", action="store_true", help="a third arm: dlscale with a process spinning beside it, "
                                                        "to see what a client's CPU takes from a server on the same cores")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    from arms import say_arms
+
+    say_arms({"dlscale": "dlscale serve-bench (streamed /v1/completions, its own client)",
+              "aiperf": f"NVIDIA AIPerf profile from {a.aiperf} (streamed completions, --use-server-token-count)",
+              **({"dlscale+burn": "dlscale serve-bench beside a process spinning on the client's CPU"} if a.burn else {})})
     if a.pin:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
@@ -214,6 +220,3 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(60)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""What dlscale's microbenchmark harness costs: its figures against hand-written timing loops.
+"""`overhead.py micro`: what dlscale's microbenchmark harness costs: its figures against raw timing loops.
 
 Two comparisons, each A/B alternating in the same process(es), ``--rounds`` times:
 
@@ -13,7 +13,7 @@ Two comparisons, each A/B alternating in the same process(es), ``--rounds`` time
 A ratio is dlscale / raw per round (which runs first alternates by round); the median over
 rounds is reported with the min and max.
 
-    .venv/bin/python benchmarks/micro_overhead.py [--gemm 1024] [--size 4M] [--rounds 5]
+    .venv/bin/python benchmarks/overhead.py micro [--gemm 1024] [--size 4M] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 
@@ -118,31 +117,44 @@ def report(what: str, pairs: list[tuple[float, float]], target: float) -> None:
           f"(min {min(r):.3f}, max {max(r):.3f}, {len(r)} rounds; target >= {target})", flush=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ARMS = {"dlscale gemm": "micro.gemm.build_gemm fp32 (eager) timed by micro.harness.timed_reps, its rate by harness.rates",
+        "raw gemm": "torch.matmul(a, b, out=c) fp32, eager, one perf_counter around the loop",
+        "dlscale all_reduce": "micro.coll_worker.time_collective over collectives.Buffers, in-place, 2 ranks",
+        "raw all_reduce": "dist.all_reduce loop: warm-up, barrier, N calls, one perf_counter, 2 ranks"}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm", type=int, default=1024, help="square GEMM size")
     p.add_argument("--gemm-iters", type=int, default=10)
     p.add_argument("--size", default="4M", help="all_reduce bytes (8, 64K, 4M)")
     p.add_argument("--iters", type=int, default=20, help="all_reduce iterations per round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args()
-    from dlscale.micro.collectives import parse_size
 
-    if a.worker:
-        allreduce_worker(parse_size(a.size), a.iters, a.rounds)
-        return 0
-    report(f"GEMM {a.gemm}^3 fp32, {a.gemm_iters} iterations, TFLOP/s",
-           gemm_rounds(a.gemm, a.gemm_iters, a.rounds), 0.98)
+
+def run(a: argparse.Namespace) -> int:
+    from arms import say_arms
     from dlscale.distributed.launch import run_torchrun
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     from dlscale.layout import Layout
 
-    return run_torchrun("micro_overhead", ["--worker", "--size", a.size, "--iters", str(a.iters),
-                                           "--rounds", str(a.rounds)], Layout(nproc_per_node=2), timeout_s=900)
+    say_arms(ARMS)
+    report(f"GEMM {a.gemm}^3 fp32, {a.gemm_iters} iterations, TFLOP/s",
+           gemm_rounds(a.gemm, a.gemm_iters, a.rounds), 0.98)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: arms.micro's ranks import it
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    return run_torchrun("arms.micro", ["--worker", "--size", a.size, "--iters", str(a.iters),
+                                       "--rounds", str(a.rounds)], Layout(nproc_per_node=2), timeout_s=900)
+
+
+def worker() -> None:
+    """One rank of the all_reduce A/B (``python -m arms.micro --worker ...`` under torchrun)."""
+    from dlscale.micro.collectives import parse_size
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    add_args(p)
+    a = p.parse_args()
+    allreduce_worker(parse_size(a.size), a.iters, a.rounds)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    worker()

@@ -1,4 +1,4 @@
-"""How large the injected faults look to dlscale's measurements, side by side on this machine.
+"""`faults.py magnitudes`: how large the injected faults look to dlscale's measurements, side by side on this machine.
 
 Three faults, each measured A/B alternating (the order rotates every round, so load drifting on a
 shared machine falls on both sides alike):
@@ -12,7 +12,7 @@ shared machine falls on both sides alike):
 3. One slow link: ``dlscale micro links`` over three emulated nodes at --link, healthy and with
    node 2's link 10x slower; each run's slowest link (node and fraction of the median).
 
-    .venv/bin/python benchmarks/node_faults.py --rounds 3
+    .venv/bin/python benchmarks/faults.py magnitudes --rounds 3
 
 Needs root, iproute2 and a cgroup cpu controller (v1 or v2).
 """
@@ -84,8 +84,7 @@ def links_run(link: str, slow: str | None, sizes: str, db: str) -> dict:
     return json.loads(r.stdout)["metrics"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", type=float, default=0.5, help="CPU seconds of each probe")
     ap.add_argument("--quota", type=float, default=0.5, help="cores of the quota in part 1")
@@ -93,7 +92,9 @@ def main() -> None:
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--slow-link", default="100mbit")
     ap.add_argument("--sizes", default="256K,2M")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
 
     ratios = []
@@ -125,6 +126,3 @@ def main() -> None:
                       f"({m['link_busbw_min']:.4f} / {m['link_busbw_median']:.4f} GB/s)", flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Does `dlscale accept` catch injected faults, and pass a healthy machine? False alarms and misses, counted.
+"""`faults.py accept`: does `dlscale accept` catch injected faults, and pass a healthy machine? False alarms and misses, counted.
 
 The issue's proof, each scenario its own results database so baselines never mix:
 
@@ -19,8 +19,8 @@ it with the load average: a 0.5-core quota shows only where a process gets more 
 acceptance runs its processes with one thread (OMP_NUM_THREADS=1, as tests/test_accept.py): on a
 shared 2-core machine two threads of one op stall each other and swing a rate 3x between runs.
 
-    .venv/bin/python benchmarks/accept_faults.py --healthy 10 --rounds 3
-    .venv/bin/python benchmarks/accept_faults.py --only a --spec quick     # (a) with the built-in --quick
+    .venv/bin/python benchmarks/faults.py accept --healthy 10 --rounds 3
+    .venv/bin/python benchmarks/faults.py accept --only a --spec quick     # (a) with the built-in --quick
 
 Needs root, iproute2 and a cgroup cpu controller for (b)-(d).
 """
@@ -44,7 +44,7 @@ checks:
   train: {{model: resnet18, image_size: 32, batch_size: 16, steps: 12, warmup_steps: 2, breakdown_steps: 0,
           monitor_interval: 0, timeout: 300}}
 """
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ALONE = EXAMPLES / "accept-node-cpu.yaml"  # (c): the short test alone, sustained enough for a quota to show
 NODES = EXAMPLES / "accept-links.yaml"  # (d): all_reduce across the nodes and every node's link
 PROBE = ("import time\nc, w = time.process_time(), time.perf_counter()\nwhile time.process_time() - c < 0.3:\n"
@@ -174,8 +174,7 @@ def scenario_d(t: Tally, tmp: Path, rounds: int, link: str, slow: str) -> None:
             t.fault_run(f"(d) node 2 at {slow} {r + 1}", doc, named and links == {"node 2's link"})
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--healthy", type=int, default=10, help="healthy runs after the baseline in (a)")
     ap.add_argument("--rounds", type=int, default=3, help="faulty runs of (b), (c) and (d) each")
     ap.add_argument("--only", default="abcd", help="the scenarios to run, e.g. a or bcd")
@@ -184,7 +183,14 @@ def main() -> None:
     ap.add_argument("--quota", type=float, default=0.5, help="cores of (b)'s quota and of node 0 in (c)")
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--slow-link", default="100mbit")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    from arms import say_arms
+
+    say_arms({"healthy": "dlscale accept (one thread a process), no fault: any FAIL is a false alarm",
+              "faulty": "the same acceptance with one fault injected: a CPU quota (b), one node's quota halved (c) "
+                        "or one node's link 10x slower (d); a run without the expected FAIL is a miss"})
     print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; one CPU-bound process "
           f"gets {share():.2f} cores; {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
     t = Tally()
@@ -209,6 +215,3 @@ def main() -> None:
     print(f"false alarms: {t.false} of {t.healthy} healthy runs had a FAIL; misses: {t.missed} of {t.faults} "
           f"injected faults not caught; load average at the end {os.getloadavg()[0]:.2f}")
 
-
-if __name__ == "__main__":
-    main()

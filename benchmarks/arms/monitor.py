@@ -1,4 +1,4 @@
-"""Training throughput with dlscale's resource monitor on vs off, side by side.
+"""`overhead.py monitor`: training throughput with dlscale's resource monitor on vs off, side by side.
 
 One model, optimizer and batch (dlscale's own training step); rounds alternate on/off then
 off/on so drift on the machine hits both. Each window times ``--steps`` steps with the harness's
@@ -6,8 +6,8 @@ off/on so drift on the machine hits both. Each window times ``--steps`` steps wi
 Prints the ratio on/off (median over rounds and pooled; the target is >= 0.99) and the sampler's
 own cost (CPU time of one sample over the interval), which noise on a shared machine cannot hide.
 
-    python benchmarks/monitor_overhead.py
-    python benchmarks/monitor_overhead.py --model tinycnn --image-size 32 --steps 400 --rounds 10 --threads 1
+    python benchmarks/overhead.py monitor
+    python benchmarks/overhead.py monitor --model tinycnn --image-size 32 --steps 400 --rounds 10 --threads 1
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from dlscale.monitor import Monitor
 from dlscale.train.shorttest import build_setup
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -33,7 +32,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    from arms import say_arms
+
+    say_arms({"on": f"dlscale's short-test step (eager) under timed_loop, the Monitor sampling every {a.interval} s",
+              "off": "the same step and loop, no Monitor"})
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = TrainConfig(model=a.model, batch_size=a.batch_size, image_size=a.image_size, device="cpu").resolve("cpu")
@@ -69,6 +74,3 @@ def main() -> None:
     print(f"one sample costs {per_sample * 1e3:.2f} ms of CPU: {per_sample / a.interval:.3%} of one core at a "
           f"{a.interval} s interval")
 
-
-if __name__ == "__main__":
-    main()

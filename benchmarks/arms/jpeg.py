@@ -1,4 +1,4 @@
-"""Decode+augment images per second per core: dlscale's loader path vs plain PIL + torchvision.transforms.
+"""`overhead.py jpeg`: decode+augment images per second per core: dlscale's loader path vs plain PIL + torchvision.transforms.
 
 Both decode the same JPEG files and apply the standard training transforms (RandomResizedCrop
 to ``--image-size``, horizontal flip, float conversion, ImageNet normalisation), one image at a
@@ -7,8 +7,8 @@ other load on the machine does not count against either. Rounds alternate A/B th
 prints dlscale's uint8 path (normalisation left to the device, as ``dlscale train`` does on GPUs).
 The target is dlscale / PIL >= 1.0.
 
-    python benchmarks/decode.py                      # makes 200 synthetic 224 px JPEGs in a temp dir
-    python benchmarks/decode.py --data /path/to/imagenet --images 500
+    python benchmarks/overhead.py jpeg                      # makes 200 synthetic 224 px JPEGs in a temp dir
+    python benchmarks/overhead.py jpeg --data /path/to/imagenet --images 500
 """
 
 from __future__ import annotations
@@ -29,14 +29,20 @@ def per_core(fn, items) -> float:
     return len(items) / (time.thread_time() - c0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--data", help="dataset root (ROOT/train/<class>/*.jpg); default: make one")
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--size", type=int, default=224, help="height of the images made when --data is not given")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--rounds", type=int, default=4)
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    from arms import say_arms
+
+    say_arms({"dlscale": "data.loader.JpegDataset (train transforms, normalised on the host), one thread",
+              "PIL": "PIL decode + torchvision.transforms RandomResizedCrop, flip, ToTensor, Normalize, one thread",
+              "dlscale-uint8": "JpegDataset without normalisation (left to the device), one thread; not in the ratio"})
     torch.set_num_threads(1)
     from PIL import Image
     from torchvision import transforms as T
@@ -76,6 +82,3 @@ def main() -> None:
     print(f"ratio dlscale / PIL: median {statistics.median(ratios):.3f} (target >= 1.0); "
           f"uint8 path / PIL {statistics.median(r_u8) / statistics.median(r_pil):.3f}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,14 +1,14 @@
-"""What dlscale's time-to-accuracy training loop costs: its epoch throughput against a bare loop.
+"""`overhead.py tta`: what dlscale's time-to-accuracy training loop costs: its epoch throughput against the plain loop.
 
 A: ``dlscale.tta.loop.train_epoch`` (LR set from the schedule every step, the loss summed on
-the device, read and checked once per epoch). B: a hand-written loop over the same batches
-(zero_grad, forward, cross-entropy, backward, step; nothing else). Both train tinycnn on the
+the device, read and checked once per epoch). B: the plain loop over the same batches
+(gpu_peers.sgd_step: forward, cross-entropy, backward, SGD step, eager; nothing else). Both train tinycnn on the
 same in-memory batches of the digits (decoded once, so the data pipeline is out of the
 comparison) from the same initial weights, one thread. A/B alternate, the first of each round
 alternating; the ratio A/B of epoch throughputs is reported per round with the median.
 Target: ratio >= 0.97.
 
-    .venv/bin/python benchmarks/tta_loop.py [--rounds 7] [--data /tmp/digits]
+    .venv/bin/python benchmarks/overhead.py tta [--rounds 7] [--data /tmp/digits]
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import tempfile
 import time
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--data", default=None, help="a digits tree (default: made in a temporary directory)")
-    args = ap.parse_args()
 
+
+def run(args: argparse.Namespace) -> None:
     import torch
-    import torch.nn.functional as F
 
+    import gpu_peers
+    from arms import say_arms
     from dlscale import workloads
     from dlscale.data.loader import build_loader
     from dlscale.domains.classification.digits import make_digits
@@ -54,24 +55,22 @@ def main() -> None:
         return n / (time.perf_counter() - t)
 
     def bare() -> float:
-        m, opt = fresh()
-        m.train()
+        torch.manual_seed(0)
+        m = workloads.get("tinycnn").builder(10).to(memory_format=torch.channels_last).train()
+        step = gpu_peers.sgd_step(m, *batches[0], "fp32", cpu, lr=0.05)
         t = time.perf_counter()
         for x, y in batches:
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(m(x), y).backward()
-            opt.step()
+            step(x, y)
         return n / (time.perf_counter() - t)
 
+    say_arms({"dlscale": "tta.loop.train_epoch: tinycnn fp32, eager, SGD, the LR from the schedule every step",
+              "plain": gpu_peers.sgd_label("fp32") + " over the same batches, tinycnn"})
     ours(), bare()  # warm-up: first-call allocations and oneDNN primitive creation
     ratios = []
     for r in range(args.rounds):
         a, b = (ours(), bare()) if r % 2 == 0 else tuple(reversed((bare(), ours())))
         ratios.append(a / b)
-        print(f"round {r + 1}: dlscale {a:8.1f} samples/s  bare {b:8.1f} samples/s  ratio {a / b:.3f}")
+        print(f"round {r + 1}: dlscale {a:8.1f} samples/s  plain {b:8.1f} samples/s  ratio {a / b:.3f}")
     print(f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
           f"over {args.rounds} rounds, {len(batches)} steps of 32 per epoch")
 
-
-if __name__ == "__main__":
-    main()

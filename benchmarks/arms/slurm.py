@@ -1,4 +1,4 @@
-"""The same layouts through Slurm and emulated without it: 2x1 and 3x1 side by side, interleaved.
+"""`predict_validation.py slurm`: the same layouts through Slurm and emulated without it: 2x1 and 3x1 side by side, interleaved.
 
 Starts a rehearsal Slurm of three nodes (dlscale.cluster: each node in its own network namespace, its
 links shaped at --link), then per round runs every layout both ways in a rotated order:
@@ -13,7 +13,7 @@ what differs is who starts the ranks (Slurm's srun and slurmstepd, or dlscale) a
 Prints each layout's median throughput both ways and the ratio slurm / emulated, and every run's
 figure. Needs root, slurm-wlm, munge and iproute2.
 
-    .venv/bin/python benchmarks/slurm_nodes.py --rounds 3
+    .venv/bin/python benchmarks/predict_validation.py slurm --rounds 3
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import tempfile
 from pathlib import Path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -38,8 +37,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--nodes", default="2,3", help="the layouts' node counts (one rank per node)")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    from arms import say_arms
     from dlscale.cluster import SlurmCluster
+
+    say_arms({"slurm": "a one-point `dlscale sweep --executor slurm` job: srun, torchrun per node, c10d rendezvous",
+              "emulated": "`dlscale train --emulate-nodes N`: dlscale's launcher, static rendezvous"})
 
     work = Path(tempfile.mkdtemp(prefix="slurm-nodes-"))
     db = str(work / "runs.db")
@@ -84,6 +89,3 @@ def run(way: str, nodes: int, test: dict, link: str, db: str, work: Path, env: d
         raise SystemExit(f"the emulated run failed: {p.stderr[-2000:]}")
     return float(json.loads(p.stdout)["metrics"]["throughput"])
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""A served LLM measured by `dlscale serve-bench`: `transformers serve` with continuous batching on a zoo shape.
+"""`inference.py serve`: a served LLM measured by `dlscale serve-bench`: `transformers serve` with continuous batching on a zoo shape.
 
 Writes the shape's local model folder (random weights in its dtype and a word-level tokenizer of its
 vocabulary: dlscale.serve.localmodel; nothing downloaded), starts `transformers serve FOLDER
@@ -7,8 +7,8 @@ concurrency with an SLO (goodput: the requests meeting it; joules per output tok
 energy counters, which serve-bench reads where the server runs here), prints serve-bench's JSON record
 on stdout and stops the server. Progress and the server's log tail (on failure) go to stderr.
 
-    python benchmarks/serve_llm.py --model llama_7b --precision bf16 --device cuda           # the GPU check's
-    python benchmarks/serve_llm.py --model llama_tiny --precision fp32 --device cpu --concurrencies 1,2 \
+    python benchmarks/inference.py serve --model llama_7b --precision bf16 --device cuda           # the GPU check's
+    python benchmarks/inference.py serve --model llama_tiny --precision fp32 --device cpu --concurrencies 1,2 \
         --requests 6 --prompt-len 16 --output-len 8 --slo ttft=60,tpot=10                     # its CPU dry run
 
 Needs transformers' `serving` extra (fastapi, uvicorn, openai, pydantic and theirs): a machine without
@@ -27,13 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from serving_peer import free_port, wait_up  # the same loopback port and start-up wait
+from arms.client import free_port, wait_up  # the same loopback port and start-up wait
 
 CPU_KV_CACHE = ("--cb-num-blocks", "64", "--cb-block-size", "32", "--cb-max-batch-tokens", "256")  # as the tests'
 
 
 def say(msg: str) -> None:
-    print(f"serve_llm: {msg}", file=sys.stderr, flush=True)
+    print(f"inference.py serve: {msg}", file=sys.stderr, flush=True)
 
 
 def missing_serving() -> list[str]:
@@ -95,8 +95,7 @@ def bench(a: argparse.Namespace, url: str, folder: Path) -> int:
     return subprocess.run(cmd).returncode  # its JSON record straight to our stdout
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama_7b")
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -109,7 +108,9 @@ def main() -> int:
     ap.add_argument("--slo", default="mlperf-llama3.1-8b", help="serve-bench's --slo: a preset or ttft=S,tpot=S")
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--db", default=None, help="serve-bench's --db (default: $DLSCALE_DB)")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> int:
     missing = missing_serving()
     if missing:
         say(f"transformers serve needs its serving extra; missing here: {', '.join(missing)} (carry the wheels of "
@@ -124,6 +125,3 @@ def main() -> int:
         finally:
             stop(proc)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Per-rank A/B of dlscale's data-parallel short test against a plain DDP loop, alternating in one job.
 
-Started by benchmarks/ddp_overhead.py under torchrun (1 or 2 ranks, gloo). Each round runs, in the same
+Started by `benchmarks/overhead.py ddp` (arms/ddp.py) under torchrun as ``python -m arms.ddp_worker`` (1 or 2 ranks, gloo). Each round runs, in the same
 processes and in an order rotated round by round:
 
 - ``dlscale``: ``dlscale.distributed.worker.data_parallel_short_test``, exactly what every rank of
