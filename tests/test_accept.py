@@ -95,6 +95,7 @@ def test_a_healthy_run_after_a_healthy_baseline_passes(cli_subprocess, db_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_check_whose_run_fails_is_an_error_and_exits_1(cli_subprocess, db_path, tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("checks:\n  collectives: {sizes: 64K, plant_wrong: all_reduce, threads_per_rank: 1, timeout: 120}\n")

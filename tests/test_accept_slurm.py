@@ -123,6 +123,7 @@ def _rdzv_job_id() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_nodes_run_the_checks_across_them_as_one_job_then_each_its_own(db_path, tmp_path):
     # the job's two tasks, started as srun starts them (one per node; both nodes are this host here)
     shapes = tmp_path / "g.csv"
@@ -204,6 +205,7 @@ def test_waiting_through_a_controller_outage_says_when_it_begins_and_ends(db_pat
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_slurm_acceptance_records_its_runs_and_judges_them_as_a_local_one(slurm_cluster, db_path, tmp_path):
     shapes = tmp_path / "g.csv"
     shapes.write_text("m,n,k,a_t,b_t\n256,256,256,0,0\n")

@@ -97,6 +97,7 @@ def _tta_args(data, ckpt, db):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill_at_epoch_2_then_resume_matches_uninterrupted(digits_root, tmp_path, cli):
     """SIGKILL once the epoch-2 checkpoint exists; --resume then ends where an uninterrupted run ends."""
     db = tmp_path / "r.db"

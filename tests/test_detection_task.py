@@ -286,6 +286,7 @@ def test_mlperf_keys_are_the_retinanet_rules_and_problems_are_named(made):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tiny_detector_reaches_a_test_target_through_dlscale_tta(tmp_path):
     """The whole loop on a quarter-size made dataset (128 train images): mAP 0.05 within 12 epochs.
 

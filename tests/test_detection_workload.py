@@ -130,6 +130,7 @@ def test_conv_backward_flops_by_hand():
     assert conv_backward_flops([2, 16, 10, 10], [2, 16, 10, 10], [16, 1, 3, 3]) == 2 * 2 * (2 * 100 * 16 * 9)
 
 
+@pytest.mark.long
 def test_counted_flops_match_torchvision_published_figure():
     """SSD300 at its fixed 300x300 input: torchvision's "_ops" (GFLOPS, one multiply-add counted once)
     is 34.858; FlopCounterMode counts 2 per multiply-add, and train-mode SSD runs the same
@@ -151,6 +152,7 @@ def test_counted_flops_match_torchvision_published_figure():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DETECTORS)
+@pytest.mark.long
 def test_smoke_shape_trains_a_few_steps(name):
     """Three SGD steps on the smoke shape's fixed batch, as the short test runs them; the FLOPs count there too."""
     import torch
@@ -177,6 +179,7 @@ def test_smoke_shape_trains_a_few_steps(name):
     assert fl["train"] > fl["forward"] > 0
 
 
+@pytest.mark.long
 def test_smallest_detector_loss_decreases(tmp_path):
     rec = api.train(model="ssdlite", image_size=32, batch_size=2, steps=15, warmup_steps=1, lr=0.01,
                     db=str(tmp_path / "r.db"), **QUIET)
@@ -187,6 +190,7 @@ def test_smallest_detector_loss_decreases(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_rank_ddp(tmp_path):
     from dlscale.layout import Layout
 

@@ -335,6 +335,7 @@ def test_one_launcher_failing_ends_the_others_whatever_their_order():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_runs_in_one_launched_process_share_its_process_group(db_path, tmp_path):
     script = tmp_path / "twice.py"
     script.write_text("from dlscale import api\nfor i in range(2):\n    api.train(model='tinycnn', image_size=16, "

@@ -83,6 +83,7 @@ def test_bad_values_name_the_variable():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_run_started_by_a_simulated_mpirun(db_path):
     """Two processes with mpirun's variables, no torchrun: rank 0 alone prints and stores."""
     with socket.socket() as s:

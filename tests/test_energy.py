@@ -227,6 +227,7 @@ class RampingCounter:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_rank_run_reports_joules_per_image_from_a_wrapping_counter(tmp_path, no_counters, monkeypatch,
                                                                        cli_subprocess):
     """Two CPU ranks on one host share its package: its energy is counted once. The fake counter
@@ -250,6 +251,7 @@ def test_two_rank_run_reports_joules_per_image_from_a_wrapping_counter(tmp_path,
     assert m["energy_j"] == pytest.approx(10.0 * raw["energy"]["seconds"][0], rel=0.3)
 
 
+@pytest.mark.long
 def test_one_process_run_with_a_counter(tmp_path, no_counters, monkeypatch, db_path):
     from dlscale import api
 
@@ -348,6 +350,7 @@ def test_imported_power(tmp_path):
     assert tta.metrics["energy_to_target_kwh"] == pytest.approx(3.0) and tta.metrics["avg_power_w"] == pytest.approx(6000)
 
 
+@pytest.mark.long
 def test_llm_decode_joules_per_generated_token(tmp_path, no_counters, monkeypatch):
     from dlscale.infer.llm import run_llm_inference
 

@@ -73,6 +73,7 @@ def test_shape_option_on_the_wrong_family_exits_2_with_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_fsdp_on_two_ranks_records_parallelism_and_memory_per_rank(tmp_path):
     from dlscale import api
     from dlscale.layout import Layout
@@ -104,6 +105,7 @@ def test_a_sweep_over_families_checks_each_point_by_its_family(cli, db_path, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_llama_ddp_and_fsdp_with_checkpointing_on_two_ranks(tmp_path):
     """One LLM through both parallelisms on two gloo ranks: same tokens per step, FSDP sharded per decoder layer."""
     from dlscale import api
@@ -122,6 +124,7 @@ def test_llama_ddp_and_fsdp_with_checkpointing_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_scale_ladder_of_a_translation_model_counts_target_tokens(tmp_path):
     """scale runs any family: the rungs' throughput and the summary's figures are in tokens/s."""
     from dlscale import api

@@ -69,6 +69,7 @@ def _session(precision: str = "fp32", runtime: str = "torch", model: str = "tiny
 
 @pytest.mark.isa
 @pytest.mark.slow
+@pytest.mark.long
 def test_int8_output_is_close_to_fp32():
     """PT2E int8 (x86 inductor quantizer, compiled) against fp32 on the same 16 samples: the largest
     logit difference is within 5% of the fp32 logits' range, and top-1 agrees on at least 14 of 16."""
@@ -211,6 +212,7 @@ def test_config_resolves_shape_and_refuses_what_the_device_cannot_run():
 
 @pytest.mark.isa
 @pytest.mark.slow
+@pytest.mark.long
 def test_int8_resnet18_quantises_its_shared_relu_and_stays_close():
     """ResNet reuses one ReLU module per block: strict export keeps one partition per call, which the
     x86 quantizer needs. The converted (uncompiled, reference-kernel) int8 graph at 32 px against fp32

@@ -87,6 +87,7 @@ def test_bad_modes_are_refused_in_one_line(decode, compile, device, words):
 
 
 # -- same tokens as eager -------------------------------------------------------------------------------
+@pytest.mark.long
 def test_static_modes_give_the_eager_tokens_at_each_batch_and_prompt_length(tiny):
     """Batch 1 and 3, prompt 8 then 5 tokens, one decoder of each mode reused across them (as a run's
     batch sizes reuse it): the same greedy tokens, twice over (the static cache is reset in place),

@@ -289,6 +289,7 @@ def test_the_table_and_the_record_say_the_decode_mode(cli, db_path):
     assert "compile time" not in r.stdout
 
 
+@pytest.mark.long
 def test_compile_runs_the_compiled_decode_and_keeps_the_eager_tokens(cli, db_path, monkeypatch, tmp_path):
     """--compile is --decode compiled: a static cache and a compiled step (traced here by Dynamo's eager
     backend, on a one-layer llama_tiny: the wiring, not Inductor, is under test), one compile per batch

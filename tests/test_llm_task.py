@@ -290,6 +290,7 @@ def test_mlperf_keys_and_closed_division_problems(made):
 
 # -- training to a target ---------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_llama_tiny_learns_the_chain_to_a_test_target(tmp_path):
     """dlscale tta end to end at a test-only target, 1.5 nats/token (a unigram model gets about
     ln 256 = 5.5, the chain 0.67), on a tenth-size dataset with 32-token windows: llama_tiny learns

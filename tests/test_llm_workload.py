@@ -29,6 +29,7 @@ def _usage_error(**fields) -> str:
 
 
 # -- training ----------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_llama_tiny_trains_with_decreasing_loss(tmp_path):
     """A few AdamW steps on one fixed batch: finite loss that falls (the batch is memorised), tokens/s."""
     from dlscale import api

@@ -177,6 +177,7 @@ def test_two_rank_gloo_sweep_every_op_correct(cli, db_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_planted_wrong_result_exits_1_and_is_recorded(cli, db_path):
     r = cli("micro", "collectives", "--ops", "all_reduce,reduce", "--sizes", "8,64", "--iters", "2",
             "--warmup", "0", "--plant-wrong", "reduce")
@@ -279,6 +280,7 @@ def test_min_busbw_gate_and_wrong_count_fail_the_body(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_all_reduce_over_two_emulated_nodes_and_a_1gbit_link(cli, db_path):
     from conftest import namespaces_left, need_system
     from dlscale.distributed import netns

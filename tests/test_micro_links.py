@@ -129,6 +129,7 @@ def test_report_names_the_slowest_link():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_three_emulated_nodes_with_one_link_10x_slower_name_it(cli, db_path):
     from conftest import namespaces_left, need_system
     from dlscale.distributed import netns

@@ -39,6 +39,7 @@ def test_closed_division_rules():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_small_run_log_passes_official_checker(cli, digits_root, tmp_path, db_path):
     log = tmp_path / "mlperf.log"
     res = cli("tta", "tinycnn", "--data", str(digits_root), "--image-size", "16", "--target-top1", "0.9",
@@ -78,6 +79,7 @@ def test_mlperf_log_warns_when_config_breaks_closed_rules(cli, digits_root, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_interrupted_then_resumed_runs_log_passes_the_checker(cli, digits_root, tmp_path, db_path):
     """Ctrl-C in epoch 3 writes the attempt's run_stop (aborted); --resume cuts the log back to its
     epoch-2 checkpoint, so the log holds one run and passes; the lost part of epoch 3 is in the time."""

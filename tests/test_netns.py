@@ -245,6 +245,7 @@ with open(os.path.join(os.environ["PROBE_DIR"], os.environ["RANK"] + ".json"), "
 
 @needs_netns
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_node_under_half_the_cpu_quota_runs_its_ranks_slower(tmp_path):
     """Two emulated nodes, node 1's torchrun and rank under half node 0's CPU quota (0.25 against
     0.5 cores): the same CPU work takes node 1's rank about twice as long. Node 1 never gets more

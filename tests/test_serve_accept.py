@@ -19,6 +19,7 @@ checks:
     return str(p)
 
 
+@pytest.mark.long
 def test_serving_check_judges_goodput_against_the_spec(tmp_path, db_path):
     with InstantServer(model="m") as srv:
         ok = accept.run_suite(_spec(tmp_path, srv.url, 0.001), out_dir=str(tmp_path / "a"))

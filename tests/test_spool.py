@@ -90,6 +90,7 @@ def test_a_finished_run_outlives_its_database(own_server, home, cli, monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_distributed_run_outlives_its_database(own_server, home, cli):
     url = own_server.url(dbname := own_server.createdb())
     env = {**os.environ, "DLSCALE_TEST_MARK": f"spool-{os.getpid()}"}

@@ -115,6 +115,7 @@ def _records_by_point(db: Path) -> dict[str, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path):
     if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
         pytest.skip("vm.overcommit_memory=1 would let the out-of-memory point allocate instead of failing at once")
@@ -141,6 +142,7 @@ def _alive_with(point_hash: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill_9_mid_sweep_then_resume_runs_every_point_exactly_once(tmp_path):
     db = tmp_path / "runs.db"
     f = _write(tmp_path, "name: killed\n" + TINY + "matrix:\n  batch_size: [4, 8]\n")

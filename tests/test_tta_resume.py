@@ -53,6 +53,7 @@ def _kill_after_epoch(args: list[str], ck, epoch: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("domain", list(DOMAINS))
+@pytest.mark.long
 def test_kill_then_resume_matches_the_uninterrupted_run(domain, tmp_path, cli):
     model, scale, extra, target = DOMAINS[domain]
     data = "CartPole-v1"
@@ -80,6 +81,7 @@ def test_kill_then_resume_matches_the_uninterrupted_run(domain, tmp_path, cli):
     ("recommendation", "ncf", 0.2, ["--batch-size", "512"], "0.4"),
     ("translation", "transformer_tiny", 0.1, ["--batch-size", "16", "--lr", "0.002"], "20"),
 ])
+@pytest.mark.long
 def test_two_gloo_ranks_reach_the_target_and_split_the_speedup(domain, model, scale, extra, target, tmp_path, cli,
                                                                 db_path):
     """Two ranks on gloo (DDP) train one model to the target; the speed-up over the one-rank run of
