@@ -314,7 +314,7 @@ def test_energy_to_target_is_the_joules_at_the_target_point():
 
     c = SetCounter()
     p = Progress(t0=0.0, prior_j=50.0)  # resumed: 50 J before the checkpoint
-    p.meter = EnergyMeter(found=counters.Found([c]))
+    p.meter = EnergyMeter(found=counters.DeviceCounters([c]))
     p.meter.begin()
     s = SimpleNamespace(progress=p, ranks=Ranks())
     points = []
@@ -329,7 +329,7 @@ def test_energy_to_target_is_the_joules_at_the_target_point():
     assert m["energy_to_target_kwh"] == pytest.approx((50 + 3.6e6 + 7.2e6) / 3.6e6)  # 3.0000139 kWh
     assert u == {"energy_j": "J", "energy_to_target_kwh": "kWh"} and raw["energy"]["source"] == "rapl"
     none = Progress(t0=0.0)
-    none.meter = EnergyMeter(found=counters.Found([], "no counter: here"))
+    none.meter = EnergyMeter(found=counters.DeviceCounters([], "no counter: here"))
     none.curve = [{"energy_j": None}]
     m, _, raw = energy_outcome(none)
     assert m == {} and raw["energy"]["reason"] == "no counter: here"

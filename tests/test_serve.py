@@ -205,11 +205,11 @@ def test_energy_and_cost_per_million_output_tokens(db_path, monkeypatch):
     """Each point's J per output token from the server's counters, and $ per 10^6 output tokens at a price."""
     from dlscale import api
     from dlscale.harness.energy_meter import EnergyMeter
-    from dlscale.monitor.energy_counters import Found
+    from dlscale.monitor.energy_counters import DeviceCounters
     from dlscale.serve import serving_run
     from dlscale.serve.instant import InstantServer
 
-    monkeypatch.setattr(serving_run, "energy_meter", lambda cfg: EnergyMeter(found=Found([_TenJoulesPerRead()])))
+    monkeypatch.setattr(serving_run, "energy_meter", lambda cfg: EnergyMeter(found=DeviceCounters([_TenJoulesPerRead()])))
     with InstantServer(model="m") as srv:
         rec = api.serve_bench(srv.url, "m", requests=5, warmup=0, calibrate=False, output_len="4", prompt_len="4",
                               price=3.6, server_devices=2)

@@ -15,14 +15,14 @@ import threading
 import time
 from typing import Any
 
-from dlscale.monitor.energy_counters import Counter, Found, counters_for
+from dlscale.monitor.energy_counters import Counter, DeviceCounters, counters_for
 
 UNITS = {"energy_j": "J", "energy_per_unit_j": "J/{unit}", "units_per_joule": "{unit}/J", "avg_power_w": "W",
          "energy_to_target_kwh": "kWh"}
 
 
 class EnergyMeter:
-    def __init__(self, device: Any = None, found: Found | None = None):
+    def __init__(self, device: Any = None, found: DeviceCounters | None = None):
         self.found = found if found is not None else counters_for(device)
         self.counters: list[Counter] = list(self.found.counters)
         self.reason = self.found.reason

@@ -143,7 +143,7 @@ class NvmlPowerIntegrated(Counter):
 
 
 @dataclass
-class Found:
+class DeviceCounters:
     """The counters of a device, or why there are none (``reason``)."""
 
     counters: list[Counter]
@@ -154,53 +154,53 @@ class Found:
         return ", ".join(sorted({c.source for c in self.counters})) or None
 
 
-def counters_for(device: Any) -> Found:
+def counters_for(device: Any) -> DeviceCounters:
     """The energy counters of ``device`` (a torch device): its GPU's, or this host's CPU packages."""
     if getattr(device, "type", "cpu") == "cuda":
         return gpu_counters(device.index or 0)
     return cpu_counters()
 
 
-def devices_counters(devices: list[Any]) -> Found:
+def devices_counters(devices: list[Any]) -> DeviceCounters:
     """The counters of several devices together (a node's GPUs, in their order), or why one has none."""
     found = [counters_for(d) for d in devices]
     missing = next((f.reason for f in found if f.reason), None)
     if missing is None:
-        return Found([c for f in found for c in f.counters])
+        return DeviceCounters([c for f in found for c in f.counters])
     for f in found:
         for c in f.counters:
             c.close()
-    return Found([], missing)
+    return DeviceCounters([], missing)
 
 
-def gpu_counters(cuda_index: int) -> Found:
+def gpu_counters(cuda_index: int) -> DeviceCounters:
     nv = nvml.start()
     if nv is None:
-        return Found([], "no counter: NVML is not available (nvidia-ml-py not installed or no NVIDIA driver)")
+        return DeviceCounters([], "no counter: NVML is not available (nvidia-ml-py not installed or no NVIDIA driver)")
     notes: list[str] = []
     gpu = nvml.cuda_handle(nv, cuda_index, notes)
     if gpu is None:
-        return Found([], "no counter: " + ("; ".join(notes) or f"no NVML device for CUDA device {cuda_index}"))
+        return DeviceCounters([], "no counter: " + ("; ".join(notes) or f"no NVML device for CUDA device {cuda_index}"))
     name = f"GPU {cuda_index}"
     if nvml.probe(nv, notes, "NVML total energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)) is not None:
-        return Found([NvmlTotalEnergy(nv, gpu.handle, name)])
+        return DeviceCounters([NvmlTotalEnergy(nv, gpu.handle, name)])
     if nvml.probe(nv, notes, "NVML power", lambda: nv.nvmlDeviceGetPowerUsage(gpu.handle)) is not None:
-        return Found([NvmlPowerIntegrated(nv, gpu.handle, name)])
-    return Found([], "no counter: this GPU has neither NVML's total-energy counter (Volta and later) nor its "
+        return DeviceCounters([NvmlPowerIntegrated(nv, gpu.handle, name)])
+    return DeviceCounters([], "no counter: this GPU has neither NVML's total-energy counter (Volta and later) nor its "
                      "power reading" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
-def cpu_counters() -> Found:
+def cpu_counters() -> DeviceCounters:
     root = Path(os.environ.get(POWERCAP_ENV) or POWERCAP_ROOT)
     zones, problems = powercap_zones(root)
     if zones:
-        return Found(zones)
+        return DeviceCounters(zones)
     hw_root = Path(os.environ.get(HWMON_ENV) or HWMON_ROOT)
     sockets = amd_energy_sockets(hw_root)
     if sockets:
-        return Found(sockets)
+        return DeviceCounters(sockets)
     why = "; ".join(problems) if problems else f"no RAPL zone under {root}"
-    return Found([], f"no counter: {why} and no amd_energy hwmon under {hw_root} "
+    return DeviceCounters([], f"no counter: {why} and no amd_energy hwmon under {hw_root} "
                      "(a VM or container usually hides both)")
 
 

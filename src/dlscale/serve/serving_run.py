@@ -51,17 +51,17 @@ def local(url: str) -> bool:
 def energy_meter(cfg: ServeConfig) -> Any:
     """An EnergyMeter over the server's devices where it runs here: its GPUs (NVML), else this host's CPUs."""
     from dlscale.harness.energy_meter import EnergyMeter
-    from dlscale.monitor.energy_counters import Found, cpu_counters, gpu_counters
+    from dlscale.monitor.energy_counters import DeviceCounters, cpu_counters, gpu_counters
     from dlscale.monitor import nvml
 
     if not local(cfg.url):
-        return EnergyMeter(found=Found([], f"no counter: the server at {cfg.url} runs on another machine"))
+        return EnergyMeter(found=DeviceCounters([], f"no counter: the server at {cfg.url} runs on another machine"))
     nv = nvml.start()
     count = nv.nvmlDeviceGetCount() if nv is not None else 0
     if count:
         found = [gpu_counters(i) for i in range(min(cfg.server_devices, count))]
         missing = [f.reason for f in found if f.reason]
-        return EnergyMeter(found=Found([c for f in found for c in f.counters], missing[0] if missing else None))
+        return EnergyMeter(found=DeviceCounters([c for f in found for c in f.counters], missing[0] if missing else None))
     return EnergyMeter(found=cpu_counters())
 
 
