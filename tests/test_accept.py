@@ -205,14 +205,13 @@ def test_a_hung_check_is_killed_with_its_tree_inside_its_limit_and_the_suite_goe
 @pytest.mark.long
 def test_data_parallel_efficiency_is_judged_from_the_acceptances_own_two_runs(cli_subprocess, db_path, tmp_path):
     """train_alone and train on one rank each: the train run's efficiency is against the acceptance's own
-    train_alone run, recorded as such, and the verdict holds it to the one-rank floor of 0.95."""
+    train_alone run, recorded as such; on this CPU the verdict holds it to no GPU floor (a figure for the
+    baseline: gloo's reducer shares the cores that compute; tests/test_accept_dataparallel.py judges a GPU's)."""
     short = ("{model: tinycnn, image_size: 16, batch_size: 8, steps: 15, warmup_steps: 3, breakdown_steps: 0, "
              "monitor_interval: 0, nproc_per_node: 1, threads_per_rank: 1, timeout: 120}")
     p = tmp_path / "dp.yaml"
     p.write_text(f"checks:\n  train_alone: {short}\n  train: {short}\n")
-    shares = [cpu_share(1)]
     r = cli_subprocess("accept", "--spec", str(p), "--out", str(tmp_path / "out"), "--format", "json", env=ONE_THREAD)
-    shares.append(cpu_share(1))
     doc = json.loads(r.stdout)
     (v,) = [v for v in doc["verdicts"] if v["figure"] == "dp efficiency"]
     with Store.open(db_path) as s:
@@ -222,10 +221,8 @@ def test_data_parallel_efficiency_is_judged_from_the_acceptances_own_two_runs(cl
     # E = X / (1 x x1), x1 the one rank's own rate alone; the record and the verdict say the same
     assert v["measured"] == pytest.approx(ddp.metrics["throughput"] / alone.metrics["rank_throughputs"][0])
     assert ddp.metrics["dp_efficiency"] == pytest.approx(v["measured"])
-    assert ddp.metrics["dp_reference_run_id"] == alone.run_id and v["run_ids"] == [ddp.run_id, alone.run_id]
+    assert ddp.metrics["dp_reference_run_id"] == alone.run_id and v["run_ids"][0] == ddp.run_id
     assert ddp.metrics["dp_efficiency_source"].startswith(f"given: run {alone.run_id} (1 rank each training alone")
-    assert (v["expectation"], v["expected"]) == ("rule", 0.95)
+    assert ddp.config["device"] == "cpu" and (v["expectation"], v["expected"]) == (None, None)
+    assert v["status"] == "NO EXPECTATION", (v["reason"], r.stderr[-2000:])  # a fresh store: no baseline yet
     assert ddp.config["ddp"]["gradient_as_bucket_view"] and not ddp.config["ddp"]["sync_buffers_every_forward"]
-    if v["status"] == "FAIL":
-        steady(shares)
-    assert v["status"] in ("PASS", "WARN"), (v["reason"], r.stderr[-2000:])

@@ -52,6 +52,19 @@ def test_one_gpu_passes_at_098_and_fails_at_093(ddp_rate, status):
     assert v.measured == pytest.approx(ddp_rate / 4302, rel=1e-3)
 
 
+def test_a_cpus_one_rank_figure_is_recorded_without_the_gpu_floor():
+    """On a CPU gloo's reducer runs on the cores that compute: the same pair at 0.70 is no FAIL by the
+    one-rank rule there, only a figure for the baseline (a fresh store: NO EXPECTATION)."""
+    alone, ddp = one_gpu(3012.0)
+    ddp.config["device"] = "cpu"
+    (v,) = dp_verdicts(run.judge([alone, ddp], spec.builtin(True)))
+    assert v.measured == pytest.approx(3012 / 4302, rel=1e-3)
+    assert v.status == NO_EXPECTATION and v.expectation is None
+    ddp.config["device"] = "cuda"
+    (v,) = dp_verdicts(run.judge([alone, ddp], spec.builtin(True)))
+    assert v.status == FAIL and v.expectation == "rule"
+
+
 def test_four_gpus_against_seed_001_in_node_figure():
     def node(eff):
         alone = ar.alone(n=4, step=0.1)  # 1,280 images/s per H100 alone
