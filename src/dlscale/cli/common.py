@@ -91,6 +91,13 @@ def info(msg: str) -> None:
     err.print(msg, markup=False, highlight=False)
 
 
+def info_done_elsewhere(layout: Any) -> None:
+    """The end line of a process whose job's run another rank records (``job.done_elsewhere``)."""
+    from dlscale.distributed.job import done_elsewhere
+
+    info(done_elsewhere(layout))
+
+
 def interactive() -> bool:
     """Progress bars only for humans: stderr must be a terminal."""
     return err.is_terminal

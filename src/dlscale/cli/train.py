@@ -11,7 +11,7 @@ from dlscale.cli import dataopts as dataopt
 from dlscale.cli import distopts as dopt
 from dlscale.cli import shapeopts as sopt
 from dlscale.cli.common import (DbOpt, Format, FormatOpt, MinDurationOpt, TagOpt, config_options, err, info,
-                                interactive, out, print_json, warn)
+                                info_done_elsewhere, interactive, out, print_json, warn)
 
 HELP = """Run the training-throughput short test of MODEL on synthetic data and record it.
 
@@ -111,9 +111,7 @@ def train(
     with _progress(fmt, cfg, enabled=not layout.distributed) as on_step, failed_as_json(fmt, db):
         rec = api.train(config=cfg, layout=layout, db=db, on_step=on_step, price=price)
     if rec is None:
-        from dlscale.distributed.job import done_elsewhere
-
-        info(done_elsewhere(layout))
+        info_done_elsewhere(layout)
     else:
         report(rec, fmt)
         show_hint(rec, db)

@@ -8,7 +8,8 @@ import typer
 
 from dlscale.cli import costopts as copt
 from dlscale.cli import distopts as dopt
-from dlscale.cli.common import DbOpt, Format, FormatOpt, TagOpt, config_options, info, out, print_json, warn
+from dlscale.cli.common import (DbOpt, Format, FormatOpt, TagOpt, config_options, info_done_elsewhere, out,
+                                print_json, warn)
 from dlscale.format import fmt_count
 
 HELP = """Long test: train MODEL to a quality target and record the time to reach it.
@@ -101,9 +102,7 @@ def tta(
     with failed_as_json(fmt, db):
         recs = api.tta(config=cfg, layout=layout, db=db, price=price)
     if not recs:
-        from dlscale.distributed.job import done_elsewhere
-
-        info(done_elsewhere(layout))
+        info_done_elsewhere(layout)
         return
     if runs == 1:
         report(recs[0], fmt)
